@@ -1,0 +1,171 @@
+//! Pool configuration, and its text form (`VRAMPOOL_CONF`, in the spirit of
+//! `PYTORCH_CUDA_ALLOC_CONF`): `strategy:hybrid,limit:0.9,small_max:1MB`.
+
+use crate::error::PoolError;
+use crate::sizes::{GIB, KIB, MIB, MIN_BLOCK};
+use crate::strategy::StrategyKind;
+
+/// A cap on the memory a pool may reserve.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Limit {
+    Bytes(u64),
+    /// A fraction of the device's total memory, in (0, 1].
+    Fraction(f64),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolConfig {
+    pub strategy: StrategyKind,
+    /// Requests up to this size go to the slab (hybrid).
+    pub small_max: u64,
+    /// Requests of at least this size go to the buddy (hybrid); the ones between go to best-fit.
+    pub large_min: u64,
+    /// Alignment of every block; a power of two, at least 512.
+    pub alignment: u64,
+    /// Rounds each request up to one of this many evenly spaced sizes per power of two (the notes'
+    /// padding, PyTorch's `roundup_power2_divisions`): fewer distinct sizes, less fragmentation,
+    /// some padding. 0 turns it off.
+    pub round_up_divisions: u32,
+    pub limit: Option<Limit>,
+    /// Record every alloc and free in the event log (the trace replay reads).
+    pub record_events: bool,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self {
+            strategy: StrategyKind::Hybrid,
+            small_max: MIB,
+            large_min: 64 * MIB,
+            alignment: MIN_BLOCK,
+            round_up_divisions: 0,
+            limit: None,
+            record_events: false,
+        }
+    }
+}
+
+impl PoolConfig {
+    pub fn validate(&self) -> Result<(), PoolError> {
+        let bad = |msg: String| Err(PoolError::InvalidConfig(msg));
+        if !self.alignment.is_power_of_two() || self.alignment < MIN_BLOCK || self.alignment > GIB {
+            return bad(format!("alignment must be a power of two between 512 B and 1 GiB, got {}", self.alignment));
+        }
+        if self.small_max < MIN_BLOCK || self.small_max > 64 * MIB {
+            return bad(format!("small_max must lie between 512 B and 64 MiB, got {}", self.small_max));
+        }
+        if self.large_min <= self.small_max {
+            return bad(format!("large_min ({}) must exceed small_max ({})", self.large_min, self.small_max));
+        }
+        if self.round_up_divisions != 0 && !self.round_up_divisions.is_power_of_two() || self.round_up_divisions > 64 {
+            return bad(format!("round_up_divisions must be 0 or a power of two up to 64, got {}", self.round_up_divisions));
+        }
+        match self.limit {
+            Some(Limit::Fraction(f)) if !(f > 0.0 && f <= 1.0) => bad(format!("limit fraction must lie in (0, 1], got {f}")),
+            Some(Limit::Bytes(0)) => bad("limit of 0 bytes".into()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Applies `key:value` pairs separated by commas over this configuration. Keys: `strategy`,
+    /// `small_max`, `large_min`, `alignment`, `round_up_divisions`, `limit` (bytes with an optional
+    /// unit, or a fraction <= 1), `record_events`. Unknown keys are errors, so typos don't pass
+    /// silently; keys other layers own (e.g. `device`, `expandable`) are returned for them.
+    pub fn apply_text(&mut self, text: &str) -> Result<Vec<(String, String)>, PoolError> {
+        let mut others = Vec::new();
+        for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (key, value) = pair
+                .split_once(':')
+                .or_else(|| pair.split_once('='))
+                .ok_or_else(|| PoolError::InvalidConfig(format!("`{pair}` is not key:value")))?;
+            let (key, value) = (key.trim(), value.trim());
+            match key {
+                "strategy" => {
+                    self.strategy = StrategyKind::parse(value).ok_or_else(|| {
+                        PoolError::InvalidConfig(format!("unknown strategy `{value}` (slab, best_fit, buddy, hybrid)"))
+                    })?
+                }
+                "small_max" => self.small_max = parse_bytes(value)?,
+                "large_min" => self.large_min = parse_bytes(value)?,
+                "alignment" => self.alignment = parse_bytes(value)?,
+                "round_up_divisions" => {
+                    self.round_up_divisions = value
+                        .parse()
+                        .map_err(|_| PoolError::InvalidConfig(format!("round_up_divisions: `{value}` is not a number")))?
+                }
+                "limit" => self.limit = Some(parse_limit(value)?),
+                "record_events" => self.record_events = parse_bool(value)?,
+                _ => others.push((key.to_string(), value.to_string())),
+            }
+        }
+        self.validate()?;
+        Ok(others)
+    }
+}
+
+/// `1024`, `64KB`, `1.5MiB`, `2GB` (units are binary, as PyTorch's are).
+pub fn parse_bytes(text: &str) -> Result<u64, PoolError> {
+    let text = text.trim();
+    let split = text.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let scale = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => KIB,
+        "m" | "mb" | "mib" => MIB,
+        "g" | "gb" | "gib" => GIB,
+        "t" | "tb" | "tib" => 1024 * GIB,
+        other => return Err(PoolError::InvalidConfig(format!("unknown size unit `{other}` in `{text}`"))),
+    };
+    let value: f64 = number.trim().parse().map_err(|_| PoolError::InvalidConfig(format!("`{text}` is not a size")))?;
+    let bytes = value * scale as f64;
+    if !(bytes.is_finite() && bytes >= 0.0 && bytes < u64::MAX as f64) {
+        return Err(PoolError::InvalidConfig(format!("size `{text}` is out of range")));
+    }
+    Ok(bytes as u64)
+}
+
+/// A fraction of the device (`0.9`) or a size (`40GB`).
+pub fn parse_limit(text: &str) -> Result<Limit, PoolError> {
+    match text.trim().parse::<f64>() {
+        Ok(f) if f > 0.0 && f <= 1.0 => Ok(Limit::Fraction(f)),
+        _ => parse_bytes(text).map(Limit::Bytes),
+    }
+}
+
+fn parse_bool(text: &str) -> Result<bool, PoolError> {
+    match text.to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(PoolError::InvalidConfig(format!("`{text}` is not a boolean"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_form_sets_every_key_and_passes_on_others() {
+        let mut config = PoolConfig::default();
+        let others = config
+            .apply_text("strategy:best-fit, small_max:256KB,large_min=128MiB,alignment:4096,limit:0.5,record_events:on,device:sim")
+            .unwrap();
+        assert_eq!(config.strategy, StrategyKind::BestFit);
+        assert_eq!(config.small_max, 256 * KIB);
+        assert_eq!(config.large_min, 128 * MIB);
+        assert_eq!(config.alignment, 4096);
+        assert_eq!(config.limit, Some(Limit::Fraction(0.5)));
+        assert!(config.record_events);
+        assert_eq!(others, vec![("device".to_string(), "sim".to_string())]);
+    }
+
+    #[test]
+    fn bad_text_is_a_clear_error() {
+        for text in ["strategy:fastest", "small_max:lots", "limit:-3", "alignment:1000", "small_max", "limit:1.5x"] {
+            let err = PoolConfig::default().apply_text(text).unwrap_err();
+            assert!(matches!(err, PoolError::InvalidConfig(_)), "{text}: {err}");
+        }
+        assert_eq!(parse_limit("40GB").unwrap(), Limit::Bytes(40 * GIB));
+        assert_eq!(parse_bytes("1.5MiB").unwrap(), 3 * MIB / 2);
+    }
+}

@@ -1,0 +1,81 @@
+//! What the pool needs from a GPU: segments, optional virtual-memory growth, streams and events.
+//!
+//! `SimDevice` implements it on the host so that every algorithm is testable without a GPU; the
+//! CUDA driver implementation lives in its own crate.
+
+mod sim;
+
+pub use sim::{SimDevice, SimMode};
+
+use crate::error::DeviceError;
+
+/// An opaque stream handle (a `CUstream` on CUDA). 0 is the legacy default stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct StreamId(pub u64);
+
+/// An opaque event handle, recorded on a stream by `Device::record_event`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EventId(pub u64);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemInfo {
+    pub free: u64,
+    pub total: u64,
+}
+
+pub type DeviceResult<T> = Result<T, DeviceError>;
+
+pub trait Device: Send + Sync {
+    /// Device ordinal (0-based); the simulated device reports the one it was made with.
+    fn ordinal(&self) -> i32;
+
+    /// Allocates a segment of `size` bytes (device memory, like `cuMemAlloc`), aligned to >= 512 B.
+    fn alloc_segment(&self, size: u64) -> DeviceResult<u64>;
+
+    /// Frees a segment that `alloc_segment` returned, with the size it was allocated with.
+    fn free_segment(&self, base: u64, size: u64) -> DeviceResult<()>;
+
+    fn mem_info(&self) -> DeviceResult<MemInfo>;
+
+    /// The granularity of virtual-memory mapping, or None if the device cannot grow a reserved
+    /// address range (then the `reserve` / `map` family is never called).
+    fn vm_granularity(&self) -> Option<u64> {
+        None
+    }
+
+    /// Reserves `size` bytes of address space (no memory behind it), like `cuMemAddressReserve`.
+    fn reserve(&self, _size: u64) -> DeviceResult<u64> {
+        Err(DeviceError::Unsupported("virtual-memory growth"))
+    }
+
+    /// Releases an address range `reserve` returned; it must hold no mapping.
+    fn unreserve(&self, _base: u64, _size: u64) -> DeviceResult<()> {
+        Err(DeviceError::Unsupported("virtual-memory growth"))
+    }
+
+    /// Backs `[addr, addr + size)` (granularity multiples, inside a reservation) with physical
+    /// memory and makes it accessible, like `cuMemCreate` + `cuMemMap` + `cuMemSetAccess`.
+    fn map(&self, _addr: u64, _size: u64) -> DeviceResult<()> {
+        Err(DeviceError::Unsupported("virtual-memory growth"))
+    }
+
+    /// Unmaps a range `map` mapped and gives its physical memory back.
+    fn unmap(&self, _addr: u64, _size: u64) -> DeviceResult<()> {
+        Err(DeviceError::Unsupported("virtual-memory growth"))
+    }
+
+    /// Records an event on `stream` that completes when the work queued so far on it is done.
+    fn record_event(&self, stream: StreamId) -> DeviceResult<EventId>;
+
+    /// Whether the event has completed.
+    fn event_done(&self, event: EventId) -> DeviceResult<bool>;
+
+    /// Makes `stream` wait for `event`: work queued on `stream` afterwards runs after it.
+    fn stream_wait_event(&self, stream: StreamId, event: EventId) -> DeviceResult<()>;
+
+    /// Gives an event back (to a cache, or to the driver).
+    fn release_event(&self, event: EventId);
+
+    /// Fills `[addr, addr + size)` with zeros, ordered on `stream` (for scrubbing).
+    fn fill_zero(&self, addr: u64, size: u64, stream: StreamId) -> DeviceResult<()>;
+}

@@ -1,0 +1,105 @@
+//! The one error type of the pool. User input never panics: every bad call ends here.
+
+use thiserror::Error;
+
+/// Figures that explain an out-of-memory failure, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OomReport {
+    pub requested: u64,
+    pub allocated: u64,
+    pub reserved: u64,
+    pub largest_free: u64,
+    /// Bytes the device said were free when the last segment allocation failed (0 if unknown).
+    pub device_free: u64,
+    /// The pool's limit, if one is set.
+    pub limit: Option<u64>,
+}
+
+impl std::fmt::Display for OomReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "tried to allocate {}; pool has {} allocated, {} reserved ({} reserved but unallocated, largest free block {})",
+            human(self.requested),
+            human(self.allocated),
+            human(self.reserved),
+            human(self.reserved.saturating_sub(self.allocated)),
+            human(self.largest_free),
+        )?;
+        if let Some(limit) = self.limit {
+            write!(f, "; limit {}", human(limit))?;
+        }
+        if self.device_free > 0 {
+            write!(f, "; device reports {} free", human(self.device_free))?;
+        }
+        Ok(())
+    }
+}
+
+/// Bytes in the largest binary unit that keeps the number at or above 1.
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.2} {}", UNITS[unit])
+    }
+}
+
+/// Why a device call failed.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum DeviceError {
+    #[error("device out of memory")]
+    OutOfMemory,
+    #[error("the device does not support {0}")]
+    Unsupported(&'static str),
+    #[error("injected fault: {0}")]
+    InjectedFault(&'static str),
+    #[error("driver error: {0}")]
+    Driver(String),
+}
+
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum PoolError {
+    #[error("out of memory: {0}")]
+    OutOfMemory(OomReport),
+    #[error("invalid free of {ptr:#x}: {reason}")]
+    InvalidFree { ptr: u64, reason: InvalidFreeReason },
+    #[error("invalid size {size}: {reason}")]
+    InvalidSize { size: u64, reason: &'static str },
+    #[error("wrong device: pool is on device {pool}, call names device {given}")]
+    WrongDevice { pool: i32, given: i32 },
+    #[error("the pool is closed")]
+    Closed,
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InvalidFreeReason {
+    /// The pointer is not a live block of this pool: never allocated here, or already freed.
+    NotAllocated,
+    /// The pointer is a live block but the caller gave another size.
+    WrongSize { expected: u64, given: u64 },
+}
+
+impl std::fmt::Display for InvalidFreeReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NotAllocated => f.write_str("not a live block of this pool (double free or foreign pointer)"),
+            Self::WrongSize { expected, given } => {
+                write!(f, "block was allocated with {expected} bytes, free names {given}")
+            }
+        }
+    }
+}
+
+pub type Result<T, E = PoolError> = std::result::Result<T, E>;

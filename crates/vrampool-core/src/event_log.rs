@@ -1,0 +1,46 @@
+//! The optional record of every allocation event: the trace that replay reads.
+
+use std::time::Instant;
+
+use parking_lot::Mutex;
+
+use crate::device::StreamId;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    Alloc,
+    Free,
+    SegmentAlloc,
+    SegmentFree,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogEvent {
+    /// Nanoseconds since the pool was made.
+    pub time_ns: u64,
+    pub kind: EventKind,
+    pub addr: u64,
+    pub size: u64,
+    pub stream: StreamId,
+}
+
+/// Logging takes a lock per event: it is for capturing traces, not for production speed.
+pub struct EventLog {
+    start: Instant,
+    events: Mutex<Vec<LogEvent>>,
+}
+
+impl EventLog {
+    pub fn new() -> Self {
+        Self { start: Instant::now(), events: Mutex::default() }
+    }
+
+    pub fn push(&self, kind: EventKind, addr: u64, size: u64, stream: StreamId) {
+        let time_ns = self.start.elapsed().as_nanos() as u64;
+        self.events.lock().push(LogEvent { time_ns, kind, addr, size, stream });
+    }
+
+    pub fn take(&self) -> Vec<LogEvent> {
+        std::mem::take(&mut *self.events.lock())
+    }
+}

@@ -1,0 +1,35 @@
+//! vrampool's core: buddy, slab and best-fit pools (and their hybrid) over a device trait.
+//!
+//! No CUDA and no Python here: the CUDA driver and the bindings live in their own crates, and the
+//! simulated device makes every algorithm testable on a CPU.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use vrampool_core::{Pool, PoolConfig, SimDevice, SimMode, StreamId};
+//!
+//! let device = Arc::new(SimDevice::new(1 << 30, SimMode::AddressOnly));
+//! let pool = Pool::new(device, PoolConfig::default()).unwrap();
+//! let block = pool.allocate(4096, StreamId(0)).unwrap();
+//! pool.free(block, None, None).unwrap();
+//! assert_eq!(pool.stats().allocated_bytes.current, 0);
+//! ```
+
+mod arena;
+pub mod config;
+pub mod device;
+pub mod error;
+pub mod event_log;
+pub mod magazine;
+mod pool;
+pub mod sizes;
+pub mod stats;
+pub mod strategy;
+mod sync;
+
+pub use config::{Limit, PoolConfig};
+pub use device::{Device, EventId, MemInfo, SimDevice, SimMode, StreamId};
+pub use error::{DeviceError, InvalidFreeReason, OomReport, PoolError};
+pub use event_log::{EventKind, LogEvent};
+pub use pool::{BlockState, LiveBlockInfo, Pool, SegmentSnapshot};
+pub use stats::Stats;
+pub use strategy::StrategyKind;

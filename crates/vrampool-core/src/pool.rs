@@ -1,0 +1,617 @@
+//! The pool: routes each request to a strategy, caches freed memory, grows and shrinks through
+//! the device, orders reuse across streams, and keeps the counters.
+//!
+//! Fast path (no lock): a small request whose size class has a cached block in the calling
+//! stream's magazines, and the matching free. Everything else takes the lock of one strategy
+//! instance (one per stream and tier), never a pool-wide lock.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+
+use foldhash::fast::FixedState;
+use parking_lot::Mutex;
+
+use crate::arena::Arena;
+use crate::config::{Limit, PoolConfig};
+use crate::device::{Device, EventId, StreamId};
+use crate::error::{DeviceError, InvalidFreeReason, OomReport, PoolError, Result};
+use crate::event_log::{EventKind, EventLog, LogEvent};
+use crate::sizes::{round_up, size_class_of, MIN_BLOCK};
+use crate::stats::{Counters, Stats};
+use crate::strategy::{BestFit, BestFitConfig, BlockInfo, Buddy, BuddyConfig, Segment, Slab, SlabConfig, Strategy, StrategyKind};
+
+type FastMap<K, V> = papaya::HashMap<K, V, FixedState>;
+
+/// A live block's record, keyed by address.
+#[derive(Debug, Clone, Copy)]
+struct LiveBlock {
+    /// Real size (what the strategy handed out).
+    size: u64,
+    requested: u64,
+    stream: StreamId,
+    tier: u8,
+}
+
+/// A free that waits for other streams' work: the block is reusable once every event completed.
+struct DeferredFree {
+    addr: u64,
+    block: LiveBlock,
+    events: Vec<EventId>,
+}
+
+/// A live block at the time of a call to `Pool::live_blocks` (for leak reports).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LiveBlockInfo {
+    pub addr: u64,
+    pub size: u64,
+    pub requested: u64,
+    pub stream: StreamId,
+}
+
+/// What a block in a snapshot is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockState {
+    /// Handed out and not freed.
+    Active { requested: u64 },
+    /// Freed, waiting for another stream's work to pass it.
+    PendingFree,
+    /// Freed and cached on the fast path.
+    Cached,
+    Free,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentSnapshot {
+    pub stream: StreamId,
+    pub strategy: &'static str,
+    pub base: u64,
+    pub size: u64,
+    pub blocks: Vec<(u64, u64, BlockState)>,
+}
+
+pub struct Pool {
+    device: Arc<dyn Device>,
+    config: PoolConfig,
+    device_total: u64,
+    /// The most the pool may reserve (the limit, or the device's total memory).
+    cap: AtomicU64,
+    /// Segment bytes held or being requested: checked against `cap` before each device call.
+    committed: AtomicU64,
+    /// The default stream's arena, reached without a map lookup.
+    default_arena: Arena,
+    arenas: FastMap<StreamId, Arena>,
+    live: FastMap<u64, LiveBlock>,
+    /// Streams other than a block's own that used it (`record_stream`), by block address.
+    recorded: Mutex<HashMap<u64, Vec<StreamId>>>,
+    recorded_count: AtomicUsize,
+    deferred: Mutex<Vec<DeferredFree>>,
+    deferred_count: AtomicUsize,
+    counters: Counters,
+    closed: AtomicBool,
+    log: Option<EventLog>,
+}
+
+impl Pool {
+    pub fn new(device: Arc<dyn Device>, config: PoolConfig) -> Result<Self> {
+        config.validate()?;
+        let device_total = device.mem_info()?.total;
+        let cap = cap_for(config.limit, device_total);
+        let default_arena = new_arena(&config, StreamId(0));
+        let log = config.record_events.then(EventLog::new);
+        Ok(Self {
+            device,
+            config,
+            device_total,
+            cap: AtomicU64::new(cap),
+            committed: AtomicU64::new(0),
+            default_arena,
+            arenas: FastMap::default(),
+            live: FastMap::default(),
+            recorded: Mutex::default(),
+            recorded_count: AtomicUsize::new(0),
+            deferred: Mutex::default(),
+            deferred_count: AtomicUsize::new(0),
+            counters: Counters::default(),
+            closed: AtomicBool::new(false),
+            log,
+        })
+    }
+
+    pub fn config(&self) -> &PoolConfig {
+        &self.config
+    }
+
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.device
+    }
+
+    /// Fails with `WrongDevice` unless `ordinal` is this pool's device.
+    pub fn check_device(&self, ordinal: i32) -> Result<()> {
+        match self.device.ordinal() {
+            pool if pool == ordinal => Ok(()),
+            pool => Err(PoolError::WrongDevice { pool, given: ordinal }),
+        }
+    }
+
+    /// The most the pool may reserve now.
+    pub fn capacity(&self) -> u64 {
+        self.cap.load(Relaxed)
+    }
+
+    /// Changes the limit (e.g. `torch.cuda.set_per_process_memory_fraction`); memory already
+    /// reserved above a lower limit is given back as it frees up, on the next trim.
+    pub fn set_limit(&self, limit: Option<Limit>) -> Result<()> {
+        let mut config = self.config.clone();
+        config.limit = limit;
+        config.validate()?;
+        self.cap.store(cap_for(limit, self.device_total), Relaxed);
+        Ok(())
+    }
+
+    /// Allocates at least `size` bytes for use on `stream`; returns the block's address.
+    pub fn allocate(&self, size: u64, stream: StreamId) -> Result<u64> {
+        self.ensure_open()?;
+        let rounded = self.round_request(size)?;
+        let arena = self.arena(stream);
+        self.complete_deferred_frees();
+        // Fast path: a cached block of the size the strategy would hand out, taken without a lock.
+        let block_size = self.block_size_for(rounded);
+        if let Some(index) = arena.magazines.class_of_block(block_size) {
+            if let Some(addr) = arena.magazines.pop(index) {
+                self.counters.fast_path_hits.fetch_add(1, Relaxed);
+                return Ok(self.hand_out(addr, LiveBlock { size: block_size, requested: size, stream, tier: 0 }));
+            }
+        }
+        self.allocate_slow(&arena, size, rounded, stream)
+    }
+
+    /// Frees the block at `addr`. `size`, when given, must be the size it was allocated with (or
+    /// its rounded size); `stream`, when given and not the block's own, is a stream that used the
+    /// block last: its reuse then waits for that stream's work.
+    pub fn free(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> Result<()> {
+        self.ensure_open()?;
+        let guard = self.live.guard();
+        let removed = self.live.remove_if(&addr, |_, b| size.is_none_or(|s| s == b.requested || s == b.size), &guard);
+        let block = match removed {
+            Ok(Some((_, block))) => *block,
+            Ok(None) => return Err(PoolError::InvalidFree { ptr: addr, reason: InvalidFreeReason::NotAllocated }),
+            Err((_, block)) => {
+                let reason = InvalidFreeReason::WrongSize { expected: block.requested, given: size.unwrap_or(0) };
+                return Err(PoolError::InvalidFree { ptr: addr, reason });
+            }
+        };
+        drop(guard);
+        self.counters.allocated_bytes.sub(block.size);
+        self.counters.requested_bytes.sub(block.requested);
+        self.counters.allocation.sub(1);
+        self.log(EventKind::Free, addr, block.size, stream.unwrap_or(block.stream));
+
+        let mut users = self.take_recorded_streams(addr);
+        if let Some(s) = stream.filter(|&s| s != block.stream && !users.contains(&s)) {
+            users.push(s);
+        }
+        if users.is_empty() {
+            self.give_back(addr, block);
+            return Ok(());
+        }
+        self.defer_free(addr, block, &users)
+    }
+
+    /// Marks the live block at `addr` as used by `stream` too: when freed, it is not reused until
+    /// `stream`'s work queued before the free has completed (`Tensor.record_stream`).
+    pub fn record_stream(&self, addr: u64, stream: StreamId) -> Result<()> {
+        self.ensure_open()?;
+        let owner = match self.live.pin().get(&addr) {
+            Some(block) => block.stream,
+            None => return Err(PoolError::InvalidFree { ptr: addr, reason: InvalidFreeReason::NotAllocated }),
+        };
+        if owner != stream {
+            let mut recorded = self.recorded.lock();
+            let users = recorded.entry(addr).or_default();
+            if !users.contains(&stream) {
+                users.push(stream);
+            }
+            self.recorded_count.store(recorded.len(), Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Returns every wholly free segment to the device (`torch.cuda.empty_cache`); returns the
+    /// bytes given back.
+    pub fn trim(&self) -> Result<u64> {
+        self.ensure_open()?;
+        self.release_cached()
+    }
+
+    /// Alias of `trim`, under PyTorch's name.
+    pub fn empty_cache(&self) -> Result<u64> {
+        self.trim()
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.counters.read(self.largest_free())
+    }
+
+    pub fn reset_peak_stats(&self) {
+        self.counters.reset_peaks();
+    }
+
+    /// Segments with their blocks and free ranges, per stream and strategy.
+    pub fn snapshot(&self) -> Vec<SegmentSnapshot> {
+        let live = self.live.pin();
+        let deferred: Vec<u64> = self.deferred.lock().iter().map(|d| d.addr).collect();
+        let mut out = Vec::new();
+        self.for_each_arena(|arena| {
+            for tier in arena.tiers.iter() {
+                let strategy = tier.lock();
+                for (segment, blocks) in strategy.snapshot() {
+                    let blocks = blocks
+                        .iter()
+                        .map(|&BlockInfo { addr, size, allocated }| {
+                            let state = match (allocated, live.get(&addr)) {
+                                (false, _) => BlockState::Free,
+                                (true, Some(b)) => BlockState::Active { requested: b.requested },
+                                (true, None) if deferred.contains(&addr) => BlockState::PendingFree,
+                                (true, None) => BlockState::Cached,
+                            };
+                            (addr, size, state)
+                        })
+                        .collect();
+                    out.push(SegmentSnapshot { stream: arena.stream, strategy: strategy.name(), base: segment.base, size: segment.size, blocks });
+                }
+            }
+        });
+        out.sort_by_key(|s| s.base);
+        out
+    }
+
+    /// Every live block (for leak reports).
+    pub fn live_blocks(&self) -> Vec<LiveBlockInfo> {
+        let mut blocks: Vec<_> = self
+            .live
+            .pin()
+            .iter()
+            .map(|(&addr, b)| LiveBlockInfo { addr, size: b.size, requested: b.requested, stream: b.stream })
+            .collect();
+        blocks.sort_by_key(|b| b.addr);
+        blocks
+    }
+
+    /// The events recorded since the last call (empty unless `record_events` is on).
+    pub fn take_events(&self) -> Vec<LogEvent> {
+        self.log.as_ref().map(EventLog::take).unwrap_or_default()
+    }
+
+    /// Refuses every later call, gives back every free segment and returns the blocks still live
+    /// (leaks). Their segments stay reserved until the pool is dropped.
+    pub fn close(&self) -> Vec<LiveBlockInfo> {
+        if self.closed.swap(true, Relaxed) {
+            return Vec::new();
+        }
+        let _ = self.release_cached();
+        self.live_blocks()
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Relaxed)
+    }
+
+    // ---- the slow path ----
+
+    fn allocate_slow(&self, arena: &Arena, size: u64, rounded: u64, stream: StreamId) -> Result<u64> {
+        let tier = self.tier_of(rounded);
+        for attempt in 0..2 {
+            {
+                let mut strategy = arena.tiers[tier as usize].lock();
+                if let Some(block) = strategy.allocate(rounded) {
+                    return Ok(self.hand_out(block.addr, LiveBlock { size: block.size, requested: size, stream, tier }));
+                }
+                let segment_size = strategy.segment_size_for(rounded);
+                match self.grow(segment_size, stream) {
+                    Ok(base) => {
+                        strategy.add_segment(Segment { base, size: segment_size });
+                        let block = strategy.allocate(rounded).ok_or_else(|| {
+                            PoolError::InvalidSize { size, reason: "the strategy could not serve a request from a new segment sized for it" }
+                        })?;
+                        return Ok(self.hand_out(block.addr, LiveBlock { size: block.size, requested: size, stream, tier }));
+                    }
+                    Err(PoolError::Device(DeviceError::OutOfMemory)) => {}
+                    Err(other) => return Err(other),
+                }
+            }
+            if attempt == 0 {
+                // Out of memory: give back every cached segment (all streams) and try once more.
+                self.counters.num_alloc_retries.fetch_add(1, Relaxed);
+                self.release_cached()?;
+            }
+        }
+        self.counters.num_ooms.fetch_add(1, Relaxed);
+        Err(PoolError::OutOfMemory(self.oom_report(size)))
+    }
+
+    /// A new segment of `size` bytes from the device, within the cap.
+    fn grow(&self, size: u64, stream: StreamId) -> Result<u64> {
+        let before = self.committed.fetch_add(size, Relaxed);
+        if before.saturating_add(size) > self.cap.load(Relaxed) {
+            self.committed.fetch_sub(size, Relaxed);
+            return Err(DeviceError::OutOfMemory.into());
+        }
+        self.counters.num_device_alloc.fetch_add(1, Relaxed);
+        match self.device.alloc_segment(size) {
+            Ok(base) => {
+                self.counters.reserved_bytes.add(size);
+                self.counters.segment.add(1);
+                self.log(EventKind::SegmentAlloc, base, size, stream);
+                Ok(base)
+            }
+            Err(e) => {
+                self.committed.fetch_sub(size, Relaxed);
+                Err(e.into())
+            }
+        }
+    }
+
+    fn hand_out(&self, addr: u64, block: LiveBlock) -> u64 {
+        self.counters.allocated_bytes.add(block.size);
+        self.counters.active_bytes.add(block.size);
+        self.counters.requested_bytes.add(block.requested);
+        self.counters.allocation.add(1);
+        self.log(EventKind::Alloc, addr, block.size, block.stream);
+        self.live.pin().insert(addr, block);
+        addr
+    }
+
+    /// Makes a freed block reusable on its own stream: into a magazine, or back to its strategy.
+    fn give_back(&self, addr: u64, block: LiveBlock) {
+        self.counters.active_bytes.sub(block.size);
+        let arena = self.arena(block.stream);
+        if let Some(index) = arena.magazines.class_of_block(block.size) {
+            if arena.magazines.push(index, addr) {
+                return;
+            }
+        }
+        let freed = arena.tiers[block.tier as usize].lock().free(addr);
+        debug_assert_eq!(freed, Some(block.size), "a live block must go back to the strategy that made it");
+    }
+
+    fn defer_free(&self, addr: u64, block: LiveBlock, users: &[StreamId]) -> Result<()> {
+        let mut events = Vec::with_capacity(users.len());
+        for &s in users {
+            match self.device.record_event(s) {
+                Ok(e) => events.push(e),
+                Err(err) => {
+                    // Without an event we cannot know when the block is safe: keep it out of use
+                    // until the pool is dropped rather than risk handing it out early.
+                    events.into_iter().for_each(|e| self.device.release_event(e));
+                    return Err(err.into());
+                }
+            }
+        }
+        self.counters.deferred_frees.fetch_add(1, Relaxed);
+        let mut deferred = self.deferred.lock();
+        deferred.push(DeferredFree { addr, block, events });
+        self.deferred_count.store(deferred.len(), Relaxed);
+        Ok(())
+    }
+
+    /// Gives back the deferred frees whose events have all completed.
+    fn complete_deferred_frees(&self) {
+        if self.deferred_count.load(Relaxed) == 0 {
+            return;
+        }
+        let ready: Vec<DeferredFree> = {
+            let mut deferred = self.deferred.lock();
+            let (ready, waiting) = std::mem::take(&mut *deferred)
+                .into_iter()
+                .partition(|d| d.events.iter().all(|&e| self.device.event_done(e).unwrap_or(false)));
+            *deferred = waiting;
+            self.deferred_count.store(deferred.len(), Relaxed);
+            ready
+        };
+        for d in ready {
+            d.events.iter().for_each(|&e| self.device.release_event(e));
+            self.give_back(d.addr, d.block);
+        }
+    }
+
+    fn take_recorded_streams(&self, addr: u64) -> Vec<StreamId> {
+        if self.recorded_count.load(Relaxed) == 0 {
+            return Vec::new();
+        }
+        let mut recorded = self.recorded.lock();
+        let users = recorded.remove(&addr).unwrap_or_default();
+        self.recorded_count.store(recorded.len(), Relaxed);
+        users
+    }
+
+    /// Empties the magazines into their strategies and gives every wholly free segment back.
+    fn release_cached(&self) -> Result<u64> {
+        self.complete_deferred_frees();
+        let mut released = Vec::new();
+        self.for_each_arena(|arena| {
+            arena.magazines.drain(|addr| {
+                // Magazines hold only blocks of at most `small_max` bytes: the first tier's.
+                let freed = arena.tiers[0].lock().free(addr);
+                debug_assert!(freed.is_some(), "a cached block belongs to its arena's first tier");
+            });
+            for tier in arena.tiers.iter() {
+                released.extend(tier.lock().release_free_segments().into_iter().map(|s| (s, arena.stream)));
+            }
+        });
+        let mut bytes = 0;
+        let mut first_error = None;
+        for (segment, stream) in released {
+            self.counters.num_device_free.fetch_add(1, Relaxed);
+            match self.device.free_segment(segment.base, segment.size) {
+                Ok(()) => {
+                    bytes += segment.size;
+                    self.committed.fetch_sub(segment.size, Relaxed);
+                    self.counters.reserved_bytes.sub(segment.size);
+                    self.counters.segment.sub(1);
+                    self.log(EventKind::SegmentFree, segment.base, segment.size, stream);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            None => Ok(bytes),
+            Some(e) => Err(e.into()),
+        }
+    }
+
+    fn largest_free(&self) -> u64 {
+        let mut largest = 0;
+        self.for_each_arena(|arena| {
+            for tier in arena.tiers.iter() {
+                largest = largest.max(tier.lock().usage().largest_free);
+            }
+        });
+        largest
+    }
+
+    fn oom_report(&self, requested: u64) -> OomReport {
+        let stats = self.counters.read(0);
+        OomReport {
+            requested,
+            allocated: stats.allocated_bytes.current,
+            reserved: stats.reserved_bytes.current,
+            largest_free: self.largest_free(),
+            device_free: self.device.mem_info().map(|m| m.free).unwrap_or(0),
+            limit: self.config.limit.is_some().then(|| self.capacity()),
+        }
+    }
+
+    // ---- small helpers ----
+
+    fn ensure_open(&self) -> Result<()> {
+        match self.closed.load(Relaxed) {
+            true => Err(PoolError::Closed),
+            false => Ok(()),
+        }
+    }
+
+    /// The size the strategies see: aligned, optionally padded to a bucket; refuses 0 and sizes
+    /// no segment could hold.
+    fn round_request(&self, size: u64) -> Result<u64> {
+        if size == 0 {
+            return Err(PoolError::InvalidSize { size, reason: "zero bytes requested" });
+        }
+        let cap = self.capacity();
+        let too_big = PoolError::InvalidSize { size, reason: "larger than the pool may ever reserve" };
+        let mut rounded = round_up(size, self.config.alignment).ok_or(too_big.clone())?;
+        if self.config.round_up_divisions > 1 && rounded > MIN_BLOCK {
+            let floor_pow2 = 1u64 << (63 - rounded.leading_zeros());
+            let step = (floor_pow2 / self.config.round_up_divisions as u64).max(self.config.alignment);
+            rounded = round_up(rounded, step).ok_or(too_big.clone())?;
+        }
+        if rounded > cap {
+            return Err(too_big);
+        }
+        Ok(rounded)
+    }
+
+    /// The real size the first tier's strategy hands out for a request of `rounded` bytes, which
+    /// is the size class its cached blocks are kept under.
+    fn block_size_for(&self, rounded: u64) -> u64 {
+        match self.config.strategy {
+            StrategyKind::Hybrid | StrategyKind::Slab => size_class_of(rounded),
+            StrategyKind::Buddy => rounded.next_power_of_two(),
+            StrategyKind::BestFit => rounded,
+        }
+    }
+
+    fn tier_of(&self, rounded: u64) -> u8 {
+        match self.config.strategy {
+            StrategyKind::Hybrid if rounded <= self.config.small_max => 0,
+            StrategyKind::Hybrid if rounded < self.config.large_min => 1,
+            StrategyKind::Hybrid => 2,
+            _ => 0,
+        }
+    }
+
+    fn arena(&self, stream: StreamId) -> ArenaRef<'_> {
+        if stream == StreamId(0) {
+            return ArenaRef::Default(&self.default_arena);
+        }
+        let map = self.arenas.pin_owned();
+        // Arenas are never removed, so the reference stays valid for the pool's life; the guard
+        // keeps papaya from reclaiming it meanwhile.
+        if map.get(&stream).is_none() {
+            map.get_or_insert_with(stream, || new_arena(&self.config, stream));
+        }
+        ArenaRef::Stream(map, stream)
+    }
+
+    fn for_each_arena(&self, mut f: impl FnMut(&Arena)) {
+        f(&self.default_arena);
+        for (_, arena) in self.arenas.pin().iter() {
+            f(arena);
+        }
+    }
+
+    fn log(&self, kind: EventKind, addr: u64, size: u64, stream: StreamId) {
+        if let Some(log) = &self.log {
+            log.push(kind, addr, size, stream);
+        }
+    }
+}
+
+/// An arena: the default one, or one held through a papaya guard.
+enum ArenaRef<'a> {
+    Default(&'a Arena),
+    Stream(papaya::HashMapRef<'a, StreamId, Arena, FixedState, papaya::OwnedGuard<'a>>, StreamId),
+}
+
+impl std::ops::Deref for ArenaRef<'_> {
+    type Target = Arena;
+    fn deref(&self) -> &Arena {
+        match self {
+            Self::Default(a) => a,
+            Self::Stream(map, stream) => map.get(stream).expect("arenas are never removed"),
+        }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        // Every segment goes back to the device, live blocks or not: nobody can free them now.
+        self.closed.store(true, Relaxed);
+        let mut segments = Vec::new();
+        self.for_each_arena(|arena| {
+            for tier in arena.tiers.iter() {
+                segments.extend(tier.lock().snapshot().into_iter().map(|(s, _)| s));
+            }
+        });
+        for e in std::mem::take(&mut *self.deferred.lock()) {
+            e.events.into_iter().for_each(|ev| self.device.release_event(ev));
+        }
+        for s in segments {
+            let _ = self.device.free_segment(s.base, s.size);
+        }
+    }
+}
+
+fn cap_for(limit: Option<Limit>, device_total: u64) -> u64 {
+    match limit {
+        None => device_total,
+        Some(Limit::Bytes(b)) => b.min(device_total),
+        Some(Limit::Fraction(f)) => (device_total as f64 * f) as u64,
+    }
+}
+
+fn new_arena(config: &PoolConfig, stream: StreamId) -> Arena {
+    let slab = || Box::new(Slab::new(SlabConfig { max_size: config.small_max, ..SlabConfig::default() })) as Box<dyn Strategy>;
+    let best_fit = || Box::new(BestFit::new(BestFitConfig::default())) as Box<dyn Strategy>;
+    let buddy = || Box::new(Buddy::new(BuddyConfig::default())) as Box<dyn Strategy>;
+    let tiers = match config.strategy {
+        StrategyKind::Hybrid => vec![slab(), best_fit(), buddy()],
+        StrategyKind::Slab => vec![slab()],
+        StrategyKind::BestFit => vec![best_fit()],
+        StrategyKind::Buddy => vec![buddy()],
+    };
+    Arena::new(stream, tiers, config.small_max)
+}
+

@@ -1,0 +1,80 @@
+//! Size arithmetic shared by the strategies: rounding and the slab size classes.
+
+/// The smallest unit the pool hands out, as PyTorch's caching allocator does.
+pub const MIN_BLOCK: u64 = 512;
+pub const KIB: u64 = 1024;
+pub const MIB: u64 = 1024 * KIB;
+pub const GIB: u64 = 1024 * MIB;
+
+/// Rounds `size` up to a multiple of `unit` (a power of two); None on overflow.
+pub fn round_up(size: u64, unit: u64) -> Option<u64> {
+    debug_assert!(unit.is_power_of_two());
+    size.checked_add(unit - 1).map(|s| s & !(unit - 1))
+}
+
+/// Size classes for the slab: 512 B steps up to 4 KiB, then four classes per power of two
+/// (as jemalloc does), so no class wastes more than 20% of a request above 4 KiB.
+pub fn size_class_of(size: u64) -> u64 {
+    if size <= 4 * KIB {
+        return round_up(size.max(1), MIN_BLOCK).unwrap_or(MIN_BLOCK);
+    }
+    let pow = 63 - (size - 1).leading_zeros(); // 2^pow < size <= 2^(pow+1)
+    let step = 1u64 << (pow - 2);
+    round_up(size, step).unwrap_or(u64::MAX)
+}
+
+/// Index of a size class among all classes up to `size_class_of(size)`; dense, starting at 0.
+pub fn size_class_index(class: u64) -> usize {
+    if class <= 4 * KIB {
+        return (class / MIN_BLOCK - 1) as usize;
+    }
+    let pow = 63 - (class - 1).leading_zeros();
+    let step = 1u64 << (pow - 2);
+    let within = ((class - (1u64 << pow)) / step - 1) as usize; // 0..4
+    8 + (pow as usize - 12) * 4 + within
+}
+
+/// The size of the class with dense index `index` (the inverse of `size_class_index`).
+pub fn class_size(index: usize) -> u64 {
+    if index < 8 {
+        return (index as u64 + 1) * MIN_BLOCK;
+    }
+    let pow = 12 + (index - 8) / 4;
+    let within = (index - 8) % 4;
+    (1u64 << pow) + (within as u64 + 1) * (1u64 << (pow - 2))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_are_monotone_dense_and_tight() {
+        let mut last_class = 0;
+        let mut last_index = None;
+        let mut size = 1;
+        while size <= 4 * MIB {
+            let class = size_class_of(size);
+            assert!(class >= size && class % MIN_BLOCK == 0, "size {size} class {class}");
+            assert!(class >= last_class);
+            if size > 4 * KIB {
+                assert!((class - size) as f64 / size as f64 <= 0.25, "size {size} class {class}");
+            }
+            let index = size_class_index(class);
+            assert_eq!(class_size(index), class);
+            if class != last_class {
+                assert_eq!(Some(index), last_index.map(|i: usize| i + 1).or(Some(0)), "class {class}");
+                last_index = Some(index);
+            }
+            last_class = class;
+            size += if size < 64 * KIB { 1 } else { 97 };
+        }
+    }
+
+    #[test]
+    fn round_up_handles_overflow() {
+        assert_eq!(round_up(1, 512), Some(512));
+        assert_eq!(round_up(512, 512), Some(512));
+        assert_eq!(round_up(u64::MAX, 512), None);
+    }
+}

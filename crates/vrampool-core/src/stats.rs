@@ -1,0 +1,177 @@
+//! Counters with PyTorch's key names (`allocated_bytes.all.current`, ...), kept in atomics so the
+//! fast path updates them without a lock.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// current / peak / allocated (cumulative in) / freed (cumulative out), as PyTorch keeps them.
+#[derive(Default)]
+pub struct Counter {
+    current: AtomicU64,
+    peak: AtomicU64,
+    allocated: AtomicU64,
+    freed: AtomicU64,
+}
+
+impl Counter {
+    pub fn add(&self, n: u64) {
+        let now = self.current.fetch_add(n, Relaxed) + n;
+        // A plain load first: the peak line stays shared between cores until a new peak is set.
+        if now > self.peak.load(Relaxed) {
+            self.peak.fetch_max(now, Relaxed);
+        }
+        self.allocated.fetch_add(n, Relaxed);
+    }
+
+    pub fn sub(&self, n: u64) {
+        self.current.fetch_sub(n, Relaxed);
+        self.freed.fetch_add(n, Relaxed);
+    }
+
+    pub fn current(&self) -> u64 {
+        self.current.load(Relaxed)
+    }
+
+    fn reset_peak(&self) {
+        self.peak.store(self.current(), Relaxed);
+    }
+
+    fn read(&self) -> CounterValues {
+        CounterValues {
+            current: self.current(),
+            peak: self.peak.load(Relaxed),
+            allocated: self.allocated.load(Relaxed),
+            freed: self.freed.load(Relaxed),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CounterValues {
+    pub current: u64,
+    pub peak: u64,
+    pub allocated: u64,
+    pub freed: u64,
+}
+
+/// The pool's live counters.
+#[derive(Default)]
+pub struct Counters {
+    /// Real block sizes of live blocks (after rounding).
+    pub allocated_bytes: Counter,
+    /// Bytes the caller asked for.
+    pub requested_bytes: Counter,
+    /// Segment bytes held from the device.
+    pub reserved_bytes: Counter,
+    /// Live blocks plus blocks whose free waits for another stream: memory nobody may reuse yet.
+    pub active_bytes: Counter,
+    pub allocation: Counter,
+    pub segment: Counter,
+    pub num_alloc_retries: AtomicU64,
+    pub num_ooms: AtomicU64,
+    pub num_device_alloc: AtomicU64,
+    pub num_device_free: AtomicU64,
+    pub fast_path_hits: AtomicU64,
+    pub deferred_frees: AtomicU64,
+}
+
+impl Counters {
+    pub fn reset_peaks(&self) {
+        for c in [&self.allocated_bytes, &self.requested_bytes, &self.reserved_bytes, &self.active_bytes, &self.allocation, &self.segment] {
+            c.reset_peak();
+        }
+    }
+
+    pub fn read(&self, largest_free: u64) -> Stats {
+        let get = |a: &AtomicU64| a.load(Relaxed);
+        Stats {
+            allocated_bytes: self.allocated_bytes.read(),
+            requested_bytes: self.requested_bytes.read(),
+            reserved_bytes: self.reserved_bytes.read(),
+            active_bytes: self.active_bytes.read(),
+            allocation: self.allocation.read(),
+            segment: self.segment.read(),
+            num_alloc_retries: get(&self.num_alloc_retries),
+            num_ooms: get(&self.num_ooms),
+            num_device_alloc: get(&self.num_device_alloc),
+            num_device_free: get(&self.num_device_free),
+            fast_path_hits: get(&self.fast_path_hits),
+            deferred_frees: get(&self.deferred_frees),
+            largest_free_bytes: largest_free,
+        }
+    }
+}
+
+/// A reading of the counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stats {
+    pub allocated_bytes: CounterValues,
+    pub requested_bytes: CounterValues,
+    pub reserved_bytes: CounterValues,
+    pub active_bytes: CounterValues,
+    pub allocation: CounterValues,
+    pub segment: CounterValues,
+    pub num_alloc_retries: u64,
+    pub num_ooms: u64,
+    pub num_device_alloc: u64,
+    pub num_device_free: u64,
+    pub fast_path_hits: u64,
+    pub deferred_frees: u64,
+    /// The largest block the pool could hand out without a new segment.
+    pub largest_free_bytes: u64,
+}
+
+impl Stats {
+    /// Bytes held from the device that no live block uses.
+    pub fn free_bytes(&self) -> u64 {
+        self.reserved_bytes.current.saturating_sub(self.allocated_bytes.current)
+    }
+
+    /// 1 - largest free block / all free bytes: 0 when the free memory is one block.
+    pub fn fragmentation(&self) -> f64 {
+        match self.free_bytes() {
+            0 => 0.0,
+            free => 1.0 - (self.largest_free_bytes.min(free) as f64 / free as f64),
+        }
+    }
+
+    /// Reserved over allocated bytes (1.0 is perfect; 0 when nothing is allocated).
+    pub fn reserved_per_allocated(&self) -> f64 {
+        match self.allocated_bytes.current {
+            0 => 0.0,
+            a => self.reserved_bytes.current as f64 / a as f64,
+        }
+    }
+
+    /// Every figure under PyTorch's key name where one exists, and vrampool's own otherwise.
+    pub fn to_pairs(&self) -> Vec<(String, f64)> {
+        let mut pairs = Vec::new();
+        let groups = [
+            ("allocated_bytes", &self.allocated_bytes),
+            ("requested_bytes", &self.requested_bytes),
+            ("reserved_bytes", &self.reserved_bytes),
+            ("active_bytes", &self.active_bytes),
+            ("allocation", &self.allocation),
+            ("segment", &self.segment),
+        ];
+        for (name, c) in groups {
+            for (field, v) in [("current", c.current), ("peak", c.peak), ("allocated", c.allocated), ("freed", c.freed)] {
+                pairs.push((format!("{name}.all.{field}"), v as f64));
+            }
+        }
+        for (name, v) in [
+            ("num_alloc_retries", self.num_alloc_retries),
+            ("num_ooms", self.num_ooms),
+            ("num_device_alloc", self.num_device_alloc),
+            ("num_device_free", self.num_device_free),
+            ("fast_path_hits", self.fast_path_hits),
+            ("deferred_frees", self.deferred_frees),
+            ("largest_free_bytes", self.largest_free_bytes),
+            ("free_bytes", self.free_bytes()),
+        ] {
+            pairs.push((name.to_string(), v as f64));
+        }
+        pairs.push(("fragmentation".into(), self.fragmentation()));
+        pairs.push(("reserved_per_allocated".into(), self.reserved_per_allocated()));
+        pairs
+    }
+}

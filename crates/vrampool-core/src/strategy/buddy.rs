@@ -1,0 +1,538 @@
+//! Binary buddy allocator: power-of-two blocks that split in halves and merge with their buddy.
+//!
+//! Fast and with bounded external fragmentation, at the price of up to 50% internal waste; the pool
+//! uses it for large blocks, where requests tend to repeat and halves get reused.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
+
+use super::{Block, BlockInfo, Segment, Strategy, Usage};
+use crate::sizes::{round_up, MIB, MIN_BLOCK};
+
+/// Orders (log2 of block sizes) the buddy works with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BuddyConfig {
+    /// The smallest block, 2^min_order bytes (9 = 512 B).
+    pub min_order: u32,
+    /// The largest block split out of a segment, 2^max_order bytes (30 = 1 GiB); larger requests
+    /// get a dedicated segment served whole.
+    pub max_order: u32,
+    /// The smallest segment asked of the device, 2^min_segment_order bytes (21 = 2 MiB).
+    pub min_segment_order: u32,
+}
+
+impl Default for BuddyConfig {
+    fn default() -> Self {
+        Self { min_order: 9, max_order: 30, min_segment_order: 21 }
+    }
+}
+
+/// Dedicated segments (requests above 2^max_order) are rounded up to this, as the device's
+/// allocation granularity usually is.
+const DEDICATED_ROUNDING: u64 = 2 * MIB;
+
+/// Orders are kept in [9, 62]: blocks stay 512-aligned and 2^(order + 1) never overflows.
+const LOWEST_ORDER: u32 = MIN_BLOCK.trailing_zeros();
+const HIGHEST_ORDER: u32 = 62;
+
+/// Marks a live block that is a whole dedicated segment rather than a power-of-two block.
+const DEDICATED: u32 = u32::MAX;
+
+/// The segment a block lies in: merging stops at its bounds, so two segments that happen to be
+/// adjacent in address space (separate device allocations) never merge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SegRef {
+    base: u64,
+    size: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Live {
+    seg: SegRef,
+    order: u32,
+}
+
+pub struct Buddy {
+    min_order: u32,
+    max_order: u32,
+    min_segment_order: u32,
+    /// `free[k - min_order]`: the free blocks of order k, by address, with their segment.
+    /// Design: one address-ordered map per order across all segments (not one list per segment):
+    /// allocate takes the lowest address of the smallest fitting order in one lookup, which packs
+    /// blocks into low segments and lets high ones empty out for `release_free_segments`.
+    free: Vec<BTreeMap<u64, SegRef>>,
+    /// Bit i set when `free[i]` is non-empty: the smallest fitting order is one `trailing_zeros`.
+    nonempty: u64,
+    /// Live blocks by address (the only way `free` accepts an address: bogus ones change nothing).
+    live: AddrMap<Live>,
+    /// Every segment held, base -> size; a size above 2^max_order marks a dedicated segment.
+    segments: BTreeMap<u64, u64>,
+    /// Free dedicated segments as (size, base), for a best-fit pick among them.
+    dedicated_free: BTreeSet<(u64, u64)>,
+    reserved: u64,
+    allocated: u64,
+}
+
+impl Default for Buddy {
+    fn default() -> Self {
+        Self::new(BuddyConfig::default())
+    }
+}
+
+impl Buddy {
+    /// Orders out of range are clamped: min_order to [9, 62], max_order to [min_order, 62],
+    /// min_segment_order to [min_order, max_order].
+    pub fn new(config: BuddyConfig) -> Self {
+        let min_order = config.min_order.clamp(LOWEST_ORDER, HIGHEST_ORDER);
+        let max_order = config.max_order.clamp(min_order, HIGHEST_ORDER);
+        let min_segment_order = config.min_segment_order.clamp(min_order, max_order);
+        Self {
+            min_order,
+            max_order,
+            min_segment_order,
+            free: (min_order..=max_order).map(|_| BTreeMap::new()).collect(),
+            nonempty: 0,
+            live: AddrMap::default(),
+            segments: BTreeMap::new(),
+            dedicated_free: BTreeSet::new(),
+            reserved: 0,
+            allocated: 0,
+        }
+    }
+
+    pub fn config(&self) -> BuddyConfig {
+        BuddyConfig {
+            min_order: self.min_order,
+            max_order: self.max_order,
+            min_segment_order: self.min_segment_order,
+        }
+    }
+
+    fn max_block(&self) -> u64 {
+        1 << self.max_order
+    }
+
+    fn is_dedicated(&self, segment_size: u64) -> bool {
+        segment_size > self.max_block()
+    }
+
+    fn push_free(&mut self, order: u32, addr: u64, seg: SegRef) {
+        let i = (order - self.min_order) as usize;
+        self.free[i].insert(addr, seg);
+        self.nonempty |= 1 << i;
+    }
+
+    /// Removes the free block of `order` at `addr` if there is one.
+    fn take_free(&mut self, order: u32, addr: u64) -> bool {
+        let i = (order - self.min_order) as usize;
+        let found = self.free[i].remove(&addr).is_some();
+        if found && self.free[i].is_empty() {
+            self.nonempty &= !(1 << i);
+        }
+        found
+    }
+
+    /// The maximal power-of-two pieces of a segment of at most 2^max_order bytes, largest first,
+    /// as (offset, order); each piece is aligned to its size relative to the base, and merging
+    /// rebuilds exactly these pieces. A tail below 2^min_order (never with sizes from
+    /// `segment_size_for`) is unusable; `snapshot` lists it as free.
+    fn pieces(&self, size: u64) -> impl Iterator<Item = (u64, u32)> {
+        let usable = size & !((1u64 << self.min_order) - 1);
+        let mut offset = 0u64;
+        std::iter::from_fn(move || {
+            let rest = usable - offset;
+            if rest == 0 {
+                return None;
+            }
+            let order = 63 - rest.leading_zeros();
+            let piece = (offset, order);
+            offset += 1 << order;
+            Some(piece)
+        })
+    }
+
+    fn usable(&self, size: u64) -> u64 {
+        size & !((1u64 << self.min_order) - 1)
+    }
+
+    fn allocate_dedicated(&mut self, size: u64) -> Option<Block> {
+        // Design: a free dedicated segment is reused for a request it fits with at most 1/8 (plus
+        // the 2 MiB rounding) to spare; a much larger one would waste more than a fresh segment,
+        // and the pool frees cached segments and retries before it reports out of memory.
+        let &(seg_size, base) = self.dedicated_free.range((size, 0)..).next()?;
+        if seg_size - size > size / 8 + DEDICATED_ROUNDING {
+            return None;
+        }
+        self.dedicated_free.remove(&(seg_size, base));
+        let seg = SegRef { base, size: seg_size };
+        self.live.insert(base, Live { seg, order: DEDICATED });
+        self.allocated += seg_size;
+        Some(Block { addr: base, size: seg_size })
+    }
+}
+
+impl Strategy for Buddy {
+    fn name(&self) -> &'static str {
+        "buddy"
+    }
+
+    fn segment_size_for(&self, size: u64) -> u64 {
+        if size > self.max_block() {
+            // Saturates instead of overflowing; a segment that large fails at the device.
+            return round_up(size, DEDICATED_ROUNDING).unwrap_or(u64::MAX & !(DEDICATED_ROUNDING - 1));
+        }
+        size.max(1).next_power_of_two().clamp(1 << self.min_segment_order, self.max_block())
+    }
+
+    fn add_segment(&mut self, segment: Segment) {
+        let Segment { base, size } = segment;
+        // A segment that is empty, wraps around or overlaps one held is ignored: taking it would
+        // corrupt the address bookkeeping.
+        let Some(end) = base.checked_add(size) else { return };
+        if size == 0
+            || self.segments.range(..end).next_back().is_some_and(|(&b, &s)| b + s > base)
+        {
+            return;
+        }
+        self.segments.insert(base, size);
+        self.reserved += size;
+        let seg = SegRef { base, size };
+        if self.is_dedicated(size) {
+            self.dedicated_free.insert((size, base));
+            return;
+        }
+        let pieces: Vec<_> = self.pieces(size).collect();
+        for (offset, order) in pieces {
+            self.push_free(order, base + offset, seg);
+        }
+    }
+
+    fn allocate(&mut self, size: u64) -> Option<Block> {
+        let size = size.max(1);
+        if size > self.max_block() {
+            return self.allocate_dedicated(size);
+        }
+        let order = size.next_power_of_two().trailing_zeros().max(self.min_order);
+        let want = order - self.min_order;
+        let fitting = self.nonempty >> want;
+        if fitting == 0 {
+            return None;
+        }
+        let from = want + fitting.trailing_zeros();
+        let list = &mut self.free[from as usize];
+        let (addr, seg) = list.pop_first()?;
+        if list.is_empty() {
+            self.nonempty &= !(1 << from);
+        }
+        // Split: keep the lower half, put each upper half on the free list of its order.
+        for i in (want..from).rev() {
+            let half = 1u64 << (i + self.min_order);
+            self.free[i as usize].insert(addr + half, seg);
+            self.nonempty |= 1 << i;
+        }
+        self.live.insert(addr, Live { seg, order });
+        let block_size = 1u64 << order;
+        self.allocated += block_size;
+        Some(Block { addr, size: block_size })
+    }
+
+    fn free(&mut self, addr: u64) -> Option<u64> {
+        let Live { seg, order } = self.live.remove(&addr)?;
+        if order == DEDICATED {
+            self.allocated -= seg.size;
+            self.dedicated_free.insert((seg.size, seg.base));
+            return Some(seg.size);
+        }
+        let size = 1u64 << order;
+        self.allocated -= size;
+        // Merge upwards while the buddy (offset ^ size) is free at the same order and lies
+        // inside this segment.
+        let mut offset = addr - seg.base;
+        let mut order = order;
+        while order < self.max_order {
+            let block = 1u64 << order;
+            let buddy = offset ^ block;
+            if buddy + block > seg.size || !self.take_free(order, seg.base + buddy) {
+                break;
+            }
+            offset &= !block;
+            order += 1;
+        }
+        self.push_free(order, seg.base + offset, seg);
+        Some(size)
+    }
+
+    fn release_free_segments(&mut self) -> Vec<Segment> {
+        let mut released = Vec::new();
+        for (&base, &size) in &self.segments {
+            let wholly_free = if self.is_dedicated(size) {
+                self.dedicated_free.contains(&(size, base))
+            } else {
+                self.pieces(size).all(|(offset, order)| {
+                    self.free[(order - self.min_order) as usize].contains_key(&(base + offset))
+                })
+            };
+            if wholly_free {
+                released.push(Segment { base, size });
+            }
+        }
+        for seg in &released {
+            self.segments.remove(&seg.base);
+            self.reserved -= seg.size;
+            if self.is_dedicated(seg.size) {
+                self.dedicated_free.remove(&(seg.size, seg.base));
+            } else {
+                let pieces: Vec<_> = self.pieces(seg.size).collect();
+                for (offset, order) in pieces {
+                    self.take_free(order, seg.base + offset);
+                }
+            }
+        }
+        released
+    }
+
+    fn usage(&self) -> Usage {
+        let largest_block = match self.nonempty {
+            0 => 0,
+            bits => 1u64 << (63 - bits.leading_zeros() + self.min_order),
+        };
+        let largest_dedicated = self.dedicated_free.last().map_or(0, |&(size, _)| size);
+        Usage {
+            reserved: self.reserved,
+            allocated: self.allocated,
+            largest_free: largest_block.max(largest_dedicated),
+            segments: self.segments.len() as u64,
+            live_blocks: self.live.len() as u64,
+        }
+    }
+
+    fn snapshot(&self) -> Vec<(Segment, Vec<BlockInfo>)> {
+        let mut blocks: Vec<BlockInfo> = self
+            .live
+            .iter()
+            .map(|(&addr, live)| BlockInfo {
+                addr,
+                size: if live.order == DEDICATED { live.seg.size } else { 1 << live.order },
+                allocated: true,
+            })
+            .collect();
+        for (i, list) in self.free.iter().enumerate() {
+            let size = 1u64 << (i as u32 + self.min_order);
+            blocks.extend(list.keys().map(|&addr| BlockInfo { addr, size, allocated: false }));
+        }
+        blocks.extend(self.dedicated_free.iter().map(|&(size, addr)| BlockInfo {
+            addr,
+            size,
+            allocated: false,
+        }));
+        blocks.sort_unstable_by_key(|b| b.addr);
+        let mut blocks = blocks.into_iter().peekable();
+        self.segments
+            .iter()
+            .map(|(&base, &size)| {
+                let mut list = Vec::new();
+                while let Some(b) = blocks.next_if(|b| b.addr < base + size) {
+                    list.push(b);
+                }
+                let usable = if self.is_dedicated(size) { size } else { self.usable(size) };
+                if usable < size {
+                    list.push(BlockInfo { addr: base + usable, size: size - usable, allocated: false });
+                }
+                (Segment { base, size }, list)
+            })
+            .collect()
+    }
+}
+
+/// Hash map keyed by block address, shared by the strategies.
+pub(super) type AddrMap<V> = HashMap<u64, V, BuildHasherDefault<AddrHasher>>;
+
+/// Design: block addresses are trusted-shape integers (512-aligned, distinct), so one folded
+/// 64x64->128 multiply mixes them well enough and is several times cheaper than SipHash; it is
+/// not DoS-resistant, which device addresses do not need.
+#[derive(Default, Clone, Copy)]
+pub(super) struct AddrHasher(u64);
+
+const MIX: u64 = 0x9e37_79b9_7f4a_7c15;
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(self.0 ^ u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, x: u64) {
+        let product = u128::from(x ^ self.0.rotate_left(32)).wrapping_mul(u128::from(MIX));
+        self.0 = (product as u64) ^ ((product >> 64) as u64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sizes::{GIB, KIB};
+
+    fn seg(base: u64, size: u64) -> Segment {
+        Segment { base, size }
+    }
+
+    fn with_segment(base: u64, size: u64) -> Buddy {
+        let mut b = Buddy::default();
+        b.add_segment(seg(base, size));
+        b
+    }
+
+    #[test]
+    fn segment_sizes() {
+        let b = Buddy::default();
+        assert_eq!(b.segment_size_for(512), 2 * MIB);
+        assert_eq!(b.segment_size_for(2 * MIB), 2 * MIB);
+        assert_eq!(b.segment_size_for(2 * MIB + 512), 4 * MIB);
+        assert_eq!(b.segment_size_for(GIB), GIB);
+        assert_eq!(b.segment_size_for(GIB + 512), GIB + 2 * MIB);
+        assert_eq!(b.segment_size_for(u64::MAX - 511), u64::MAX & !(2 * MIB - 1));
+        assert_eq!(b.segment_size_for(u64::MAX), u64::MAX & !(2 * MIB - 1));
+    }
+
+    #[test]
+    fn split_gives_lowest_address_and_power_of_two() {
+        let mut b = with_segment(GIB, 2 * MIB);
+        let x = b.allocate(3 * KIB).unwrap();
+        assert_eq!(x, Block { addr: GIB, size: 4 * KIB });
+        let y = b.allocate(512).unwrap();
+        assert_eq!(y, Block { addr: GIB + 4 * KIB, size: 512 });
+        let z = b.allocate(4 * KIB).unwrap();
+        assert_eq!(z, Block { addr: GIB + 8 * KIB, size: 4 * KIB });
+        // 2 MiB = 4 + 4 + 0.5 (+0.5 free) + 8 + 16 + ... free
+        let u = b.usage();
+        assert_eq!(u.allocated, 8 * KIB + 512);
+        assert_eq!(u.largest_free, MIB);
+        assert_eq!(u.live_blocks, 3);
+    }
+
+    #[test]
+    fn merges_back_to_one_segment() {
+        let mut b = with_segment(0, 2 * MIB);
+        let blocks: Vec<_> = [512, 1024, 64 * KIB, 512, 300 * KIB, 512 * KIB]
+            .iter()
+            .map(|&s| b.allocate(s).unwrap())
+            .collect();
+        assert!(b.release_free_segments().is_empty());
+        for blk in blocks.iter().rev() {
+            assert_eq!(b.free(blk.addr), Some(blk.size));
+        }
+        let snap = b.snapshot();
+        assert_eq!(snap, vec![(seg(0, 2 * MIB), vec![BlockInfo { addr: 0, size: 2 * MIB, allocated: false }])]);
+        assert_eq!(b.usage().largest_free, 2 * MIB);
+        assert_eq!(b.release_free_segments(), vec![seg(0, 2 * MIB)]);
+        assert_eq!(b.usage(), Usage::default());
+        assert!(b.snapshot().is_empty());
+    }
+
+    #[test]
+    fn adjacent_segments_never_merge() {
+        let mut b = Buddy::default();
+        b.add_segment(seg(0, 2 * MIB));
+        b.add_segment(seg(2 * MIB, 2 * MIB));
+        let x = b.allocate(2 * MIB).unwrap();
+        let y = b.allocate(2 * MIB).unwrap();
+        assert!(b.allocate(512).is_none());
+        b.free(x.addr);
+        b.free(y.addr);
+        assert_eq!(b.usage().largest_free, 2 * MIB);
+        assert!(b.allocate(4 * MIB).is_none());
+        assert_eq!(b.release_free_segments().len(), 2);
+    }
+
+    #[test]
+    fn unaligned_base_and_odd_segment_sizes() {
+        // Base only 512-aligned, size 3 MiB + 512: pieces 2 MiB, 1 MiB, 512 B.
+        let base = 7 * 512;
+        let mut b = with_segment(base, 3 * MIB + 512);
+        // A neighbour right after it must not merge with the last piece.
+        b.add_segment(seg(base + 3 * MIB + 512, 2 * MIB));
+        let blocks: Vec<_> = (0..5).map(|_| b.allocate(MIB).unwrap()).collect();
+        let tail = b.allocate(512).unwrap();
+        assert_eq!(tail.addr, base + 3 * MIB);
+        assert!(b.allocate(MIB).is_none());
+        for blk in &blocks {
+            b.free(blk.addr).unwrap();
+        }
+        b.free(tail.addr).unwrap();
+        assert_eq!(b.snapshot()[0].1.len(), 3);
+        assert_eq!(b.release_free_segments().len(), 2);
+    }
+
+    #[test]
+    fn dedicated_segments_are_served_whole() {
+        let mut b = Buddy::new(BuddyConfig { max_order: 22, ..BuddyConfig::default() });
+        assert_eq!(b.segment_size_for(5 * MIB), 6 * MIB);
+        assert!(b.allocate(5 * MIB).is_none());
+        b.add_segment(seg(0, 6 * MIB));
+        assert!(b.allocate(512).is_none(), "dedicated segments are not split");
+        let x = b.allocate(5 * MIB).unwrap();
+        assert_eq!(x, Block { addr: 0, size: 6 * MIB });
+        assert_eq!(b.usage().allocated, 6 * MIB);
+        assert!(b.release_free_segments().is_empty());
+        assert_eq!(b.free(0), Some(6 * MIB));
+        assert_eq!(b.free(0), None);
+        // Far too big a segment for a small dedicated request is not used.
+        assert!(b.allocate(4 * MIB + 512).is_some());
+        b.free(0).unwrap();
+        b.add_segment(seg(GIB, 64 * MIB));
+        assert_eq!(b.allocate(5 * MIB).unwrap().addr, 0);
+        assert!(b.allocate(5 * MIB).is_none());
+        assert_eq!(b.usage().largest_free, 64 * MIB);
+        assert_eq!(b.allocate(60 * MIB).unwrap(), Block { addr: GIB, size: 64 * MIB });
+    }
+
+    #[test]
+    fn invalid_frees_change_nothing() {
+        let mut b = with_segment(0, 2 * MIB);
+        let x = b.allocate(4 * KIB).unwrap();
+        let _y = b.allocate(4 * KIB).unwrap();
+        let before = (b.snapshot(), b.usage());
+        for addr in [x.addr + 512, 2 * MIB, 8 * KIB, u64::MAX, 1] {
+            assert_eq!(b.free(addr), None);
+        }
+        assert_eq!((b.snapshot(), b.usage()), before);
+        assert_eq!(b.free(x.addr), Some(4 * KIB));
+        let before = (b.snapshot(), b.usage());
+        assert_eq!(b.free(x.addr), None);
+        assert_eq!((b.snapshot(), b.usage()), before);
+    }
+
+    #[test]
+    fn extreme_sizes_do_not_panic() {
+        let mut b = with_segment(0, 2 * MIB);
+        for size in [0, 1, u64::MAX, u64::MAX - 511, 1 << 63, (1 << 62) + 1] {
+            let _ = b.segment_size_for(size);
+            let r = b.allocate(size);
+            assert!(size > 2 * MIB || r.is_some());
+        }
+        b.add_segment(seg(u64::MAX - 512, 4 * MIB)); // wraps: ignored
+        b.add_segment(seg(MIB, 2 * MIB)); // overlaps: ignored
+        b.add_segment(seg(8 * MIB, 0)); // empty: ignored
+        assert_eq!(b.usage().segments, 1);
+        let mut huge = Buddy::new(BuddyConfig { min_order: 0, max_order: 99, min_segment_order: 99 });
+        assert_eq!(huge.config(), BuddyConfig { min_order: 9, max_order: 62, min_segment_order: 62 });
+        huge.add_segment(seg(0, 1 << 62));
+        assert_eq!(huge.allocate(u64::MAX), None);
+        assert_eq!(huge.allocate(1 << 62).unwrap().size, 1 << 62);
+        assert_eq!(huge.free(0), Some(1 << 62));
+    }
+
+    #[test]
+    fn addr_hasher_spreads_aligned_addresses() {
+        use std::hash::BuildHasher;
+        let build = BuildHasherDefault::<AddrHasher>::default();
+        let buckets: std::collections::HashSet<u64> =
+            (0..1024u64).map(|i| build.hash_one(GIB + i * 2 * MIB) & 1023).collect();
+        assert!(buckets.len() > 500, "{}", buckets.len());
+    }
+}

@@ -1,0 +1,112 @@
+//! Allocation strategies over the address ranges of device segments.
+//!
+//! A strategy knows nothing of devices, streams or threads: the pool hands it whole segments
+//! (`add_segment`), asks it for blocks, and takes back the segments it reports wholly free. Each
+//! strategy is a small single-threaded type; the pool puts each instance behind its own lock.
+
+mod best_fit;
+mod buddy;
+#[cfg(test)]
+mod conformance;
+mod slab;
+
+pub use best_fit::{BestFit, BestFitConfig};
+pub use buddy::{Buddy, BuddyConfig};
+pub use slab::{Slab, SlabConfig};
+
+/// A block handed out by a strategy: its address and its real size (the request rounded up to
+/// what the strategy gives out, e.g. a size class or a power of two).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Block {
+    pub addr: u64,
+    pub size: u64,
+}
+
+/// A device segment's address range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Segment {
+    pub base: u64,
+    pub size: u64,
+}
+
+/// What a strategy holds, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    /// Sum of the sizes of the segments it holds.
+    pub reserved: u64,
+    /// Sum of the real sizes of its live blocks.
+    pub allocated: u64,
+    /// The largest block `allocate` could hand out right now without a new segment.
+    pub largest_free: u64,
+    pub segments: u64,
+    pub live_blocks: u64,
+}
+
+/// One block or free range in a snapshot of a segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockInfo {
+    pub addr: u64,
+    pub size: u64,
+    pub allocated: bool,
+}
+
+pub trait Strategy: Send {
+    /// Short lower-case name ("slab", "best_fit", "buddy").
+    fn name(&self) -> &'static str;
+
+    /// The size of the segment to ask the device for so that a following `allocate(size)` succeeds.
+    /// `size` is > 0 and a multiple of 512. May exceed `size` (segments are cached and split).
+    fn segment_size_for(&self, size: u64) -> u64;
+
+    /// Takes ownership of a new segment `[base, base + size)`; `base` is aligned to at least 512 B
+    /// and `size` is a value `segment_size_for` returned.
+    fn add_segment(&mut self, segment: Segment);
+
+    /// A block of at least `size` bytes (> 0, a multiple of 512) at an address aligned to 512 B,
+    /// or None when no free range fits (the pool then adds a segment and retries).
+    fn allocate(&mut self, size: u64) -> Option<Block>;
+
+    /// Frees the live block at `addr`, merging with free neighbours where the strategy merges;
+    /// returns the block's real size, or None if `addr` is not a live block of this strategy
+    /// (nothing changes then).
+    fn free(&mut self, addr: u64) -> Option<u64>;
+
+    /// Removes every segment that is wholly free and returns them (for trim / release on OOM).
+    fn release_free_segments(&mut self) -> Vec<Segment>;
+
+    fn usage(&self) -> Usage;
+
+    /// Every segment with its blocks and free ranges in address order (for snapshots and tests).
+    fn snapshot(&self) -> Vec<(Segment, Vec<BlockInfo>)>;
+}
+
+/// Which strategy a pool (or one tier of the hybrid) uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StrategyKind {
+    Slab,
+    BestFit,
+    Buddy,
+    /// Small blocks to slab, the middle to best-fit, large blocks to buddy.
+    Hybrid,
+}
+
+impl StrategyKind {
+    pub fn parse(name: &str) -> Option<Self> {
+        match name.to_ascii_lowercase().replace('-', "_").as_str() {
+            "slab" => Some(Self::Slab),
+            "best_fit" | "bestfit" => Some(Self::BestFit),
+            "buddy" => Some(Self::Buddy),
+            "hybrid" => Some(Self::Hybrid),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Slab => "slab",
+            Self::BestFit => "best_fit",
+            Self::Buddy => "buddy",
+            Self::Hybrid => "hybrid",
+        }
+    }
+}

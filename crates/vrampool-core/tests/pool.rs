@@ -1,0 +1,255 @@
+//! The pool's behaviour through its public API, on the simulated device.
+
+use std::sync::Arc;
+
+use vrampool_core::sizes::{GIB, KIB, MIB};
+use vrampool_core::strategy::StrategyKind;
+use vrampool_core::{BlockState, Device, DeviceError, EventKind, InvalidFreeReason, Limit, Pool, PoolConfig, PoolError, SimDevice, SimMode, StreamId};
+
+const S0: StreamId = StreamId(0);
+const ALL: [StrategyKind; 4] = [StrategyKind::Hybrid, StrategyKind::Slab, StrategyKind::BestFit, StrategyKind::Buddy];
+
+fn pool_on(capacity: u64, strategy: StrategyKind) -> (Pool, Arc<SimDevice>) {
+    let dev = Arc::new(SimDevice::new(capacity, SimMode::HostBacked));
+    let config = PoolConfig { strategy, ..PoolConfig::default() };
+    (Pool::new(dev.clone() as Arc<dyn Device>, config).unwrap(), dev)
+}
+
+#[test]
+fn every_strategy_serves_every_size_and_gives_it_all_back() {
+    for strategy in ALL {
+        let (pool, dev) = pool_on(4 * GIB, strategy);
+        let sizes = [1, 512, 513, 4096, 64 * KIB + 3, MIB, 4 * MIB, 64 * MIB, 300 * MIB];
+        let blocks: Vec<u64> = sizes.iter().map(|&s| pool.allocate(s, S0).unwrap()).collect();
+        for (&b, &s) in blocks.iter().zip(&sizes) {
+            assert_eq!(b % 512, 0, "{strategy:?}: block of {s} B at {b:#x} is not 512-aligned");
+            dev.write(b + s - 1, &[0xAB]).unwrap();
+        }
+        let stats = pool.stats();
+        assert_eq!(stats.allocation.current, sizes.len() as u64);
+        assert_eq!(stats.requested_bytes.current, sizes.iter().sum::<u64>());
+        assert!(stats.allocated_bytes.current >= stats.requested_bytes.current);
+        for b in blocks {
+            pool.free(b, None, None).unwrap();
+        }
+        assert_eq!(pool.stats().allocated_bytes.current, 0);
+        assert!(pool.stats().reserved_bytes.current > 0, "{strategy:?}: freed memory stays cached");
+        let released = pool.trim().unwrap();
+        assert_eq!(released, pool.stats().reserved_bytes.freed);
+        assert_eq!(pool.stats().reserved_bytes.current, 0, "{strategy:?}: trim gives every segment back");
+        assert_eq!(dev.counters().live_segments, 0);
+    }
+}
+
+#[test]
+fn freed_blocks_are_reused_without_new_segments() {
+    for strategy in ALL {
+        let (pool, _) = pool_on(GIB, strategy);
+        for size in [512, 3000, 100 * KIB, 8 * MIB, 80 * MIB] {
+            let a = pool.allocate(size, S0).unwrap();
+            pool.free(a, Some(size), None).unwrap();
+            let device_allocs = pool.stats().num_device_alloc;
+            let b = pool.allocate(size, S0).unwrap();
+            assert_eq!(pool.stats().num_device_alloc, device_allocs, "{strategy:?} {size}: cached block reused");
+            assert_eq!(a, b, "{strategy:?} {size}");
+            pool.free(b, None, None).unwrap();
+        }
+    }
+}
+
+#[test]
+fn small_blocks_come_back_through_the_lock_free_fast_path() {
+    let (pool, _) = pool_on(GIB, StrategyKind::Hybrid);
+    let a = pool.allocate(1000, S0).unwrap();
+    pool.free(a, None, None).unwrap();
+    let b = pool.allocate(1000, S0).unwrap();
+    assert_eq!(a, b);
+    assert_eq!(pool.stats().fast_path_hits, 1);
+    // A cached block shows in the snapshot as cached, not free and not active.
+    pool.free(b, None, None).unwrap();
+    let states: Vec<BlockState> = pool.snapshot().iter().flat_map(|s| s.blocks.iter().map(|b| b.2)).collect();
+    assert!(states.contains(&BlockState::Cached));
+    assert!(!states.iter().any(|s| matches!(s, BlockState::Active { .. })));
+}
+
+#[test]
+fn bad_input_is_refused_and_changes_nothing() {
+    let (pool, _) = pool_on(GIB, StrategyKind::Hybrid);
+    let a = pool.allocate(4096, S0).unwrap();
+    let before = pool.stats();
+    let size_err = |r: Result<u64, PoolError>| matches!(r, Err(PoolError::InvalidSize { .. }));
+    assert!(size_err(pool.allocate(0, S0)));
+    assert!(size_err(pool.allocate(2 * GIB, S0)), "more than the device holds");
+    assert!(size_err(pool.allocate(u64::MAX, S0)), "absurd size, no overflow");
+    let not_allocated = |r| matches!(r, Err(PoolError::InvalidFree { reason: InvalidFreeReason::NotAllocated, .. }));
+    assert!(not_allocated(pool.free(0xdead_beef, None, None)), "foreign pointer");
+    assert!(not_allocated(pool.free(a + 512, None, None)), "interior pointer");
+    assert!(matches!(
+        pool.free(a, Some(100), None),
+        Err(PoolError::InvalidFree { reason: InvalidFreeReason::WrongSize { expected: 4096, given: 100 }, .. })
+    ));
+    assert_eq!(pool.stats(), before, "refused calls change no counter");
+    pool.free(a, Some(4096), None).unwrap();
+    assert!(not_allocated(pool.free(a, None, None)), "double free");
+    assert!(matches!(pool.check_device(1), Err(PoolError::WrongDevice { pool: 0, given: 1 })));
+    pool.close();
+    assert_eq!(pool.allocate(512, S0), Err(PoolError::Closed));
+    assert_eq!(pool.free(a, None, None), Err(PoolError::Closed));
+}
+
+#[test]
+fn out_of_memory_releases_the_cache_retries_and_then_explains() {
+    let (pool, dev) = pool_on(64 * MIB, StrategyKind::BestFit);
+    // Fill the device with cached small segments, then ask for a large block: the pool must give
+    // its cache back and retry.
+    let small: Vec<u64> = (0..30).map(|_| pool.allocate(MIB, S0).unwrap()).collect();
+    small.iter().for_each(|&b| pool.free(b, None, None).unwrap());
+    assert!(pool.stats().reserved_bytes.current >= 30 * MIB);
+    let big = pool.allocate(60 * MIB, S0).unwrap();
+    let stats = pool.stats();
+    assert_eq!(stats.num_alloc_retries, 1);
+    assert_eq!(stats.num_ooms, 0);
+    // Now a request that cannot fit at all.
+    let err = pool.allocate(30 * MIB, S0).unwrap_err();
+    let PoolError::OutOfMemory(report) = &err else { panic!("expected OOM, got {err}") };
+    assert_eq!(report.requested, 30 * MIB);
+    assert_eq!(report.allocated, 60 * MIB);
+    assert!(report.reserved >= 60 * MIB);
+    let text = err.to_string();
+    assert!(text.contains("tried to allocate 30.00 MiB") && text.contains("reserved but unallocated"), "{text}");
+    assert_eq!(pool.stats().num_ooms, 1);
+    pool.free(big, None, None).unwrap();
+    assert!(pool.allocate(30 * MIB, S0).is_ok(), "memory is usable again after the free");
+    drop(pool);
+    assert_eq!(dev.counters().live_segments, 0, "dropping the pool frees every segment");
+}
+
+#[test]
+fn a_limit_caps_reservation_and_can_change() {
+    let dev = Arc::new(SimDevice::new(GIB, SimMode::AddressOnly));
+    let config = PoolConfig { limit: Some(Limit::Fraction(0.25)), ..PoolConfig::default() };
+    let pool = Pool::new(dev as Arc<dyn Device>, config).unwrap();
+    assert_eq!(pool.capacity(), GIB / 4);
+    assert!(matches!(pool.allocate(300 * MIB, S0), Err(PoolError::InvalidSize { .. })));
+    let a = pool.allocate(200 * MIB, S0).unwrap();
+    let err = pool.allocate(100 * MIB, S0).unwrap_err();
+    let PoolError::OutOfMemory(report) = err else { panic!("expected OOM") };
+    assert_eq!(report.limit, Some(GIB / 4));
+    pool.set_limit(Some(Limit::Bytes(GIB))).unwrap();
+    assert!(pool.allocate(100 * MIB, S0).is_ok());
+    assert!(pool.set_limit(Some(Limit::Fraction(1.5))).is_err());
+    pool.free(a, None, None).unwrap();
+}
+
+#[test]
+fn device_faults_surface_as_errors_and_leave_the_pool_consistent() {
+    let (pool, dev) = pool_on(GIB, StrategyKind::Hybrid);
+    let a = pool.allocate(8 * MIB, S0).unwrap();
+    dev.fail_alloc_in(1);
+    let err = pool.allocate(100 * MIB, S0).unwrap_err();
+    assert_eq!(err, PoolError::Device(DeviceError::InjectedFault("segment allocation")));
+    let stats = pool.stats();
+    assert_eq!(stats.allocation.current, 1);
+    assert_eq!(stats.reserved_bytes.current, dev.counters().used);
+    assert!(pool.allocate(100 * MIB, S0).is_ok(), "the next call succeeds");
+    pool.free(a, None, None).unwrap();
+}
+
+#[test]
+fn a_block_freed_on_its_stream_is_reused_there_and_not_elsewhere() {
+    let (pool, dev) = pool_on(GIB, StrategyKind::Hybrid);
+    let (s1, s2) = (StreamId(1), StreamId(2));
+    for size in [4096, 8 * MIB, 100 * MIB] {
+        let a = pool.allocate(size, s1).unwrap();
+        pool.free(a, None, None).unwrap();
+        let other = pool.allocate(size, s2).unwrap();
+        assert_ne!(a, other, "{size}: a block freed on s1 is not handed to s2");
+        assert_eq!(pool.allocate(size, s1).unwrap(), a, "{size}: but s1 reuses it at once");
+    }
+    assert_eq!(dev.live_events(), 0, "same-stream frees need no event");
+}
+
+#[test]
+fn cross_stream_use_defers_reuse_until_the_other_stream_passes_the_free() {
+    let (pool, dev) = pool_on(GIB, StrategyKind::Hybrid);
+    dev.set_auto_complete(false);
+    let (s1, s2) = (StreamId(1), StreamId(2));
+    for size in [4096, 8 * MIB] {
+        let a = pool.allocate(size, s1).unwrap();
+        pool.record_stream(a, s2).unwrap();
+        pool.free(a, None, None).unwrap();
+        assert_eq!(pool.stats().allocated_bytes.current, 0);
+        let b = pool.allocate(size, s1).unwrap();
+        assert_ne!(a, b, "{size}: s2 may still use the block: not reusable yet");
+        dev.complete_stream(s2);
+        let c = pool.allocate(size, s1).unwrap();
+        assert_eq!(a, c, "{size}: once s2 passed the free the block is reused");
+        pool.free(b, None, None).unwrap();
+        pool.free(c, None, None).unwrap();
+    }
+    // A free that names another stream is the same as a recorded use.
+    let a = pool.allocate(4096, s1).unwrap();
+    pool.free(a, None, Some(s2)).unwrap();
+    assert_ne!(pool.allocate(4096, s1).unwrap(), a);
+    assert!(pool.snapshot().iter().flat_map(|s| &s.blocks).any(|b| b.0 == a && b.2 == BlockState::PendingFree));
+    assert_eq!(pool.stats().deferred_frees, 3);
+    assert!(matches!(pool.record_stream(0x1234, s2), Err(PoolError::InvalidFree { .. })));
+}
+
+#[test]
+fn alignment_and_padding_are_kept() {
+    let dev = Arc::new(SimDevice::new(4 * GIB, SimMode::AddressOnly));
+    for strategy in ALL {
+        let config = PoolConfig { strategy, alignment: 4096, round_up_divisions: 4, ..PoolConfig::default() };
+        let pool = Pool::new(dev.clone() as Arc<dyn Device>, config).unwrap();
+        for size in [1, 5000, 70_000, 3 * MIB + 1, 90 * MIB] {
+            let a = pool.allocate(size, S0).unwrap();
+            assert_eq!(a % 4096, 0, "{strategy:?} {size}");
+        }
+        // 5000 B with 4 divisions per power of two rounds to 6 KiB (or more, by class).
+        let sizes: Vec<u64> = pool.snapshot().iter().flat_map(|s| s.blocks.iter().filter(|b| matches!(b.2, BlockState::Active { requested: 5000 })).map(|b| b.1)).collect();
+        assert_eq!(sizes.len(), 1);
+        assert!(sizes[0] >= 6 * KIB && sizes[0] % 4096 == 0, "{strategy:?}: {sizes:?}");
+    }
+}
+
+#[test]
+fn the_event_log_records_the_trace() {
+    let dev = Arc::new(SimDevice::new(GIB, SimMode::AddressOnly));
+    let pool = Pool::new(dev as Arc<dyn Device>, PoolConfig { record_events: true, ..PoolConfig::default() }).unwrap();
+    let a = pool.allocate(1000, StreamId(7)).unwrap();
+    pool.free(a, None, None).unwrap();
+    let kinds: Vec<EventKind> = pool.take_events().iter().map(|e| e.kind).collect();
+    assert_eq!(kinds, vec![EventKind::SegmentAlloc, EventKind::Alloc, EventKind::Free]);
+    assert!(pool.take_events().is_empty());
+}
+
+#[test]
+fn close_reports_leaks_and_drop_returns_everything() {
+    let (pool, dev) = pool_on(GIB, StrategyKind::Hybrid);
+    let kept = pool.allocate(123, S0).unwrap();
+    let freed = pool.allocate(10 * MIB, S0).unwrap();
+    pool.free(freed, None, None).unwrap();
+    let leaks = pool.close();
+    assert_eq!(leaks.len(), 1);
+    assert_eq!((leaks[0].addr, leaks[0].requested), (kept, 123));
+    assert!(pool.close().is_empty(), "closing twice is harmless");
+    drop(pool);
+    assert_eq!(dev.counters().used, 0);
+}
+
+#[test]
+fn peaks_reset_to_current() {
+    let (pool, _) = pool_on(GIB, StrategyKind::Hybrid);
+    let a = pool.allocate(10 * MIB, S0).unwrap();
+    let b = pool.allocate(10 * MIB, S0).unwrap();
+    pool.free(b, None, None).unwrap();
+    assert_eq!(pool.stats().allocated_bytes.peak, 20 * MIB);
+    pool.reset_peak_stats();
+    assert_eq!(pool.stats().allocated_bytes.peak, 10 * MIB);
+    pool.free(a, None, None).unwrap();
+    let pairs = pool.stats().to_pairs();
+    for key in ["allocated_bytes.all.current", "reserved_bytes.all.peak", "num_alloc_retries", "num_device_alloc", "fragmentation"] {
+        assert!(pairs.iter().any(|(k, _)| k == key), "missing {key}");
+    }
+}

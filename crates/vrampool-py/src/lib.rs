@@ -1,0 +1,16 @@
+//! `vrampool._native`: the Python face of the core, kept thin. Python-level conveniences
+//! (stream objects, DLPack, summaries) live in `python/vrampool/`.
+
+mod errors;
+mod pool;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    errors::register(m)?;
+    m.add_class::<pool::NativePool>()?;
+    m.add_class::<pool::NativeBuffer>()?;
+    Ok(())
+}

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Sets everything up and runs every CPU test: Rust (unit, proptest, stress, loom) and pytest.
+source "$(dirname "$0")/env.sh"
+cd "$root"
+echo "== cargo test --workspace"
+cargo test --workspace
+echo "== loom models of the lock-free magazine"
+RUSTFLAGS="--cfg loom" cargo test -p vrampool-core --lib magazine --target-dir "$CARGO_TARGET_DIR/loom"
+echo "== wheel and pytest"
+install_wheel
+python -m pytest -q "$@"

@@ -1,0 +1,189 @@
+"""DevicePool on the simulated device: allocation, errors, stats, and memory written through the
+pointers (host-backed), so overlapping buffers would show."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import threading
+
+import pytest
+
+import vrampool
+from vrampool import DevicePool
+
+MIB = 1 << 20
+STRATEGIES = ["hybrid", "slab", "best_fit", "buddy"]
+
+
+@pytest.fixture(params=STRATEGIES)
+def pool(request: pytest.FixtureRequest) -> DevicePool:
+    return DevicePool("sim", capacity=1 << 30, strategy=request.param)
+
+
+def test_allocate_write_read_and_free(pool: DevicePool) -> None:
+    bufs = [pool.allocate(n) for n in (1, 700, 4096, 3 * MIB, 70 * MIB)]
+    for i, buf in enumerate(bufs):
+        assert buf.ptr % 512 == 0 and buf.size >= 1 and not buf.freed
+        ctypes.memset(buf.ptr, i + 1, buf.size)
+    for i, buf in enumerate(bufs):
+        # Every byte still holds its own buffer's value: no two live buffers overlap.
+        assert ctypes.string_at(buf.ptr, buf.size) == bytes([i + 1]) * buf.size
+        assert pool.native.sim_read(buf.ptr, 1) == bytes([i + 1])
+    stats = pool.stats()
+    assert stats["allocation.all.current"] == 5
+    assert stats["requested_bytes.all.current"] == 1 + 700 + 4096 + 3 * MIB + 70 * MIB
+    for buf in bufs:
+        pool.deallocate(buf)
+        assert buf.freed
+    assert pool.stats()["allocated_bytes.all.current"] == 0
+    assert pool.trim() > 0
+    assert pool.stats()["reserved_bytes.all.current"] == 0
+
+
+def test_bad_input_raises_python_exceptions_and_loses_nothing(pool: DevicePool) -> None:
+    keep = pool.allocate(4096)
+    before = pool.stats()
+    with pytest.raises(ValueError):
+        pool.allocate(0)
+    with pytest.raises(ValueError):
+        pool.allocate(-5)
+    with pytest.raises(ValueError):
+        pool.allocate(1 << 80)
+    with pytest.raises(vrampool.InvalidSizeError):
+        pool.allocate(2 << 30)  # more than the device holds
+    with pytest.raises(TypeError):
+        pool.allocate("4096")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        pool.allocate(4096, stream="default")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        pool.deallocate(keep.ptr)  # type: ignore[arg-type]
+    with pytest.raises(vrampool.InvalidFreeError):
+        pool.native.free_ptr(0xDEAD000)
+    other = DevicePool("sim", capacity=1 << 30)
+    with pytest.raises(ValueError, match="another pool"):
+        other.deallocate(keep)
+    assert pool.stats() == before
+    pool.deallocate(keep)
+    with pytest.raises(vrampool.InvalidFreeError):
+        pool.deallocate(keep)
+    with pytest.raises(vrampool.InvalidFreeError):
+        pool.native.free_ptr(keep.ptr)
+    pool.close()
+    with pytest.raises(vrampool.PoolClosedError):
+        pool.allocate(512)
+
+
+def test_out_of_memory_is_a_memory_error_with_figures() -> None:
+    pool = DevicePool("sim", capacity=64 * MIB, strategy="best_fit")
+    big = pool.allocate(60 * MIB)
+    with pytest.raises(MemoryError) as info:
+        pool.allocate(30 * MIB)
+    assert isinstance(info.value, vrampool.OutOfMemoryError)
+    assert "tried to allocate 30.00 MiB" in str(info.value)
+    assert pool.stats()["num_ooms"] == 1
+    pool.deallocate(big)
+    pool.allocate(30 * MIB)
+
+
+def test_device_fault_is_reported_and_pool_recovers() -> None:
+    pool = DevicePool("sim", capacity=1 << 30)
+    pool.native.sim_fail_alloc_in(1)
+    with pytest.raises(vrampool.DeviceError, match="injected"):
+        pool.allocate(MIB)
+    assert pool.allocate(MIB).size == MIB
+
+
+def test_buffers_are_freed_once_when_collected() -> None:
+    pool = DevicePool("sim", capacity=1 << 30)
+    buf = pool.allocate(10_000)
+    buf.free()
+    buf.free()  # harmless: already freed
+    assert pool.stats()["allocation.all.freed"] == 1
+    for _ in range(100):
+        pool.allocate(5000)  # dropped at once
+    gc.collect()
+    stats = pool.stats()
+    assert stats["allocation.all.current"] == 0
+    assert stats["allocation.all.freed"] == 101
+
+
+def test_context_manager_reports_leaks() -> None:
+    with DevicePool("sim", capacity=1 << 30) as pool:
+        leak = pool.allocate(123)
+    assert pool.closed
+    assert leak.ptr  # still readable; the pool is closed
+    with pytest.raises(vrampool.PoolClosedError):
+        leak.free()
+
+
+def test_streams_keep_blocks_apart() -> None:
+    pool = DevicePool("sim", capacity=1 << 30)
+    pool.native.sim_set_auto_complete(False)
+    a = pool.allocate(4096, stream=1)
+    pool.record_stream(a, 2)
+    ptr = a.ptr
+    pool.deallocate(a)
+    b = pool.allocate(4096, stream=1)
+    assert b.ptr != ptr  # stream 2 may still read it
+    pool.native.sim_complete_stream(2)
+    c = pool.allocate(4096, stream=1)
+    assert c.ptr == ptr
+
+
+def test_many_threads_free_exactly_once() -> None:
+    pool = DevicePool("sim", capacity=4 << 30)
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        try:
+            for i in range(2000):
+                buf = pool.allocate(512 + (seed * 7919 + i * 104729) % (2 * MIB))
+                ctypes.memset(buf.ptr, seed, min(buf.size, 64))
+                if i % 3:
+                    pool.deallocate(buf)
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    gc.collect()
+    stats = pool.stats()
+    assert stats["allocation.all.current"] == 0
+    assert stats["allocation.all.allocated"] == stats["allocation.all.freed"] == 8 * 2000
+
+
+def test_options_and_unknown_ones() -> None:
+    pool = DevicePool("sim", capacity=1 << 30, alignment=4096, round_up_divisions=4, limit=0.5)
+    assert pool.allocate(5000).ptr % 4096 == 0
+    with pytest.raises(ValueError, match="strategy"):
+        DevicePool("sim", strategy="fastest")
+    with pytest.raises(TypeError):
+        DevicePool("sim", turbo=True)  # type: ignore[call-arg]
+    with pytest.raises(ValueError):
+        DevicePool("sim", alignment=1000)
+    with pytest.raises(vrampool.DeviceError, match="simulated"):
+        DevicePool(0)
+
+
+def test_snapshot_tiles_each_segment() -> None:
+    pool = DevicePool("sim", capacity=1 << 30)
+    bufs = [pool.allocate(n) for n in (1000, 5 * MIB, 100 * MIB)]
+    for seg in pool.snapshot():
+        assert sum(b["size"] for b in seg["blocks"]) == seg["size"]
+        assert seg["strategy"] in ("slab", "best_fit", "buddy")
+    active = [b for seg in pool.snapshot() for b in seg["blocks"] if b["state"] == "active"]
+    assert sorted(b["addr"] for b in active) == sorted(b.ptr for b in bufs)
+
+
+def test_demo_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    from vrampool.cli import main
+
+    assert main(["demo", "--steps", "3"]) == 0
+    out = capsys.readouterr().out
+    for strategy in STRATEGIES:
+        assert strategy in out
