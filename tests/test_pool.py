@@ -166,8 +166,22 @@ def test_options_and_unknown_ones() -> None:
         DevicePool("sim", turbo=True)  # type: ignore[call-arg]
     with pytest.raises(ValueError):
         DevicePool("sim", alignment=1000)
-    with pytest.raises(vrampool.DeviceError, match="simulated"):
-        DevicePool(0)
+    with pytest.raises(ValueError, match="ordinal"):
+        DevicePool(-1)
+    with pytest.raises(ValueError, match="ordinal"):
+        DevicePool("gpu")  # type: ignore[arg-type]
+
+
+def test_cuda_pool_without_a_driver_is_a_clear_error() -> None:
+    try:
+        pool = DevicePool(0)
+    except vrampool.DeviceError as e:
+        assert "CUDA" in str(e) or "device" in str(e)
+        return
+    # A GPU is present: the pool works.
+    buf = pool.allocate(1 << 20)
+    assert buf.ptr != 0
+    pool.deallocate(buf)
 
 
 def test_snapshot_tiles_each_segment() -> None:

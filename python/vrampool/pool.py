@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Union
 
-from vrampool._native import DeviceError, NativeBuffer, NativePool
+from vrampool._native import NativeBuffer, NativePool
 
 #: A block of device memory; freed exactly once (``close()``, ``DevicePool.deallocate`` or when
 #: collected). Attributes: ``ptr``, ``size``, ``stream``, ``device``, ``freed``.
@@ -96,13 +96,15 @@ class DevicePool:
                 "record_events": record_events or None,
             },
         )
-        if device != "sim":
-            raise DeviceError(
-                f"device {device!r}: this build has only the simulated device (device='sim'); "
-                "the CUDA backend is not available"
-            )
-        cap = _DEFAULT_SIM_CAPACITY if capacity is None else _check_size("capacity", capacity)
-        self._native = NativePool(cap, conf, host_backed)
+        if device == "sim":
+            cap = _DEFAULT_SIM_CAPACITY if capacity is None else _check_size("capacity", capacity)
+            self._native = NativePool(cap, conf, host_backed)
+        elif isinstance(device, int) and not isinstance(device, bool) and device >= 0:
+            if capacity is not None:
+                raise ValueError("capacity is for the simulated device; use limit= on a GPU")
+            self._native = NativePool.cuda(device, conf)
+        else:
+            raise ValueError(f"device must be 'sim' or a CUDA device ordinal >= 0, got {device!r}")
 
     def allocate(self, nbytes: int, stream: Optional[int] = None) -> DeviceBuffer:
         """A buffer of at least ``nbytes`` bytes for use on ``stream`` (0 / None: the default)."""

@@ -29,11 +29,7 @@ impl NativePool {
     #[new]
     #[pyo3(signature = (capacity, conf = "", host_backed = true, ordinal = 0))]
     fn new(capacity: u64, conf: &str, host_backed: bool, ordinal: i32) -> PyResult<Self> {
-        let mut config = PoolConfig::default();
-        let others = config.apply_text(conf).map_err(to_py)?;
-        if let Some((key, _)) = others.first() {
-            return Err(PyValueError::new_err(format!("unknown configuration key `{key}`")));
-        }
+        let config = config_from(conf)?;
         if capacity == 0 {
             return Err(PyValueError::new_err("capacity must be positive"));
         }
@@ -41,6 +37,17 @@ impl NativePool {
         let sim = Arc::new(SimDevice::new(capacity, mode).with_ordinal(ordinal));
         let pool = Pool::new(sim.clone() as Arc<dyn Device>, config).map_err(to_py)?;
         Ok(Self { shared: Arc::new(Shared { pool, sim: Some(sim) }) })
+    }
+
+    /// A pool on CUDA device `ordinal` (its primary context). Raises `DeviceError` when there is
+    /// no driver or no such device.
+    #[staticmethod]
+    #[pyo3(signature = (ordinal, conf = ""))]
+    fn cuda(py: Python<'_>, ordinal: i32, conf: &str) -> PyResult<Self> {
+        let config = config_from(conf)?;
+        let device = py.detach(|| vrampool_cuda::CudaDevice::new(ordinal)).map_err(|e| to_py(e.into()))?;
+        let pool = Pool::new(Arc::new(device) as Arc<dyn Device>, config).map_err(to_py)?;
+        Ok(Self { shared: Arc::new(Shared { pool, sim: None }) })
     }
 
     #[pyo3(signature = (nbytes, stream = 0))]
@@ -183,6 +190,16 @@ impl NativePool {
             d.set_item(k, v)?;
         }
         Ok(d)
+    }
+}
+
+/// A configuration from its text form; keys the core does not know are errors here.
+fn config_from(conf: &str) -> PyResult<PoolConfig> {
+    let mut config = PoolConfig::default();
+    let others = config.apply_text(conf).map_err(to_py)?;
+    match others.first() {
+        Some((key, _)) => Err(PyValueError::new_err(format!("unknown configuration key `{key}`"))),
+        None => Ok(config),
     }
 }
 

@@ -248,12 +248,18 @@ fn host_ptr(state: &State, addr: u64, len: u64) -> DeviceResult<*mut u8> {
         let host = range.host.as_ref()?;
         (end <= base + range.size).then(|| host.ptr.wrapping_add((addr - base) as usize))
     };
+    // Adjacent mappings make one contiguous range, as they do on a GPU.
     let mapped = |addr: u64| {
-        state
-            .mappings
-            .range(..=addr)
-            .next_back()
-            .is_some_and(|(&start, &size)| addr.saturating_add(len) <= start + size)
+        let end = addr.saturating_add(len);
+        let Some((&start, &size)) = state.mappings.range(..=addr).next_back() else { return false };
+        let mut covered = start + size;
+        for (&next, &size) in state.mappings.range(covered..) {
+            if covered >= end || next != covered {
+                break;
+            }
+            covered += size;
+        }
+        covered >= end
     };
     inside(&state.segments)
         .or_else(|| inside(&state.reservations).filter(|_| mapped(addr)))

@@ -35,38 +35,52 @@ const DEDICATED_ROUNDING: u64 = 2 * MIB;
 const LOWEST_ORDER: u32 = MIN_BLOCK.trailing_zeros();
 const HIGHEST_ORDER: u32 = 62;
 
-/// Marks a live block that is a whole dedicated segment rather than a power-of-two block.
-const DEDICATED: u32 = u32::MAX;
+/// A block splits at most this many times (max_order <= min_order + 26), which keeps a segment's
+/// free bitmaps under 2^27 bits (16 MiB of host memory for a 32 GiB segment of 512 B blocks).
+const MAX_SPLITS: u32 = 26;
 
-/// The segment a block lies in: merging stops at its bounds, so two segments that happen to be
-/// adjacent in address space (separate device allocations) never merge.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct SegRef {
-    base: u64,
-    size: u64,
-}
+/// `Live::slot` of a block that is a whole dedicated segment.
+const DEDICATED: u32 = u32::MAX;
 
 #[derive(Debug, Clone, Copy)]
 struct Live {
-    seg: SegRef,
+    size: u64,
+    /// The segment's slot, or DEDICATED.
+    slot: u32,
     order: u32,
+}
+
+/// A segment split into buddies.
+struct BuddySegment {
+    base: u64,
+    size: u64,
+    /// `free[k - min_order]`: positions p (offset p * 2^k) of the free blocks of order k, for
+    /// every order up to the segment's largest piece. Design: a bitmap per order and segment makes
+    /// "is my buddy free" one bit test and "lowest free block" a few word scans, with no hashing
+    /// or tree node per block; it costs 2 bits of host memory per 2^min_order bytes of segment
+    /// (512 KiB per GiB at 512 B, far less where min_order is larger).
+    free: Vec<BitTree>,
 }
 
 pub struct Buddy {
     min_order: u32,
     max_order: u32,
     min_segment_order: u32,
-    /// `free[k - min_order]`: the free blocks of order k, by address, with their segment.
-    /// Design: one address-ordered map per order across all segments (not one list per segment):
-    /// allocate takes the lowest address of the smallest fitting order in one lookup, which packs
-    /// blocks into low segments and lets high ones empty out for `release_free_segments`.
-    free: Vec<BTreeMap<u64, SegRef>>,
-    /// Bit i set when `free[i]` is non-empty: the smallest fitting order is one `trailing_zeros`.
+    /// Buddy segments by slot; slots of released segments are reused.
+    slots: Vec<Option<BuddySegment>>,
+    spare_slots: Vec<u32>,
+    /// `with_free[k - min_order]`: the slots of segments with a free block of order k.
+    /// Design: allocate takes the lowest such slot, then the lowest address in it, so blocks
+    /// pack into the oldest segments and newer ones can empty out for `release_free_segments`.
+    with_free: Vec<BitTree>,
+    /// Bit i set when `with_free[i]` is non-empty: the smallest fitting order is one
+    /// `trailing_zeros`.
     nonempty: u64,
     /// Live blocks by address (the only way `free` accepts an address: bogus ones change nothing).
     live: AddrMap<Live>,
-    /// Every segment held, base -> size; a size above 2^max_order marks a dedicated segment.
-    segments: BTreeMap<u64, u64>,
+    /// Every segment held, base -> (size, slot or DEDICATED); a size above 2^max_order marks a
+    /// dedicated segment.
+    segments: BTreeMap<u64, (u64, u32)>,
     /// Free dedicated segments as (size, base), for a best-fit pick among them.
     dedicated_free: BTreeSet<(u64, u64)>,
     reserved: u64,
@@ -80,17 +94,19 @@ impl Default for Buddy {
 }
 
 impl Buddy {
-    /// Orders out of range are clamped: min_order to [9, 62], max_order to [min_order, 62],
-    /// min_segment_order to [min_order, max_order].
+    /// Orders out of range are clamped: min_order to [9, 62], max_order to
+    /// [min_order, min(62, min_order + 26)], min_segment_order to [min_order, max_order].
     pub fn new(config: BuddyConfig) -> Self {
         let min_order = config.min_order.clamp(LOWEST_ORDER, HIGHEST_ORDER);
-        let max_order = config.max_order.clamp(min_order, HIGHEST_ORDER);
+        let max_order = config.max_order.clamp(min_order, HIGHEST_ORDER.min(min_order + MAX_SPLITS));
         let min_segment_order = config.min_segment_order.clamp(min_order, max_order);
         Self {
             min_order,
             max_order,
             min_segment_order,
-            free: (min_order..=max_order).map(|_| BTreeMap::new()).collect(),
+            slots: Vec::new(),
+            spare_slots: Vec::new(),
+            with_free: (min_order..=max_order).map(|_| BitTree::new(0)).collect(),
             nonempty: 0,
             live: AddrMap::default(),
             segments: BTreeMap::new(),
@@ -101,11 +117,7 @@ impl Buddy {
     }
 
     pub fn config(&self) -> BuddyConfig {
-        BuddyConfig {
-            min_order: self.min_order,
-            max_order: self.max_order,
-            min_segment_order: self.min_segment_order,
-        }
+        BuddyConfig { min_order: self.min_order, max_order: self.max_order, min_segment_order: self.min_segment_order }
     }
 
     fn max_block(&self) -> u64 {
@@ -116,20 +128,33 @@ impl Buddy {
         segment_size > self.max_block()
     }
 
-    fn push_free(&mut self, order: u32, addr: u64, seg: SegRef) {
-        let i = (order - self.min_order) as usize;
-        self.free[i].insert(addr, seg);
-        self.nonempty |= 1 << i;
+    /// Marks block `pos` of order `min_order + i` in `slot` free.
+    fn put_free(&mut self, slot: u32, i: u32, pos: u64) {
+        let Some(Some(seg)) = self.slots.get_mut(slot as usize) else { return };
+        let Some(set) = seg.free.get_mut(i as usize) else { return };
+        let was_empty = set.is_empty();
+        set.insert(pos as usize);
+        if was_empty {
+            self.with_free[i as usize].insert(slot as usize);
+            self.nonempty |= 1 << i;
+        }
     }
 
-    /// Removes the free block of `order` at `addr` if there is one.
-    fn take_free(&mut self, order: u32, addr: u64) -> bool {
-        let i = (order - self.min_order) as usize;
-        let found = self.free[i].remove(&addr).is_some();
-        if found && self.free[i].is_empty() {
-            self.nonempty &= !(1 << i);
+    /// Takes block `pos` of order `min_order + i` in `slot` if it is free.
+    fn take_free(&mut self, slot: u32, i: u32, pos: u64) -> bool {
+        let Some(Some(seg)) = self.slots.get_mut(slot as usize) else { return false };
+        let Some(set) = seg.free.get_mut(i as usize) else { return false };
+        if !set.remove(pos as usize) {
+            return false;
         }
-        found
+        if set.is_empty() {
+            let segs = &mut self.with_free[i as usize];
+            segs.remove(slot as usize);
+            if segs.is_empty() {
+                self.nonempty &= !(1 << i);
+            }
+        }
+        true
     }
 
     /// The maximal power-of-two pieces of a segment of at most 2^max_order bytes, largest first,
@@ -137,7 +162,7 @@ impl Buddy {
     /// rebuilds exactly these pieces. A tail below 2^min_order (never with sizes from
     /// `segment_size_for`) is unusable; `snapshot` lists it as free.
     fn pieces(&self, size: u64) -> impl Iterator<Item = (u64, u32)> {
-        let usable = size & !((1u64 << self.min_order) - 1);
+        let usable = self.usable(size);
         let mut offset = 0u64;
         std::iter::from_fn(move || {
             let rest = usable - offset;
@@ -164,10 +189,34 @@ impl Buddy {
             return None;
         }
         self.dedicated_free.remove(&(seg_size, base));
-        let seg = SegRef { base, size: seg_size };
-        self.live.insert(base, Live { seg, order: DEDICATED });
+        self.live.insert(base, Live { size: seg_size, slot: DEDICATED, order: 0 });
         self.allocated += seg_size;
         Some(Block { addr: base, size: seg_size })
+    }
+
+    fn add_buddy_segment(&mut self, base: u64, size: u64) -> u32 {
+        let usable = self.usable(size);
+        let top = 63 - usable.leading_zeros(); // the largest piece's order
+        let free = (self.min_order..=top).map(|k| BitTree::new((usable >> k) as usize)).collect();
+        let seg = BuddySegment { base, size, free };
+        let slot = match self.spare_slots.pop() {
+            Some(slot) => {
+                self.slots[slot as usize] = Some(seg);
+                slot
+            }
+            None => {
+                self.slots.push(Some(seg));
+                for set in &mut self.with_free {
+                    set.grow(self.slots.len());
+                }
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let pieces: Vec<_> = self.pieces(size).collect();
+        for (offset, order) in pieces {
+            self.put_free(slot, order - self.min_order, offset >> order);
+        }
+        slot
     }
 }
 
@@ -179,31 +228,28 @@ impl Strategy for Buddy {
     fn segment_size_for(&self, size: u64) -> u64 {
         if size > self.max_block() {
             // Saturates instead of overflowing; a segment that large fails at the device.
-            return round_up(size, DEDICATED_ROUNDING).unwrap_or(u64::MAX & !(DEDICATED_ROUNDING - 1));
+            return round_up(size, DEDICATED_ROUNDING).unwrap_or(!(DEDICATED_ROUNDING - 1));
         }
         size.max(1).next_power_of_two().clamp(1 << self.min_segment_order, self.max_block())
     }
 
     fn add_segment(&mut self, segment: Segment) {
         let Segment { base, size } = segment;
-        // A segment that is empty, wraps around or overlaps one held is ignored: taking it would
-        // corrupt the address bookkeeping.
+        // A segment that is empty, wraps around, overlaps one held or is below the smallest
+        // block is ignored: taking it would corrupt the address bookkeeping or serve nothing.
         let Some(end) = base.checked_add(size) else { return };
-        if size == 0
-            || self.segments.range(..end).next_back().is_some_and(|(&b, &s)| b + s > base)
+        if size < 1 << self.min_order
+            || self.segments.range(..end).next_back().is_some_and(|(&b, &(s, _))| b + s > base)
         {
             return;
         }
-        self.segments.insert(base, size);
         self.reserved += size;
-        let seg = SegRef { base, size };
         if self.is_dedicated(size) {
+            self.segments.insert(base, (size, DEDICATED));
             self.dedicated_free.insert((size, base));
-            return;
-        }
-        let pieces: Vec<_> = self.pieces(size).collect();
-        for (offset, order) in pieces {
-            self.push_free(order, base + offset, seg);
+        } else {
+            let slot = self.add_buddy_segment(base, size);
+            self.segments.insert(base, (size, slot));
         }
     }
 
@@ -219,76 +265,78 @@ impl Strategy for Buddy {
             return None;
         }
         let from = want + fitting.trailing_zeros();
-        let list = &mut self.free[from as usize];
-        let (addr, seg) = list.pop_first()?;
-        if list.is_empty() {
-            self.nonempty &= !(1 << from);
-        }
-        // Split: keep the lower half, put each upper half on the free list of its order.
+        let slot = self.with_free[from as usize].first()? as u32;
+        let seg = self.slots.get(slot as usize)?.as_ref()?;
+        let (base, pos) = (seg.base, seg.free.get(from as usize)?.first()? as u64);
+        self.take_free(slot, from, pos);
+        let offset = pos << (from + self.min_order);
+        // Split: keep the lower half, mark each upper half free at its order.
         for i in (want..from).rev() {
-            let half = 1u64 << (i + self.min_order);
-            self.free[i as usize].insert(addr + half, seg);
-            self.nonempty |= 1 << i;
+            self.put_free(slot, i, (offset >> (i + self.min_order)) | 1);
         }
-        self.live.insert(addr, Live { seg, order });
         let block_size = 1u64 << order;
+        self.live.insert(base + offset, Live { size: block_size, slot, order });
         self.allocated += block_size;
-        Some(Block { addr, size: block_size })
+        Some(Block { addr: base + offset, size: block_size })
     }
 
     fn free(&mut self, addr: u64) -> Option<u64> {
-        let Live { seg, order } = self.live.remove(&addr)?;
-        if order == DEDICATED {
-            self.allocated -= seg.size;
-            self.dedicated_free.insert((seg.size, seg.base));
-            return Some(seg.size);
-        }
-        let size = 1u64 << order;
+        let Live { size, slot, order } = self.live.remove(&addr)?;
         self.allocated -= size;
-        // Merge upwards while the buddy (offset ^ size) is free at the same order and lies
-        // inside this segment.
-        let mut offset = addr - seg.base;
+        if slot == DEDICATED {
+            self.dedicated_free.insert((size, addr));
+            return Some(size);
+        }
+        let Some(Some(seg)) = self.slots.get(slot as usize) else { return Some(size) };
+        let (base, seg_size) = (seg.base, seg.size);
+        // Merge upwards while the buddy (offset ^ block size) lies inside this segment and is
+        // free at the same order. Free bits are per segment, so a merge never reaches into a
+        // segment that happens to be adjacent in address space.
+        let mut offset = addr - base;
         let mut order = order;
         while order < self.max_order {
             let block = 1u64 << order;
             let buddy = offset ^ block;
-            if buddy + block > seg.size || !self.take_free(order, seg.base + buddy) {
+            if buddy + block > seg_size || !self.take_free(slot, order - self.min_order, buddy >> order) {
                 break;
             }
             offset &= !block;
             order += 1;
         }
-        self.push_free(order, seg.base + offset, seg);
+        self.put_free(slot, order - self.min_order, offset >> order);
         Some(size)
     }
 
     fn release_free_segments(&mut self) -> Vec<Segment> {
         let mut released = Vec::new();
-        for (&base, &size) in &self.segments {
-            let wholly_free = if self.is_dedicated(size) {
+        for (&base, &(size, slot)) in &self.segments {
+            let wholly_free = if slot == DEDICATED {
                 self.dedicated_free.contains(&(size, base))
             } else {
+                let Some(Some(seg)) = self.slots.get(slot as usize) else { continue };
                 self.pieces(size).all(|(offset, order)| {
-                    self.free[(order - self.min_order) as usize].contains_key(&(base + offset))
+                    seg.free[(order - self.min_order) as usize].contains((offset >> order) as usize)
                 })
             };
             if wholly_free {
-                released.push(Segment { base, size });
+                released.push((Segment { base, size }, slot));
             }
         }
-        for seg in &released {
+        for &(seg, slot) in &released {
             self.segments.remove(&seg.base);
             self.reserved -= seg.size;
-            if self.is_dedicated(seg.size) {
+            if slot == DEDICATED {
                 self.dedicated_free.remove(&(seg.size, seg.base));
-            } else {
-                let pieces: Vec<_> = self.pieces(seg.size).collect();
-                for (offset, order) in pieces {
-                    self.take_free(order, seg.base + offset);
-                }
+                continue;
             }
+            let pieces: Vec<_> = self.pieces(seg.size).collect();
+            for (offset, order) in pieces {
+                self.take_free(slot, order - self.min_order, offset >> order);
+            }
+            self.slots[slot as usize] = None;
+            self.spare_slots.push(slot);
         }
-        released
+        released.into_iter().map(|(seg, _)| seg).collect()
     }
 
     fn usage(&self) -> Usage {
@@ -307,34 +355,29 @@ impl Strategy for Buddy {
     }
 
     fn snapshot(&self) -> Vec<(Segment, Vec<BlockInfo>)> {
-        let mut blocks: Vec<BlockInfo> = self
-            .live
-            .iter()
-            .map(|(&addr, live)| BlockInfo {
-                addr,
-                size: if live.order == DEDICATED { live.seg.size } else { 1 << live.order },
-                allocated: true,
-            })
-            .collect();
-        for (i, list) in self.free.iter().enumerate() {
-            let size = 1u64 << (i as u32 + self.min_order);
-            blocks.extend(list.keys().map(|&addr| BlockInfo { addr, size, allocated: false }));
+        let mut blocks: Vec<BlockInfo> =
+            self.live.iter().map(|(&addr, l)| BlockInfo { addr, size: l.size, allocated: true }).collect();
+        for seg in self.slots.iter().flatten() {
+            for (i, set) in seg.free.iter().enumerate() {
+                let order = i as u32 + self.min_order;
+                blocks.extend(set.iter().map(|pos| BlockInfo {
+                    addr: seg.base + ((pos as u64) << order),
+                    size: 1 << order,
+                    allocated: false,
+                }));
+            }
         }
-        blocks.extend(self.dedicated_free.iter().map(|&(size, addr)| BlockInfo {
-            addr,
-            size,
-            allocated: false,
-        }));
+        blocks.extend(self.dedicated_free.iter().map(|&(size, addr)| BlockInfo { addr, size, allocated: false }));
         blocks.sort_unstable_by_key(|b| b.addr);
         let mut blocks = blocks.into_iter().peekable();
         self.segments
             .iter()
-            .map(|(&base, &size)| {
+            .map(|(&base, &(size, slot))| {
                 let mut list = Vec::new();
                 while let Some(b) = blocks.next_if(|b| b.addr < base + size) {
                     list.push(b);
                 }
-                let usable = if self.is_dedicated(size) { size } else { self.usable(size) };
+                let usable = if slot == DEDICATED { size } else { self.usable(size) };
                 if usable < size {
                     list.push(BlockInfo { addr: base + usable, size: size - usable, allocated: false });
                 }
@@ -342,6 +385,120 @@ impl Strategy for Buddy {
             })
             .collect()
     }
+}
+
+/// A set of integers below a capacity: a bitmap with a summary bitmap per 64 words above it, so
+/// insert, remove and first are O(log64 capacity) word operations.
+#[derive(Debug, Clone)]
+struct BitTree {
+    /// `levels[0]` holds the members; bit j of `levels[d + 1]` is set when word j of
+    /// `levels[d]` is non-zero; the last level is one word.
+    levels: Vec<Vec<u64>>,
+    capacity: usize,
+}
+
+impl BitTree {
+    fn new(capacity: usize) -> Self {
+        let mut levels = Vec::new();
+        let mut bits = capacity.max(1);
+        loop {
+            let words = bits.div_ceil(64);
+            levels.push(vec![0; words]);
+            if words == 1 {
+                break;
+            }
+            bits = words;
+        }
+        Self { levels, capacity }
+    }
+
+    /// Makes room for members below `capacity`, keeping the members.
+    fn grow(&mut self, capacity: usize) {
+        if capacity <= self.capacity {
+            return;
+        }
+        let mut bigger = BitTree::new(capacity.max(self.capacity * 2));
+        for i in self.iter() {
+            bigger.insert(i);
+        }
+        *self = bigger;
+    }
+
+    fn is_empty(&self) -> bool {
+        self.levels.last().map_or(true, |top| top[0] == 0)
+    }
+
+    fn contains(&self, i: usize) -> bool {
+        self.levels[0].get(i / 64).is_some_and(|w| w & (1 << (i % 64)) != 0)
+    }
+
+    fn insert(&mut self, mut i: usize) {
+        if i >= self.capacity {
+            return;
+        }
+        for level in &mut self.levels {
+            let word = &mut level[i / 64];
+            let was_zero = *word == 0;
+            *word |= 1 << (i % 64);
+            if !was_zero {
+                break;
+            }
+            i /= 64;
+        }
+    }
+
+    /// Removes `i`; false if it was not a member.
+    fn remove(&mut self, mut i: usize) -> bool {
+        if !self.contains(i) {
+            return false;
+        }
+        for level in &mut self.levels {
+            let word = &mut level[i / 64];
+            *word &= !(1 << (i % 64));
+            if *word != 0 {
+                break;
+            }
+            i /= 64;
+        }
+        true
+    }
+
+    /// The smallest member.
+    fn first(&self) -> Option<usize> {
+        if self.is_empty() {
+            return None;
+        }
+        let mut i = 0;
+        for level in self.levels.iter().rev() {
+            i = i * 64 + level.get(i)?.trailing_zeros() as usize;
+        }
+        Some(i)
+    }
+
+    /// The members in increasing order; the first summary level skips empty leaf words.
+    fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        let leaves = &self.levels[0];
+        let nonzero_words: Box<dyn Iterator<Item = usize> + '_> = match self.levels.get(1) {
+            Some(summary) => Box::new(set_bits(summary)),
+            None => Box::new(0..leaves.len()),
+        };
+        nonzero_words.flat_map(move |w| set_bits(&leaves[w..=w]).map(move |b| w * 64 + b))
+    }
+}
+
+/// The indices of the set bits of `words`, in increasing order.
+fn set_bits(words: &[u64]) -> impl Iterator<Item = usize> + '_ {
+    words.iter().enumerate().flat_map(|(w, &word)| {
+        let mut bits = word;
+        std::iter::from_fn(move || {
+            if bits == 0 {
+                return None;
+            }
+            let b = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            Some(w * 64 + b)
+        })
+    })
 }
 
 /// Hash map keyed by block address, shared by the strategies.
@@ -395,8 +552,8 @@ mod tests {
         assert_eq!(b.segment_size_for(2 * MIB + 512), 4 * MIB);
         assert_eq!(b.segment_size_for(GIB), GIB);
         assert_eq!(b.segment_size_for(GIB + 512), GIB + 2 * MIB);
-        assert_eq!(b.segment_size_for(u64::MAX - 511), u64::MAX & !(2 * MIB - 1));
-        assert_eq!(b.segment_size_for(u64::MAX), u64::MAX & !(2 * MIB - 1));
+        assert_eq!(b.segment_size_for(u64::MAX - 511), !(2 * MIB - 1));
+        assert_eq!(b.segment_size_for(u64::MAX), !(2 * MIB - 1));
     }
 
     #[test]
@@ -418,10 +575,8 @@ mod tests {
     #[test]
     fn merges_back_to_one_segment() {
         let mut b = with_segment(0, 2 * MIB);
-        let blocks: Vec<_> = [512, 1024, 64 * KIB, 512, 300 * KIB, 512 * KIB]
-            .iter()
-            .map(|&s| b.allocate(s).unwrap())
-            .collect();
+        let blocks: Vec<_> =
+            [512, 1024, 64 * KIB, 512, 300 * KIB, 512 * KIB].iter().map(|&s| b.allocate(s).unwrap()).collect();
         assert!(b.release_free_segments().is_empty());
         for blk in blocks.iter().rev() {
             assert_eq!(b.free(blk.addr), Some(blk.size));
@@ -519,12 +674,63 @@ mod tests {
         b.add_segment(seg(MIB, 2 * MIB)); // overlaps: ignored
         b.add_segment(seg(8 * MIB, 0)); // empty: ignored
         assert_eq!(b.usage().segments, 1);
-        let mut huge = Buddy::new(BuddyConfig { min_order: 0, max_order: 99, min_segment_order: 99 });
-        assert_eq!(huge.config(), BuddyConfig { min_order: 9, max_order: 62, min_segment_order: 62 });
+        let mut big = Buddy::new(BuddyConfig { min_order: 0, max_order: 99, min_segment_order: 99 });
+        assert_eq!(big.config(), BuddyConfig { min_order: 9, max_order: 35, min_segment_order: 35 });
+        big.add_segment(seg(0, 1 << 35));
+        assert_eq!(big.allocate(u64::MAX), None);
+        assert_eq!(big.allocate(512).unwrap().size, 512);
+        assert_eq!(big.free(0), Some(512));
+        let mut huge = Buddy::new(BuddyConfig { min_order: 40, max_order: 99, min_segment_order: 99 });
+        assert_eq!(huge.config(), BuddyConfig { min_order: 40, max_order: 62, min_segment_order: 62 });
         huge.add_segment(seg(0, 1 << 62));
+        assert_eq!(huge.segment_size_for(u64::MAX), !(2 * MIB - 1));
         assert_eq!(huge.allocate(u64::MAX), None);
         assert_eq!(huge.allocate(1 << 62).unwrap().size, 1 << 62);
         assert_eq!(huge.free(0), Some(1 << 62));
+        assert_eq!(huge.allocate(1).unwrap().size, 1 << 40);
+    }
+
+    #[test]
+    fn bit_tree_insert_remove_first_iter_grow() {
+        let mut t = BitTree::new(300_000);
+        assert_eq!((t.first(), t.is_empty()), (None, true));
+        for i in [299_999, 70_000, 4097, 64, 63] {
+            t.insert(i);
+        }
+        t.insert(300_000); // beyond capacity: ignored
+        assert_eq!(t.first(), Some(63));
+        assert_eq!(t.iter().collect::<Vec<_>>(), vec![63, 64, 4097, 70_000, 299_999]);
+        assert!(t.remove(63) && !t.remove(63) && !t.remove(1_000_000));
+        assert!(t.remove(64) && t.remove(4097));
+        assert_eq!(t.first(), Some(70_000));
+        t.grow(5_000_000);
+        t.insert(4_999_999);
+        assert_eq!(t.iter().collect::<Vec<_>>(), vec![70_000, 299_999, 4_999_999]);
+        assert!(t.remove(70_000) && t.remove(299_999) && t.remove(4_999_999));
+        assert!(t.is_empty() && t.levels.iter().all(|l| l.iter().all(|&w| w == 0)));
+        let mut none = BitTree::new(0);
+        none.insert(0);
+        assert_eq!(none.first(), None, "no room");
+        none.grow(1);
+        none.insert(0);
+        assert_eq!(none.first(), Some(0));
+    }
+
+    #[test]
+    fn released_slots_are_reused_oldest_segment_first() {
+        let mut b = Buddy::default();
+        for i in 0..3 {
+            b.add_segment(seg(i * 4 * MIB, 2 * MIB));
+        }
+        // Blocks pack into the first segment added.
+        assert_eq!(b.allocate(MIB).unwrap().addr, 0);
+        assert_eq!(b.allocate(MIB).unwrap().addr, MIB);
+        assert_eq!(b.allocate(MIB).unwrap().addr, 4 * MIB);
+        assert_eq!(b.release_free_segments(), vec![seg(8 * MIB, 2 * MIB)]);
+        b.add_segment(seg(64 * MIB, 2 * MIB));
+        assert_eq!(b.slots.len(), 3, "slot reused");
+        assert_eq!(b.allocate(2 * MIB).unwrap().addr, 64 * MIB);
+        assert!(b.allocate(2 * MIB).is_none());
     }
 
     #[test]

@@ -20,9 +20,10 @@ impl Default for SlabConfig {
 }
 
 /// Design: a slab is the smallest power of two of at least 64 KiB that holds `MIN_OBJECTS` objects
-/// of its class (capped at the segment size): small classes waste no more than one slab each,
-/// large ones still amortise carving over several objects, and powers of two let the buddy that
-/// carves slabs merge them back into whole segments.
+/// of its class, capped at the segment size (or, for a class larger than a segment, at the class
+/// rounded up to a power of two): small classes waste no more than one slab each, large ones
+/// still amortise carving over several objects, and powers of two let the buddy that carves
+/// slabs merge them back into whole segments.
 const MIN_SLAB: u64 = 64 * KIB;
 const MIN_OBJECTS: u64 = 8;
 
@@ -83,21 +84,23 @@ impl Default for Slab {
 
 impl Slab {
     /// `segment_size` is rounded up to a power of two in [64 KiB, 1 TiB]; `max_size` is clamped
-    /// to [512, segment_size].
+    /// to [512, 1 TiB]. A `max_size` above the segment size is honoured: slabs of the classes
+    /// above it get segments of their own size (a power of two).
     pub fn new(config: SlabConfig) -> Self {
         let segment_size = config.segment_size.clamp(MIN_SLAB, MAX_SEGMENT).next_power_of_two();
-        let max_size = config.max_size.clamp(MIN_BLOCK, segment_size);
-        let segment_order = segment_size.trailing_zeros();
+        let max_size = config.max_size.clamp(MIN_BLOCK, MAX_SEGMENT);
+        let last = size_class_of(max_size);
+        let largest_slab = segment_size.max(last.next_power_of_two());
         let space = Buddy::new(BuddyConfig {
             min_order: MIN_SLAB.trailing_zeros(),
-            max_order: segment_order,
-            min_segment_order: segment_order,
+            max_order: largest_slab.trailing_zeros(),
+            min_segment_order: segment_size.trailing_zeros(),
         });
         let mut classes = Vec::new();
         let mut size = MIN_BLOCK;
-        let last = size_class_of(max_size);
         while size <= last {
-            let slab_size = (size * MIN_OBJECTS).next_power_of_two().clamp(MIN_SLAB, segment_size);
+            let cap = segment_size.max(size.next_power_of_two());
+            let slab_size = (size * MIN_OBJECTS).next_power_of_two().clamp(MIN_SLAB, cap);
             debug_assert_eq!(size_class_index(size), classes.len());
             classes.push(Class { size, slab_size, partial: Vec::new() });
             size = size_class_of(size + 1);
@@ -125,15 +128,8 @@ impl Slab {
         let base = self.space.allocate(class.slab_size)?.addr;
         let capacity = (class.slab_size / class.size) as u32;
         let partial_pos = class.partial.len() as u32;
-        let mut rec = SlabRec {
-            base,
-            class: ci as u32,
-            capacity,
-            bump: 0,
-            free_slots: Vec::new(),
-            live: 0,
-            partial_pos,
-        };
+        let mut rec =
+            SlabRec { base, class: ci as u32, capacity, bump: 0, free_slots: Vec::new(), live: 0, partial_pos };
         let s = match self.spare.pop() {
             Some(s) => {
                 let old = &mut self.slabs[s as usize];
@@ -166,10 +162,11 @@ impl Strategy for Slab {
 
     fn segment_size_for(&self, size: u64) -> u64 {
         if size > self.max_size {
-            self.space.segment_size_for(size)
-        } else {
-            self.segment_size
+            return self.space.segment_size_for(size);
         }
+        // The segment size, or the slab of a class larger than it.
+        let slab_size = self.classes.get(size_class_index(size_class_of(size))).map_or(0, |c| c.slab_size);
+        self.space.segment_size_for(slab_size)
     }
 
     fn add_segment(&mut self, segment: Segment) {
@@ -266,8 +263,7 @@ impl Strategy for Slab {
     }
 
     fn snapshot(&self) -> Vec<(Segment, Vec<BlockInfo>)> {
-        let slab_at: AddrMap<&SlabRec> =
-            self.slabs.iter().filter(|r| r.live > 0).map(|r| (r.base, r)).collect();
+        let slab_at: AddrMap<&SlabRec> = self.slabs.iter().filter(|r| r.live > 0).map(|r| (r.base, r)).collect();
         let mut objects: Vec<u64> = self.objects.keys().copied().collect();
         objects.sort_unstable();
         let mut objects = objects.into_iter().peekable();
@@ -317,6 +313,7 @@ fn push_free(list: &mut Vec<BlockInfo>, addr: u64, size: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sizes::GIB;
 
     fn seg(base: u64, size: u64) -> Segment {
         Segment { base, size }
@@ -346,7 +343,7 @@ mod tests {
         assert_eq!(s.segment_size_for(MIB + 512), 2 * MIB);
         assert_eq!(s.segment_size_for(3 * MIB), 4 * MIB);
         assert_eq!(s.segment_size_for(5 * MIB), 6 * MIB);
-        assert_eq!(s.segment_size_for(u64::MAX), u64::MAX & !(2 * MIB - 1));
+        assert_eq!(s.segment_size_for(u64::MAX), !(2 * MIB - 1));
     }
 
     #[test]
@@ -452,6 +449,29 @@ mod tests {
     }
 
     #[test]
+    fn max_size_above_the_segment_size_is_honoured() {
+        let mut s = Slab::new(SlabConfig { max_size: 64 * MIB, segment_size: 2 * MIB });
+        assert_eq!(s.segment_size_for(512), 2 * MIB);
+        assert_eq!(s.segment_size_for(MIB), 2 * MIB);
+        assert_eq!(s.segment_size_for(3 * MIB), 4 * MIB, "class 3 MiB, one object per 4 MiB slab");
+        assert_eq!(s.segment_size_for(40 * MIB), 64 * MIB);
+        assert_eq!(s.segment_size_for(64 * MIB + 512), 66 * MIB, "above max_size: a dedicated segment");
+        s.add_segment(seg(0, 64 * MIB));
+        let a = s.allocate(40 * MIB).unwrap();
+        assert_eq!(a, Block { addr: 0, size: 40 * MIB });
+        assert!(s.allocate(512).is_none(), "the 64 MiB slab holds one object");
+        s.add_segment(seg(GIB, 4 * MIB));
+        let b = s.allocate(3 * MIB - 512).unwrap();
+        assert_eq!(b, Block { addr: GIB, size: 3 * MIB });
+        s.free(a.addr).unwrap();
+        let c = s.allocate(512).unwrap();
+        assert_eq!(c.addr, 0, "the emptied big slab's space serves small slabs");
+        s.free(b.addr).unwrap();
+        s.free(c.addr).unwrap();
+        assert_eq!(s.release_free_segments().len(), 2);
+    }
+
+    #[test]
     fn invalid_frees_change_nothing() {
         let mut s = with_segment();
         let a = s.allocate(4 * KIB).unwrap();
@@ -479,6 +499,7 @@ mod tests {
         let tiny = Slab::new(SlabConfig { max_size: 0, segment_size: 0 });
         assert_eq!(tiny.config(), SlabConfig { max_size: 512, segment_size: 64 * KIB });
         let mut odd = Slab::new(SlabConfig { max_size: 3 * MIB, segment_size: 3 * MIB });
+        assert_eq!(odd.config(), SlabConfig { max_size: 3 * MIB, segment_size: 4 * MIB });
         assert_eq!(odd.segment_size_for(3 * MIB), 4 * MIB);
         odd.add_segment(seg(0, 4 * MIB));
         assert_eq!(odd.allocate(3 * MIB - 512).unwrap().size, 3 * MIB);
