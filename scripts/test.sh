@@ -4,8 +4,8 @@ source "$(dirname "$0")/env.sh"
 cd "$root"
 echo "== cargo test --workspace"
 cargo test --workspace
-echo "== loom models of the lock-free magazine"
-RUSTFLAGS="--cfg loom" cargo test -p vrampool-core --lib magazine --target-dir "$CARGO_TARGET_DIR/loom"
+echo "== loom models of the lock-free structures (magazine rings, live-block table)"
+RUSTFLAGS="--cfg loom" cargo test -p vrampool-core --lib --target-dir "$CARGO_TARGET_DIR/loom" -- loom_tests
 echo "== wheel and pytest"
 install_wheel
 python -m pytest -q "$@"

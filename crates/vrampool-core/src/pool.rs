@@ -15,6 +15,7 @@ use parking_lot::Mutex;
 use crate::arena::Arena;
 use crate::config::{Limit, PoolConfig};
 use crate::device::{Device, EventId, StreamId};
+use crate::live_table::{BlockMeta, LiveTable, Removal};
 use crate::error::{DeviceError, InvalidFreeReason, OomReport, PoolError, Result};
 use crate::event_log::{EventKind, EventLog, LogEvent};
 use crate::sizes::{round_up, size_class_of, MIN_BLOCK};
@@ -23,15 +24,11 @@ use crate::strategy::{BestFit, BestFitConfig, BlockInfo, Buddy, BuddyConfig, Seg
 
 type FastMap<K, V> = papaya::HashMap<K, V, FixedState>;
 
-/// A live block's record, keyed by address.
-#[derive(Debug, Clone, Copy)]
-struct LiveBlock {
-    /// Real size (what the strategy handed out).
-    size: u64,
-    requested: u64,
-    stream: StreamId,
-    tier: u8,
-}
+/// Slots in the live-block table: 2^14 (512 KiB of host memory); blocks whose slot is taken go
+/// to the overflow map.
+const LIVE_TABLE_BITS: u32 = 14;
+
+type LiveBlock = BlockMeta;
 
 /// A free that waits for other streams' work: the block is reusable once every event completed.
 struct DeferredFree {
@@ -81,7 +78,9 @@ pub struct Pool {
     /// The default stream's arena, reached without a map lookup.
     default_arena: Arena,
     arenas: FastMap<StreamId, Arena>,
-    live: FastMap<u64, LiveBlock>,
+    /// Live blocks: the lock-free direct-mapped table, and the map for blocks whose slot was taken.
+    live: LiveTable,
+    overflow: FastMap<u64, LiveBlock>,
     /// Streams other than a block's own that used it (`record_stream`), by block address.
     recorded: Mutex<HashMap<u64, Vec<StreamId>>>,
     recorded_count: AtomicUsize,
@@ -107,7 +106,8 @@ impl Pool {
             committed: AtomicU64::new(0),
             default_arena,
             arenas: FastMap::default(),
-            live: FastMap::default(),
+            live: LiveTable::new(LIVE_TABLE_BITS),
+            overflow: FastMap::default(),
             recorded: Mutex::default(),
             recorded_count: AtomicUsize::new(0),
             deferred: Mutex::default(),
@@ -160,7 +160,7 @@ impl Pool {
         if let Some(index) = arena.magazines.class_of_block(block_size) {
             if let Some(addr) = arena.magazines.pop(index) {
                 self.counters.fast_path_hits.fetch_add(1, Relaxed);
-                return Ok(self.hand_out(addr, LiveBlock { size: block_size, requested: size, stream, tier: 0 }));
+                return Ok(self.hand_out(addr, LiveBlock { size: block_size, requested: size, stream: stream.0, tier: 0 }));
             }
         }
         self.allocate_slow(&arena, size, rounded, stream)
@@ -171,24 +171,28 @@ impl Pool {
     /// block last: its reuse then waits for that stream's work.
     pub fn free(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> Result<()> {
         self.ensure_open()?;
-        let guard = self.live.guard();
-        let removed = self.live.remove_if(&addr, |_, b| size.is_none_or(|s| s == b.requested || s == b.size), &guard);
-        let block = match removed {
-            Ok(Some((_, block))) => *block,
-            Ok(None) => return Err(PoolError::InvalidFree { ptr: addr, reason: InvalidFreeReason::NotAllocated }),
-            Err((_, block)) => {
-                let reason = InvalidFreeReason::WrongSize { expected: block.requested, given: size.unwrap_or(0) };
-                return Err(PoolError::InvalidFree { ptr: addr, reason });
-            }
+        let agree = |b: &LiveBlock| size.is_none_or(|s| s == b.requested || s == b.size);
+        let wrong_size = |b: &LiveBlock| PoolError::InvalidFree {
+            ptr: addr,
+            reason: InvalidFreeReason::WrongSize { expected: b.requested, given: size.unwrap_or(0) },
         };
-        drop(guard);
+        let block = match self.live.remove_if(addr, agree) {
+            Ok(block) => block,
+            Err(Removal::Refused(block)) => return Err(wrong_size(&block)),
+            Err(Removal::Absent) => match self.overflow.pin().remove_if(&addr, |_, b| agree(b)) {
+                Ok(Some((_, block))) => *block,
+                Ok(None) => return Err(PoolError::InvalidFree { ptr: addr, reason: InvalidFreeReason::NotAllocated }),
+                Err((_, block)) => return Err(wrong_size(block)),
+            },
+        };
         self.counters.allocated_bytes.sub(block.size);
         self.counters.requested_bytes.sub(block.requested);
         self.counters.allocation.sub(1);
-        self.log(EventKind::Free, addr, block.size, stream.unwrap_or(block.stream));
+        let owner = StreamId(block.stream);
+        self.log(EventKind::Free, addr, block.size, stream.unwrap_or(owner));
 
         let mut users = self.take_recorded_streams(addr);
-        if let Some(s) = stream.filter(|&s| s != block.stream && !users.contains(&s)) {
+        if let Some(s) = stream.filter(|&s| s != owner && !users.contains(&s)) {
             users.push(s);
         }
         if users.is_empty() {
@@ -202,8 +206,8 @@ impl Pool {
     /// `stream`'s work queued before the free has completed (`Tensor.record_stream`).
     pub fn record_stream(&self, addr: u64, stream: StreamId) -> Result<()> {
         self.ensure_open()?;
-        let owner = match self.live.pin().get(&addr) {
-            Some(block) => block.stream,
+        let owner = match self.live_block(addr) {
+            Some(block) => StreamId(block.stream),
             None => return Err(PoolError::InvalidFree { ptr: addr, reason: InvalidFreeReason::NotAllocated }),
         };
         if owner != stream {
@@ -239,7 +243,6 @@ impl Pool {
 
     /// Segments with their blocks and free ranges, per stream and strategy.
     pub fn snapshot(&self) -> Vec<SegmentSnapshot> {
-        let live = self.live.pin();
         let deferred: Vec<u64> = self.deferred.lock().iter().map(|d| d.addr).collect();
         let mut out = Vec::new();
         self.for_each_arena(|arena| {
@@ -249,7 +252,7 @@ impl Pool {
                     let blocks = blocks
                         .iter()
                         .map(|&BlockInfo { addr, size, allocated }| {
-                            let state = match (allocated, live.get(&addr)) {
+                            let state = match (allocated, self.live_block(addr)) {
                                 (false, _) => BlockState::Free,
                                 (true, Some(b)) => BlockState::Active { requested: b.requested },
                                 (true, None) if deferred.contains(&addr) => BlockState::PendingFree,
@@ -268,11 +271,12 @@ impl Pool {
 
     /// Every live block (for leak reports).
     pub fn live_blocks(&self) -> Vec<LiveBlockInfo> {
+        let overflow = self.overflow.pin();
         let mut blocks: Vec<_> = self
             .live
-            .pin()
             .iter()
-            .map(|(&addr, b)| LiveBlockInfo { addr, size: b.size, requested: b.requested, stream: b.stream })
+            .chain(overflow.iter().map(|(&addr, &b)| (addr, b)))
+            .map(|(addr, b)| LiveBlockInfo { addr, size: b.size, requested: b.requested, stream: StreamId(b.stream) })
             .collect();
         blocks.sort_by_key(|b| b.addr);
         blocks
@@ -305,7 +309,7 @@ impl Pool {
             {
                 let mut strategy = arena.tiers[tier as usize].lock();
                 if let Some(block) = strategy.allocate(rounded) {
-                    return Ok(self.hand_out(block.addr, LiveBlock { size: block.size, requested: size, stream, tier }));
+                    return Ok(self.hand_out(block.addr, LiveBlock { size: block.size, requested: size, stream: stream.0, tier }));
                 }
                 let segment_size = strategy.segment_size_for(rounded);
                 match self.grow(segment_size, stream) {
@@ -314,7 +318,7 @@ impl Pool {
                         let block = strategy.allocate(rounded).ok_or_else(|| {
                             PoolError::InvalidSize { size, reason: "the strategy could not serve a request from a new segment sized for it" }
                         })?;
-                        return Ok(self.hand_out(block.addr, LiveBlock { size: block.size, requested: size, stream, tier }));
+                        return Ok(self.hand_out(block.addr, LiveBlock { size: block.size, requested: size, stream: stream.0, tier }));
                     }
                     Err(PoolError::Device(DeviceError::OutOfMemory)) => {}
                     Err(other) => return Err(other),
@@ -357,15 +361,17 @@ impl Pool {
         self.counters.active_bytes.add(block.size);
         self.counters.requested_bytes.add(block.requested);
         self.counters.allocation.add(1);
-        self.log(EventKind::Alloc, addr, block.size, block.stream);
-        self.live.pin().insert(addr, block);
+        self.log(EventKind::Alloc, addr, block.size, StreamId(block.stream));
+        if !self.live.insert(addr, block) {
+            self.overflow.pin().insert(addr, block);
+        }
         addr
     }
 
     /// Makes a freed block reusable on its own stream: into a magazine, or back to its strategy.
     fn give_back(&self, addr: u64, block: LiveBlock) {
         self.counters.active_bytes.sub(block.size);
-        let arena = self.arena(block.stream);
+        let arena = self.arena(StreamId(block.stream));
         if let Some(index) = arena.magazines.class_of_block(block.size) {
             if arena.magazines.push(index, addr) {
                 return;
@@ -413,6 +419,10 @@ impl Pool {
             d.events.iter().for_each(|&e| self.device.release_event(e));
             self.give_back(d.addr, d.block);
         }
+    }
+
+    fn live_block(&self, addr: u64) -> Option<LiveBlock> {
+        self.live.get(addr).or_else(|| self.overflow.pin().get(&addr).copied())
     }
 
     fn take_recorded_streams(&self, addr: u64) -> Vec<StreamId> {

@@ -253,3 +253,23 @@ fn peaks_reset_to_current() {
         assert!(pairs.iter().any(|(k, _)| k == key), "missing {key}");
     }
 }
+
+#[test]
+fn more_live_blocks_than_table_slots_spill_to_the_overflow_map() {
+    let dev = Arc::new(SimDevice::new(4 * GIB, SimMode::AddressOnly));
+    let pool = Pool::new(dev as Arc<dyn Device>, PoolConfig::default()).unwrap();
+    // 40,000 live blocks: more than the live table's 16,384 slots.
+    let blocks: Vec<u64> = (0..40_000).map(|_| pool.allocate(512, S0).unwrap()).collect();
+    assert_eq!(pool.live_blocks().len(), 40_000);
+    for &b in blocks.iter().step_by(2) {
+        pool.record_stream(b, StreamId(0)).unwrap();
+        pool.free(b, Some(512), None).unwrap();
+        assert!(pool.free(b, Some(512), None).is_err(), "double free found in either place");
+    }
+    for &b in blocks.iter().skip(1).step_by(2) {
+        assert!(matches!(pool.free(b, Some(4), None), Err(PoolError::InvalidFree { reason: InvalidFreeReason::WrongSize { .. }, .. })));
+        pool.free(b, None, None).unwrap();
+    }
+    assert_eq!(pool.stats().allocation.current, 0);
+    assert!(pool.live_blocks().is_empty());
+}
