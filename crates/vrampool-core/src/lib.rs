@@ -26,11 +26,12 @@ pub mod sizes;
 pub mod stats;
 pub mod strategy;
 mod sync;
+mod thread_cache;
 
 pub use config::{Limit, PoolConfig};
 pub use device::{Device, EventId, MemInfo, SimDevice, SimMode, StreamId};
 pub use error::{DeviceError, InvalidFreeReason, OomReport, PoolError};
 pub use event_log::{EventKind, LogEvent};
-pub use pool::{BlockState, LiveBlockInfo, Pool, SegmentSnapshot};
+pub use pool::{BlockState, LiveBlockInfo, Pool, PoolCore, SegmentSnapshot};
 pub use stats::Stats;
 pub use strategy::StrategyKind;

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use foldhash::fast::FixedState;
 use parking_lot::Mutex;
@@ -19,8 +19,9 @@ use crate::live_table::{BlockMeta, LiveTable, Removal};
 use crate::error::{DeviceError, InvalidFreeReason, OomReport, PoolError, Result};
 use crate::event_log::{EventKind, EventLog, LogEvent};
 use crate::sizes::{round_up, size_class_of, MIN_BLOCK};
-use crate::stats::{Counters, Stats};
-use crate::strategy::{BestFit, BestFitConfig, BlockInfo, Buddy, BuddyConfig, Segment, Slab, SlabConfig, Strategy, StrategyKind};
+use crate::stats::{Counters, Fast, LocalCounters, Stats};
+use crate::thread_cache::{self, CacheOwner, PoolCache, PoolHandle};
+use crate::strategy::{BestFit, BestFitConfig, Block, BlockInfo, Buddy, BuddyConfig, Segment, Slab, SlabConfig, Strategy, StrategyKind};
 
 type FastMap<K, V> = papaya::HashMap<K, V, FixedState>;
 
@@ -67,7 +68,16 @@ pub struct SegmentSnapshot {
     pub blocks: Vec<(u64, u64, BlockState)>,
 }
 
-pub struct Pool {
+/// A device-memory pool. Cheap to share across threads by reference (`Send + Sync`); every
+/// method is on `PoolCore`, reached through `Deref`.
+pub struct Pool(Arc<PoolCore>);
+
+pub struct PoolCore {
+    /// Unique for the process's life: thread caches find their pool by it.
+    id: u64,
+    /// Raised by trims: thread caches give their blocks back when they see it move.
+    flush_epoch: AtomicU64,
+    this: Weak<dyn CacheOwner>,
     device: Arc<dyn Device>,
     config: PoolConfig,
     device_total: u64,
@@ -94,11 +104,15 @@ pub struct Pool {
 impl Pool {
     pub fn new(device: Arc<dyn Device>, config: PoolConfig) -> Result<Self> {
         config.validate()?;
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let device_total = device.mem_info()?.total;
         let cap = cap_for(config.limit, device_total);
         let default_arena = new_arena(&config, StreamId(0));
         let log = config.record_events.then(EventLog::new);
-        Ok(Self {
+        let core = Arc::new_cyclic(|this: &Weak<PoolCore>| PoolCore {
+            id: NEXT_ID.fetch_add(1, Relaxed),
+            flush_epoch: AtomicU64::new(0),
+            this: this.clone() as Weak<dyn CacheOwner>,
             device,
             config,
             device_total,
@@ -115,9 +129,33 @@ impl Pool {
             counters: Counters::default(),
             closed: AtomicBool::new(false),
             log,
-        })
+        });
+        Ok(Pool(core))
+    }
+}
+
+impl std::ops::Deref for Pool {
+    type Target = PoolCore;
+    fn deref(&self) -> &PoolCore {
+        &self.0
+    }
+}
+
+impl CacheOwner for PoolCore {
+    fn adopt(&self, blocks: Vec<(u64, u64)>) {
+        for (stream, addr) in blocks {
+            // Thread caches hold only blocks of at most `small_max` bytes: the first tier's.
+            let freed = self.arena(StreamId(stream)).tiers[0].lock().free(addr);
+            debug_assert!(freed.is_some(), "a cached block belongs to its arena's first tier");
+        }
     }
 
+    fn retire_counters(&self, counters: &Arc<LocalCounters>) {
+        self.counters.fast.retire(counters);
+    }
+}
+
+impl PoolCore {
     pub fn config(&self) -> &PoolConfig {
         &self.config
     }
@@ -153,17 +191,28 @@ impl Pool {
     pub fn allocate(&self, size: u64, stream: StreamId) -> Result<u64> {
         self.ensure_open()?;
         let rounded = self.round_request(size)?;
-        let arena = self.arena(stream);
         self.complete_deferred_frees();
-        // Fast path: a cached block of the size the strategy would hand out, taken without a lock.
+        // Fast path: a cached block of the size the strategy would hand out, from this thread's
+        // cache, else from the shared magazines; no lock either way.
         let block_size = self.block_size_for(rounded);
-        if let Some(index) = arena.magazines.class_of_block(block_size) {
-            if let Some(addr) = arena.magazines.pop(index) {
-                self.counters.fast_path_hits.fetch_add(1, Relaxed);
-                return Ok(self.hand_out(addr, LiveBlock { size: block_size, requested: size, stream: stream.0, tier: 0 }));
+        if let Some(index) = self.cache_class(block_size) {
+            let block = LiveBlock { size: block_size, requested: size, stream: stream.0, tier: 0 };
+            let from_thread = self.with_thread_cache(|c| {
+                let addr = thread_cache::pop(c, stream.0, index)?;
+                Self::count_alloc(c, &block, true);
+                Some((addr, c.note_allocated(block.size)))
+            });
+            if let Some(Some((addr, checkpoint_due))) = from_thread {
+                if checkpoint_due {
+                    self.counters.fast.checkpoint();
+                }
+                return Ok(self.record_live(addr, block));
+            }
+            if let Some(addr) = self.arena(stream).magazines.pop(index) {
+                return Ok(self.hand_out(addr, block, true));
             }
         }
-        self.allocate_slow(&arena, size, rounded, stream)
+        self.allocate_slow(&self.arena(stream), size, rounded, stream)
     }
 
     /// Frees the block at `addr`. `size`, when given, must be the size it was allocated with (or
@@ -185,9 +234,6 @@ impl Pool {
                 Err((_, block)) => return Err(wrong_size(block)),
             },
         };
-        self.counters.allocated_bytes.sub(block.size);
-        self.counters.requested_bytes.sub(block.requested);
-        self.counters.allocation.sub(1);
         let owner = StreamId(block.stream);
         self.log(EventKind::Free, addr, block.size, stream.unwrap_or(owner));
 
@@ -196,9 +242,10 @@ impl Pool {
             users.push(s);
         }
         if users.is_empty() {
-            self.give_back(addr, block);
+            self.give_back(addr, block, true);
             return Ok(());
         }
+        self.count(&[(Fast::AllocatedOut, block.size), (Fast::RequestedOut, block.requested), (Fast::BlocksOut, 1)], 0);
         self.defer_free(addr, block, &users)
     }
 
@@ -306,23 +353,10 @@ impl Pool {
     fn allocate_slow(&self, arena: &Arena, size: u64, rounded: u64, stream: StreamId) -> Result<u64> {
         let tier = self.tier_of(rounded);
         for attempt in 0..2 {
-            {
-                let mut strategy = arena.tiers[tier as usize].lock();
-                if let Some(block) = strategy.allocate(rounded) {
-                    return Ok(self.hand_out(block.addr, LiveBlock { size: block.size, requested: size, stream: stream.0, tier }));
-                }
-                let segment_size = strategy.segment_size_for(rounded);
-                match self.grow(segment_size, stream) {
-                    Ok(base) => {
-                        strategy.add_segment(Segment { base, size: segment_size });
-                        let block = strategy.allocate(rounded).ok_or_else(|| {
-                            PoolError::InvalidSize { size, reason: "the strategy could not serve a request from a new segment sized for it" }
-                        })?;
-                        return Ok(self.hand_out(block.addr, LiveBlock { size: block.size, requested: size, stream: stream.0, tier }));
-                    }
-                    Err(PoolError::Device(DeviceError::OutOfMemory)) => {}
-                    Err(other) => return Err(other),
-                }
+            if let Some(block) = self.allocate_in(arena, tier, rounded)? {
+                // Handed out after the strategy's lock is released: counting may give a thread
+                // cache's blocks back, which takes that lock.
+                return Ok(self.hand_out(block.addr, LiveBlock { size: block.size, requested: size, stream: stream.0, tier }, false));
             }
             if attempt == 0 {
                 // Out of memory: give back every cached segment (all streams) and try once more.
@@ -332,6 +366,28 @@ impl Pool {
         }
         self.counters.num_ooms.fetch_add(1, Relaxed);
         Err(PoolError::OutOfMemory(self.oom_report(size)))
+    }
+
+    /// A block from the tier's strategy, growing it by a segment if needed; None when the device
+    /// (or the cap) has no room.
+    fn allocate_in(&self, arena: &Arena, tier: u8, rounded: u64) -> Result<Option<Block>> {
+        let mut strategy = arena.tiers[tier as usize].lock();
+        if let Some(block) = strategy.allocate(rounded) {
+            return Ok(Some(block));
+        }
+        let segment_size = strategy.segment_size_for(rounded);
+        match self.grow(segment_size, arena.stream) {
+            Ok(base) => {
+                strategy.add_segment(Segment { base, size: segment_size });
+                let block = strategy.allocate(rounded).ok_or(PoolError::InvalidSize {
+                    size: rounded,
+                    reason: "the strategy could not serve a request from a new segment sized for it",
+                })?;
+                Ok(Some(block))
+            }
+            Err(PoolError::Device(DeviceError::OutOfMemory)) => Ok(None),
+            Err(other) => Err(other),
+        }
     }
 
     /// A new segment of `size` bytes from the device, within the cap.
@@ -356,11 +412,30 @@ impl Pool {
         }
     }
 
-    fn hand_out(&self, addr: u64, block: LiveBlock) -> u64 {
-        self.counters.allocated_bytes.add(block.size);
-        self.counters.active_bytes.add(block.size);
-        self.counters.requested_bytes.add(block.requested);
-        self.counters.allocation.add(1);
+    fn count_alloc(cache: &PoolCache, block: &LiveBlock, cache_hit: bool) {
+        cache.bump(Fast::AllocatedIn, block.size);
+        cache.bump(Fast::ActiveIn, block.size);
+        cache.bump(Fast::RequestedIn, block.requested);
+        cache.bump(Fast::BlocksIn, 1);
+        if cache_hit {
+            cache.bump(Fast::Hits, 1);
+        }
+    }
+
+    fn hand_out(&self, addr: u64, block: LiveBlock, cache_hit: bool) -> u64 {
+        let counts = [
+            (Fast::AllocatedIn, block.size),
+            (Fast::ActiveIn, block.size),
+            (Fast::RequestedIn, block.requested),
+            (Fast::BlocksIn, 1),
+            (Fast::Hits, u64::from(cache_hit)),
+        ];
+        self.count(&counts, block.size);
+        self.record_live(addr, block)
+    }
+
+    /// Enters a handed-out block in the live table (or its overflow map) and the event log.
+    fn record_live(&self, addr: u64, block: LiveBlock) -> u64 {
         self.log(EventKind::Alloc, addr, block.size, StreamId(block.stream));
         if !self.live.insert(addr, block) {
             self.overflow.pin().insert(addr, block);
@@ -368,11 +443,28 @@ impl Pool {
         addr
     }
 
-    /// Makes a freed block reusable on its own stream: into a magazine, or back to its strategy.
-    fn give_back(&self, addr: u64, block: LiveBlock) {
-        self.counters.active_bytes.sub(block.size);
+    /// Makes a freed block reusable on its own stream: into this thread's cache, a magazine, or
+    /// back to its strategy. `just_freed` counts the free itself too (else `free` counted it when
+    /// it deferred the block).
+    fn give_back(&self, addr: u64, block: LiveBlock, just_freed: bool) {
+        let counts = [
+            (Fast::ActiveOut, block.size),
+            (Fast::AllocatedOut, block.size * u64::from(just_freed)),
+            (Fast::RequestedOut, block.requested * u64::from(just_freed)),
+            (Fast::BlocksOut, u64::from(just_freed)),
+        ];
+        let class = self.cache_class(block.size);
+        let cached = self.with_thread_cache(|c| {
+            counts.iter().for_each(|&(which, n)| c.bump(which, n));
+            class.is_some_and(|index| thread_cache::push(c, block.stream, index, block.size, addr))
+        });
+        match cached {
+            Some(true) => return,
+            Some(false) => {}
+            None => counts.iter().for_each(|&(which, n)| self.counters.fast.bump_shared(which, n)),
+        }
         let arena = self.arena(StreamId(block.stream));
-        if let Some(index) = arena.magazines.class_of_block(block.size) {
+        if let Some(index) = class {
             if arena.magazines.push(index, addr) {
                 return;
             }
@@ -402,10 +494,15 @@ impl Pool {
     }
 
     /// Gives back the deferred frees whose events have all completed.
+    #[inline]
     fn complete_deferred_frees(&self) {
-        if self.deferred_count.load(Relaxed) == 0 {
-            return;
+        if self.deferred_count.load(Relaxed) != 0 {
+            self.complete_ready_deferred_frees();
         }
+    }
+
+    #[cold]
+    fn complete_ready_deferred_frees(&self) {
         let ready: Vec<DeferredFree> = {
             let mut deferred = self.deferred.lock();
             let (ready, waiting) = std::mem::take(&mut *deferred)
@@ -417,8 +514,36 @@ impl Pool {
         };
         for d in ready {
             d.events.iter().for_each(|&e| self.device.release_event(e));
-            self.give_back(d.addr, d.block);
+            self.give_back(d.addr, d.block, false);
         }
+    }
+
+    /// Runs `f` on this thread's cache for this pool (giving back first what a trim asked for);
+    /// None when the thread's storage is gone (it is exiting).
+    fn with_thread_cache<R>(&self, f: impl FnOnce(&mut PoolCache) -> R) -> Option<R> {
+        let register = || self.counters.fast.register();
+        let handle = PoolHandle { id: self.id, epoch: self.flush_epoch.load(Relaxed), owner: &self.this, register: &register };
+        thread_cache::with_pool_cache(&handle, f)
+    }
+
+    /// Adds to this thread's counters (the shared ones when it has none), and updates the peaks
+    /// after every `PEAK_SLACK` bytes this thread allocated.
+    fn count(&self, updates: &[(Fast, u64)], allocated: u64) {
+        let due = self.with_thread_cache(|c| {
+            updates.iter().for_each(|&(which, n)| c.bump(which, n));
+            allocated > 0 && c.note_allocated(allocated)
+        });
+        if due.is_none() {
+            updates.iter().for_each(|&(which, n)| self.counters.fast.bump_shared(which, n));
+        }
+        if due.unwrap_or(allocated > 0) {
+            self.counters.fast.checkpoint();
+        }
+    }
+
+    /// The magazine class of a block of `size` bytes, if blocks of that size are cached.
+    fn cache_class(&self, size: u64) -> Option<usize> {
+        self.default_arena.magazines.class_of_block(size)
     }
 
     fn live_block(&self, addr: u64) -> Option<LiveBlock> {
@@ -435,9 +560,12 @@ impl Pool {
         users
     }
 
-    /// Empties the magazines into their strategies and gives every wholly free segment back.
+    /// Empties the caches into their strategies and gives every wholly free segment back. Other
+    /// threads' caches are emptied at their next call (or exit), this thread's at once.
     fn release_cached(&self) -> Result<u64> {
         self.complete_deferred_frees();
+        self.flush_epoch.fetch_add(1, Relaxed);
+        self.with_thread_cache(|_| ());
         let mut released = Vec::new();
         self.for_each_arena(|arena| {
             arena.magazines.drain(|addr| {
@@ -510,15 +638,15 @@ impl Pool {
             return Err(PoolError::InvalidSize { size, reason: "zero bytes requested" });
         }
         let cap = self.capacity();
-        let too_big = PoolError::InvalidSize { size, reason: "larger than the pool may ever reserve" };
-        let mut rounded = round_up(size, self.config.alignment).ok_or(too_big.clone())?;
+        let too_big = || PoolError::InvalidSize { size, reason: "larger than the pool may ever reserve" };
+        let mut rounded = round_up(size, self.config.alignment).ok_or_else(too_big)?;
         if self.config.round_up_divisions > 1 && rounded > MIN_BLOCK {
             let floor_pow2 = 1u64 << (63 - rounded.leading_zeros());
             let step = (floor_pow2 / self.config.round_up_divisions as u64).max(self.config.alignment);
-            rounded = round_up(rounded, step).ok_or(too_big.clone())?;
+            rounded = round_up(rounded, step).ok_or_else(too_big)?;
         }
         if rounded > cap {
-            return Err(too_big);
+            return Err(too_big());
         }
         Ok(rounded)
     }
@@ -585,7 +713,7 @@ impl std::ops::Deref for ArenaRef<'_> {
     }
 }
 
-impl Drop for Pool {
+impl Drop for PoolCore {
     fn drop(&mut self) {
         // Every segment goes back to the device, live blocks or not: nobody can free them now.
         self.closed.store(true, Relaxed);

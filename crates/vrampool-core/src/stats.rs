@@ -1,7 +1,10 @@
-//! Counters with PyTorch's key names (`allocated_bytes.all.current`, ...), kept in atomics so the
-//! fast path updates them without a lock.
+//! Counters with PyTorch's key names (`allocated_bytes.all.current`, ...). The ones every alloc
+//! and free touches are kept per thread and summed on read; the rest are shared atomics.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
 
 /// current / peak / allocated (cumulative in) / freed (cumulative out), as PyTorch keeps them.
 ///
@@ -60,48 +63,166 @@ pub struct CounterValues {
     pub freed: u64,
 }
 
+/// The counters every alloc and free touches, kept per thread (see `FastCounters`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fast {
+    AllocatedIn,
+    AllocatedOut,
+    RequestedIn,
+    RequestedOut,
+    ActiveIn,
+    ActiveOut,
+    BlocksIn,
+    BlocksOut,
+    Hits,
+}
+
+const FAST: usize = 9;
+
+/// One thread's cumulative totals. Only the owning thread writes them, with a plain load and
+/// store (no read-modify-write, so no locked instruction and no cache line shared for writing);
+/// other threads only read them.
+#[derive(Default)]
+#[repr(align(128))]
+pub struct LocalCounters {
+    totals: [AtomicU64; FAST],
+}
+
+impl LocalCounters {
+    /// Adds `n` to counter `which`. Only the owning thread may call this.
+    pub fn bump_owned(&self, which: Fast, n: u64) {
+        let total = &self.totals[which as usize];
+        total.store(total.load(Relaxed).wrapping_add(n), Relaxed);
+    }
+
+    fn bump_shared(&self, which: Fast, n: u64) {
+        self.totals[which as usize].fetch_add(n, Relaxed);
+    }
+
+    fn get(&self, which: usize) -> u64 {
+        self.totals[which].load(Relaxed)
+    }
+}
+
+/// The fast-path counters: a `LocalCounters` per thread, summed on read, plus a shared set for
+/// threads whose thread-local storage is gone (updated with read-modify-writes) and for the totals
+/// of threads that exited.
+///
+/// Peaks need the pool-wide current value, which no thread has at hand without reading every
+/// other thread's counters; a thread does that read (a `checkpoint`) after each `PEAK_SLACK` bytes
+/// it allocated, and every read of the stats counts too. So a peak is exact for blocks of at least
+/// `PEAK_SLACK` bytes and lags the true peak by less than `PEAK_SLACK` per allocating thread.
+#[derive(Default)]
+pub struct FastCounters {
+    shared: LocalCounters,
+    threads: RwLock<Vec<Arc<LocalCounters>>>,
+    /// Peaks of allocated, requested and active bytes and of blocks.
+    peaks: [AtomicU64; 4],
+}
+
+pub const PEAK_SLACK: u64 = 64 * 1024;
+
+impl FastCounters {
+    /// A new thread's counters, included in every later read.
+    pub fn register(&self) -> Arc<LocalCounters> {
+        let counters = Arc::new(LocalCounters::default());
+        self.threads.write().push(Arc::clone(&counters));
+        counters
+    }
+
+    /// Folds an exiting thread's totals into the shared set and forgets its counters.
+    pub fn retire(&self, counters: &Arc<LocalCounters>) {
+        let mut threads = self.threads.write();
+        for i in 0..FAST {
+            self.shared.totals[i].fetch_add(counters.get(i), Relaxed);
+        }
+        threads.retain(|c| !Arc::ptr_eq(c, counters));
+    }
+
+    /// For callers without thread-local counters.
+    pub fn bump_shared(&self, which: Fast, n: u64) {
+        self.shared.bump_shared(which, n);
+    }
+
+    fn totals(&self) -> [u64; FAST] {
+        let threads = self.threads.read();
+        let mut totals = [0u64; FAST];
+        for (i, total) in totals.iter_mut().enumerate() {
+            *total = threads.iter().map(|c| c.get(i)).fold(self.shared.get(i), u64::wrapping_add);
+        }
+        totals
+    }
+
+    fn currents(totals: &[u64; FAST]) -> [u64; 4] {
+        [0, 2, 4, 6].map(|i| totals[i].saturating_sub(totals[i + 1]))
+    }
+
+    /// Reads every thread's counters and raises the peaks to the current values.
+    pub fn checkpoint(&self) -> [u64; FAST] {
+        let totals = self.totals();
+        for (peak, current) in self.peaks.iter().zip(Self::currents(&totals)) {
+            peak.fetch_max(current, Relaxed);
+        }
+        totals
+    }
+
+    fn reset_peaks(&self) {
+        let currents = Self::currents(&self.totals());
+        for (peak, current) in self.peaks.iter().zip(currents) {
+            peak.store(current, Relaxed);
+        }
+    }
+
+    fn read(&self) -> [CounterValues; 4] {
+        let totals = self.checkpoint();
+        let currents = Self::currents(&totals);
+        [0, 1, 2, 3].map(|k| CounterValues {
+            current: currents[k],
+            peak: self.peaks[k].load(Relaxed).max(currents[k]),
+            allocated: totals[2 * k],
+            freed: totals[2 * k + 1],
+        })
+    }
+}
+
 /// The pool's live counters.
 #[derive(Default)]
 pub struct Counters {
-    /// Real block sizes of live blocks (after rounding).
-    pub allocated_bytes: Counter,
-    /// Bytes the caller asked for.
-    pub requested_bytes: Counter,
+    /// Allocated (real block sizes), requested and active bytes, and the block count.
+    pub fast: FastCounters,
     /// Segment bytes held from the device.
     pub reserved_bytes: Counter,
-    /// Live blocks plus blocks whose free waits for another stream: memory nobody may reuse yet.
-    pub active_bytes: Counter,
-    pub allocation: Counter,
     pub segment: Counter,
     pub num_alloc_retries: AtomicU64,
     pub num_ooms: AtomicU64,
     pub num_device_alloc: AtomicU64,
     pub num_device_free: AtomicU64,
-    pub fast_path_hits: AtomicU64,
     pub deferred_frees: AtomicU64,
 }
 
 impl Counters {
     pub fn reset_peaks(&self) {
-        for c in [&self.allocated_bytes, &self.requested_bytes, &self.reserved_bytes, &self.active_bytes, &self.allocation, &self.segment] {
-            c.reset_peak();
-        }
+        self.fast.reset_peaks();
+        self.reserved_bytes.reset_peak();
+        self.segment.reset_peak();
     }
 
     pub fn read(&self, largest_free: u64) -> Stats {
         let get = |a: &AtomicU64| a.load(Relaxed);
+        let totals = self.fast.checkpoint();
+        let [allocated_bytes, requested_bytes, active_bytes, allocation] = self.fast.read();
         Stats {
-            allocated_bytes: self.allocated_bytes.read(),
-            requested_bytes: self.requested_bytes.read(),
+            allocated_bytes,
+            requested_bytes,
             reserved_bytes: self.reserved_bytes.read(),
-            active_bytes: self.active_bytes.read(),
-            allocation: self.allocation.read(),
+            active_bytes,
+            allocation,
             segment: self.segment.read(),
             num_alloc_retries: get(&self.num_alloc_retries),
             num_ooms: get(&self.num_ooms),
             num_device_alloc: get(&self.num_device_alloc),
             num_device_free: get(&self.num_device_free),
-            fast_path_hits: get(&self.fast_path_hits),
+            fast_path_hits: totals[Fast::Hits as usize],
             deferred_frees: get(&self.deferred_frees),
             largest_free_bytes: largest_free,
         }

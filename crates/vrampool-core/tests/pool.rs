@@ -273,3 +273,74 @@ fn more_live_blocks_than_table_slots_spill_to_the_overflow_map() {
     assert_eq!(pool.stats().allocation.current, 0);
     assert!(pool.live_blocks().is_empty());
 }
+
+#[test]
+fn blocks_cached_by_a_thread_come_back_when_it_exits_or_after_a_trim() {
+    let dev = Arc::new(SimDevice::new(GIB, SimMode::AddressOnly));
+    let pool = Arc::new(Pool::new(dev.clone() as Arc<dyn Device>, PoolConfig::default()).unwrap());
+    // A thread frees small blocks into its own cache and exits: they go back to the pool.
+    {
+        let pool = Arc::clone(&pool);
+        std::thread::spawn(move || {
+            let blocks: Vec<u64> = (0..50).map(|_| pool.allocate(2048, S0).unwrap()).collect();
+            blocks.into_iter().for_each(|b| pool.free(b, None, None).unwrap());
+        })
+        .join()
+        .unwrap();
+    }
+    pool.trim().unwrap();
+    assert_eq!(pool.stats().reserved_bytes.current, 0, "the exited thread's cache was given back");
+
+    // A live thread's cache is emptied at its next call after a trim.
+    let (to_worker, from_main) = std::sync::mpsc::channel::<()>();
+    let (to_main, from_worker) = std::sync::mpsc::channel::<()>();
+    let worker = {
+        let pool = Arc::clone(&pool);
+        std::thread::spawn(move || {
+            let b = pool.allocate(4096, S0).unwrap();
+            pool.free(b, None, None).unwrap(); // cached by this thread
+            to_main.send(()).unwrap();
+            from_main.recv().unwrap(); // main trims meanwhile
+            let _ = pool.allocate(100 * MIB, S0).unwrap(); // any call flushes the cache
+            to_main.send(()).unwrap();
+            from_main.recv().unwrap();
+        })
+    };
+    from_worker.recv().unwrap();
+    pool.trim().unwrap();
+    assert!(pool.stats().reserved_bytes.current > 0, "the worker's cached block still pins its slab");
+    to_worker.send(()).unwrap();
+    from_worker.recv().unwrap();
+    pool.trim().unwrap();
+    let small_segments = pool.snapshot().iter().filter(|s| s.strategy == "slab").count();
+    assert_eq!(small_segments, 0, "after the worker's next call the slab segment is free");
+    to_worker.send(()).unwrap();
+    worker.join().unwrap();
+    let stats = pool.stats();
+    assert_eq!(stats.allocation.current, 1);
+    assert_eq!(stats.allocation.allocated, 52);
+}
+
+#[test]
+fn counters_from_many_threads_add_up_and_peaks_stay_within_the_slack() {
+    let dev = Arc::new(SimDevice::new(4 * GIB, SimMode::AddressOnly));
+    let pool = Arc::new(Pool::new(dev as Arc<dyn Device>, PoolConfig::default()).unwrap());
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let pool = Arc::clone(&pool);
+            std::thread::spawn(move || {
+                let blocks: Vec<u64> = (0..1000).map(|_| pool.allocate(1024, S0).unwrap()).collect();
+                blocks.into_iter().for_each(|b| pool.free(b, None, None).unwrap());
+            })
+        })
+        .collect();
+    threads.into_iter().for_each(|t| t.join().unwrap());
+    let stats = pool.stats();
+    assert_eq!(stats.allocation.allocated, 4000);
+    assert_eq!(stats.allocation.freed, 4000);
+    assert_eq!(stats.allocated_bytes.current, 0);
+    // Each thread held 1,000 KiB at its top; the peak is at least one thread's top, less the
+    // slack of updating peaks every 64 KiB, and at most all four together.
+    let peak = stats.allocated_bytes.peak;
+    assert!(peak + 64 * KIB >= 1000 * KIB && peak <= 4000 * KIB, "peak {peak}");
+}
