@@ -8,6 +8,12 @@
 >>> pool.deallocate(buf)
 >>> pool.stats()["allocated_bytes.all.current"]
 0
+
+Integrations, each importing its library only when used: ``vrampool.cuda_core`` (a cuda.core
+``MemoryResource``), ``vrampool.cupy`` (an allocator for ``cupy.cuda.set_allocator``),
+``vrampool.numba`` (an External Memory Management plugin:
+``NUMBA_CUDA_MEMORY_MANAGER=vrampool.numba``). Buffers speak ``__cuda_array_interface__`` and
+DLPack, so torch, CuPy, Numba and numpy (on the simulated device) take them without a copy.
 """
 
 from vrampool._native import (
@@ -19,7 +25,8 @@ from vrampool._native import (
     WrongDeviceError,
     __version__,
 )
-from vrampool.pool import DeviceBuffer, DevicePool
+from vrampool.pool import DeviceBuffer, DevicePool, set_shared_pool, shared_pool
+from vrampool.streams import stream_handle
 
 __all__ = [
     "DeviceBuffer",
@@ -31,4 +38,7 @@ __all__ = [
     "PoolClosedError",
     "WrongDeviceError",
     "__version__",
+    "set_shared_pool",
+    "shared_pool",
+    "stream_handle",
 ]

@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Dict, List, Optional, Union
 
-from vrampool._native import NativeBuffer, NativePool
+from vrampool._native import InvalidFreeError, NativeBuffer, NativePool, PoolClosedError, WrongDeviceError
+from vrampool.streams import stream_handle
+from vrampool.summary import format_summary
 
-#: A block of device memory; freed exactly once (``close()``, ``DevicePool.deallocate`` or when
-#: collected). Attributes: ``ptr``, ``size``, ``stream``, ``device``, ``freed``.
+#: A block of device memory (the native class itself: its methods run in Rust, and a Python
+#: subclass would need the native allocate to build it).
+#:
+#: ``ptr``, ``size`` (the bytes asked for), ``device``, ``stream`` (the raw handle), ``freed``;
+#: ``close()`` / ``free(stream=None)`` and ``with pool.allocate(n) as buf:`` free it, and so does
+#: collection: exactly once whichever comes first. ``__cuda_array_interface__`` (v3, with the
+#: stream) and ``__dlpack__`` / ``__dlpack_device__`` give a 1-D uint8 view without a copy; a
+#: DLPack consumer keeps the memory alive (a free asked for meanwhile waits for it). DLPack
+#: names CUDA memory kDLCUDA; the simulated device's memory is host memory, so it is kDLCPU
+#: there and numpy takes it zero-copy (the address-only simulation exports nothing).
+#:
+#: >>> pool = DevicePool("sim", capacity=1 << 30)
+#: >>> with pool.allocate(16) as buf:
+#: ...     buf.__cuda_array_interface__["shape"]
+#: (16,)
+#: >>> buf.freed
+#: True
 DeviceBuffer = NativeBuffer
 
 _STRATEGIES = ("hybrid", "slab", "best_fit", "buddy")
@@ -23,16 +41,6 @@ def _check_size(name: str, value: Any) -> int:
     if value >= 1 << 64:
         raise ValueError(f"{name} of {value} bytes is larger than any device")
     return value
-
-
-def _check_stream(stream: Any) -> int:
-    if stream is None:
-        return 0
-    if isinstance(stream, bool) or not isinstance(stream, int):
-        raise TypeError(f"stream must be an int handle or None, not {type(stream).__name__}")
-    if not 0 <= stream < 1 << 64:
-        raise ValueError(f"stream handle {stream} is out of range")
-    return stream
 
 
 def _conf_text(strategy: str, options: Dict[str, Any]) -> str:
@@ -62,8 +70,11 @@ def _conf_text(strategy: str, options: Dict[str, Any]) -> str:
 class DevicePool:
     """A pool of device memory: small blocks from slabs, the middle best-fit, large blocks buddy.
 
-    ``device="sim"`` runs on the simulated device (host memory, so tests can write through the
-    pointers). Thread-safe; the GIL is released inside the Rust calls.
+    ``device`` is a CUDA device ordinal, or ``"sim"`` for the simulated device (host memory when
+    ``host_backed``, so tests can write through the pointers; ``ordinal`` models several GPUs).
+    Thread-safe; the GIL is released inside the Rust calls. Streams may be given as anything
+    :func:`vrampool.streams.stream_handle` takes (an int handle, a ``CUstream``, an object with
+    ``__cuda_stream__``, a ``torch.cuda.Stream``).
 
     >>> with DevicePool("sim", capacity=1 << 30, strategy="best_fit") as pool:
     ...     buf = pool.allocate(1 << 20)
@@ -78,6 +89,7 @@ class DevicePool:
         capacity: Optional[int] = None,
         strategy: str = "hybrid",
         host_backed: bool = True,
+        ordinal: Optional[int] = None,
         small_max: Optional[int] = None,
         large_min: Optional[int] = None,
         alignment: Optional[int] = None,
@@ -98,54 +110,138 @@ class DevicePool:
         )
         if device == "sim":
             cap = _DEFAULT_SIM_CAPACITY if capacity is None else _check_size("capacity", capacity)
-            self._native = NativePool(cap, conf, host_backed)
+            if ordinal is not None and (isinstance(ordinal, bool) or not isinstance(ordinal, int) or not 0 <= ordinal < 1 << 31):
+                raise ValueError(f"ordinal must be a device ordinal >= 0, got {ordinal!r}")
+            self._native = NativePool(cap, conf, host_backed, ordinal or 0)
         elif isinstance(device, int) and not isinstance(device, bool) and device >= 0:
             if capacity is not None:
                 raise ValueError("capacity is for the simulated device; use limit= on a GPU")
+            if ordinal is not None:
+                raise ValueError("ordinal is for the simulated device; a GPU pool's device is its ordinal")
             self._native = NativePool.cuda(device, conf)
         else:
             raise ValueError(f"device must be 'sim' or a CUDA device ordinal >= 0, got {device!r}")
 
-    def allocate(self, nbytes: int, stream: Optional[int] = None) -> DeviceBuffer:
-        """A buffer of at least ``nbytes`` bytes for use on ``stream`` (0 / None: the default)."""
-        return self._native.allocate(_check_size("nbytes", nbytes), _check_stream(stream))
+    def allocate(self, nbytes: int, stream: Any = None) -> DeviceBuffer:
+        """A buffer of at least ``nbytes`` bytes for use on ``stream`` (None: the legacy default
+        stream).
 
-    def deallocate(self, buffer: DeviceBuffer, stream: Optional[int] = None) -> None:
-        """Frees ``buffer``; freeing it twice raises ``InvalidFreeError``."""
+        >>> pool = DevicePool("sim", capacity=1 << 30)
+        >>> buf = pool.allocate(4096, stream=7)
+        >>> (buf.size, buf.stream, buf.ptr % 512)
+        (4096, 7, 0)
+        """
+        return self._native.allocate(_check_size("nbytes", nbytes), stream_handle(stream))
+
+    def deallocate(self, buffer: DeviceBuffer, stream: Any = None) -> None:
+        """Frees ``buffer``. ``stream``, when given, is the stream that used it last: its memory
+        is then reused only after that stream's work. Freeing twice raises ``InvalidFreeError``,
+        a buffer of another pool ``ValueError`` (``WrongDeviceError`` if on another device).
+
+        >>> pool = DevicePool("sim", capacity=1 << 30)
+        >>> buf = pool.allocate(100)
+        >>> pool.deallocate(buf)
+        >>> pool.deallocate(buf)
+        Traceback (most recent call last):
+        ...
+        vrampool.InvalidFreeError: DeviceBuffer(ptr=..., size=100, device=0, stream=0) was already freed
+        """
         if not isinstance(buffer, NativeBuffer):
             raise TypeError(f"deallocate takes a DeviceBuffer, not {type(buffer).__name__}")
-        if not buffer.belongs_to(self._native):
-            raise ValueError(f"{buffer!r} belongs to another pool")
+        self._check_own(buffer)
+        if self.closed:
+            raise PoolClosedError("the pool is closed")
         if buffer.freed:
-            from vrampool._native import InvalidFreeError
-
             raise InvalidFreeError(f"{buffer!r} was already freed")
-        buffer.free(None if stream is None else _check_stream(stream))
+        buffer.free(None if stream is None else stream_handle(stream))
 
-    def record_stream(self, buffer: DeviceBuffer, stream: int) -> None:
-        """Marks ``buffer`` as used on ``stream`` too: its memory is not reused until ``stream``
-        has passed the free."""
-        self._native.record_stream(buffer.ptr, _check_stream(stream))
+    def record_stream(self, buffer: DeviceBuffer, stream: Any) -> None:
+        """Marks ``buffer`` as used on ``stream`` too (``Tensor.record_stream``): once freed, its
+        memory is not reused until ``stream`` has passed the free.
+
+        >>> pool = DevicePool("sim", capacity=1 << 30)
+        >>> buf = pool.allocate(100, stream=1)
+        >>> pool.record_stream(buf, 2)
+        """
+        if not isinstance(buffer, NativeBuffer):
+            raise TypeError(f"record_stream takes a DeviceBuffer, not {type(buffer).__name__}")
+        self._check_own(buffer)
+        if self.closed:
+            raise PoolClosedError("the pool is closed")
+        if buffer.freed:
+            raise InvalidFreeError(f"{buffer!r} was freed")
+        self._native.record_stream(buffer.ptr, stream_handle(stream))
 
     def stats(self) -> Dict[str, Union[int, float]]:
-        """Counters under PyTorch's key names (``allocated_bytes.all.current``, ...)."""
+        """Counters under PyTorch's key names (``allocated_bytes.all.current``, ...).
+
+        >>> pool = DevicePool("sim", capacity=1 << 30)
+        >>> pool.stats()["allocation.all.current"]
+        0
+        """
         return self._native.stats()
 
     def reset_peak_stats(self) -> None:
+        """Sets every peak to its current value (``torch.cuda.reset_peak_memory_stats``).
+
+        >>> pool = DevicePool("sim", capacity=1 << 30)
+        >>> pool.deallocate(pool.allocate(1 << 20))
+        >>> pool.reset_peak_stats()
+        >>> pool.stats()["allocated_bytes.all.peak"]
+        0
+        """
         self._native.reset_peak_stats()
 
     def snapshot(self) -> List[Dict[str, Any]]:
-        """Segments and their blocks, as data."""
+        """Segments and their blocks, as data: each segment a dict with ``stream``,
+        ``strategy``, ``base``, ``size`` and ``blocks`` (``addr``, ``size``, ``state`` --
+        active, pending_free, cached or free -- and ``requested``).
+
+        >>> pool = DevicePool("sim", capacity=1 << 30)
+        >>> buf = pool.allocate(1000)
+        >>> [b["requested"] for s in pool.snapshot() for b in s["blocks"] if b["state"] == "active"]
+        [1000]
+        """
         return self._native.snapshot()
 
+    def memory_summary(self) -> str:
+        """A readable table of the figures (like ``torch.cuda.memory_summary``): allocated,
+        active, requested and reserved bytes (current, peak, totals), allocations and segments,
+        free memory and fragmentation, OOMs and retries, and per strategy tier the segments and
+        blocks of ``snapshot()``.
+
+        >>> pool = DevicePool("sim", capacity=1 << 30)
+        >>> buf = pool.allocate(1 << 20)
+        >>> print(pool.memory_summary())  # doctest: +ELLIPSIS
+        |====...
+        | Allocated memory      |    1.00 MiB |    1.00 MiB |    1.00 MiB |         0 B |
+        ...
+        """
+        title = f"vrampool memory summary: {self.strategy} pool on {self._device_name()}"
+        return format_summary(self.stats(), self.snapshot(), title)
+
     def trim(self) -> int:
-        """Gives every wholly free segment back to the device; returns the bytes released."""
+        """Gives every wholly free segment back to the device (``torch.cuda.empty_cache``);
+        returns the bytes released.
+
+        >>> pool = DevicePool("sim", capacity=1 << 30)
+        >>> pool.deallocate(pool.allocate(1 << 20))
+        >>> pool.trim() > 0, pool.stats()["reserved_bytes.all.current"]
+        (True, 0)
+        """
         return self._native.trim()
 
     empty_cache = trim
 
     def close(self) -> List[Dict[str, int]]:
-        """Closes the pool; returns the blocks still live (leaks)."""
+        """Closes the pool; returns the blocks still live (leaks). Later calls raise
+        ``PoolClosedError``.
+
+        >>> pool = DevicePool("sim", capacity=1 << 30)
+        >>> leak = pool.allocate(10)
+        >>> [b["requested"] for b in pool.close()]
+        [10]
+        """
         return [
             {"ptr": p, "size": s, "requested": r, "stream": st} for p, s, r, st in self._native.close()
         ]
@@ -159,9 +255,30 @@ class DevicePool:
         return self._native.strategy
 
     @property
+    def device(self) -> int:
+        """The device ordinal (the simulated device's own, for ``"sim"``)."""
+        return self._native.device
+
+    @property
+    def memory_kind(self) -> str:
+        """``"device"`` (CUDA memory), ``"host"`` (host-backed simulated device) or ``"none"``
+        (address-only simulated device: the pointers lead nowhere)."""
+        return self._native.memory_kind
+
+    @property
     def native(self) -> NativePool:
         """The extension object (simulated-device controls for tests: ``sim_write``, ...)."""
         return self._native
+
+    def _device_name(self) -> str:
+        return f"cuda:{self.device}" if self.memory_kind == "device" else f"sim:{self.device}"
+
+    def _check_own(self, buffer: NativeBuffer) -> None:
+        if buffer.belongs_to(self._native):
+            return
+        if buffer.device != self.device:
+            raise WrongDeviceError(f"{buffer!r} is on device {buffer.device}; this pool is on device {self.device}")
+        raise ValueError(f"{buffer!r} belongs to another pool")
 
     def __enter__(self) -> "DevicePool":
         return self
@@ -175,3 +292,35 @@ class DevicePool:
             f"DevicePool(strategy={self.strategy!r}, allocated={s['allocated_bytes.all.current']}, "
             f"reserved={s['reserved_bytes.all.current']}{', closed' if self.closed else ''})"
         )
+
+
+_shared: Dict[int, DevicePool] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_pool(device: int = 0) -> DevicePool:
+    """The process-wide pool of CUDA device ``device``, made on first use: the one the CuPy
+    allocator, the Numba plugin and the cuda.core resource use unless given a pool.
+
+    >>> import vrampool.pool as p
+    >>> p.set_shared_pool(0, DevicePool("sim", capacity=1 << 30))
+    >>> p.shared_pool(0).memory_kind
+    'host'
+    >>> p.set_shared_pool(0, None)
+    """
+    pool = _shared.get(device)
+    if pool is None:
+        with _shared_lock:
+            pool = _shared.get(device)
+            if pool is None:
+                pool = _shared[device] = DevicePool(device)
+    return pool
+
+
+def set_shared_pool(device: int, pool: Optional[DevicePool]) -> None:
+    """Makes ``pool`` the shared pool of ``device`` (None: forget it; the next use makes one)."""
+    with _shared_lock:
+        if pool is None:
+            _shared.pop(device, None)
+        else:
+            _shared[device] = pool

@@ -1,11 +1,12 @@
 //! `NativePool` and `NativeBuffer`: a core `Pool` and the blocks it hands to Python.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::ffi::{c_void, CStr};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyBufferError, PyValueError};
+use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use vrampool_core::{BlockState, Device, Pool, PoolConfig, SimDevice, SimMode, StreamId};
 
 use crate::errors::to_py;
@@ -54,13 +55,7 @@ impl NativePool {
     fn allocate(&self, py: Python<'_>, nbytes: u64, stream: u64) -> PyResult<NativeBuffer> {
         let shared = &self.shared;
         let ptr = py.detach(|| shared.pool.allocate(nbytes, StreamId(stream))).map_err(to_py)?;
-        Ok(NativeBuffer {
-            shared: Arc::clone(shared),
-            ptr,
-            size: nbytes,
-            stream,
-            freed: AtomicBool::new(false),
-        })
+        Ok(NativeBuffer { shared: Arc::clone(shared), ptr, size: nbytes, stream, life: Mutex::default() })
     }
 
     /// Frees a block by address (the buffer form is `NativeBuffer.free`).
@@ -155,6 +150,20 @@ impl NativePool {
         self.shared.pool.config().strategy.name()
     }
 
+    /// What the pointers point at: "device" (CUDA memory), "host" (the host-backed simulated
+    /// device: plain host memory) or "none" (the address-only simulated device).
+    #[getter]
+    fn memory_kind(&self) -> &'static str {
+        memory_kind(&self.shared)
+    }
+
+    /// The device's (free, total) bytes, as `cuMemGetInfo` reports them.
+    fn mem_info(&self, py: Python<'_>) -> PyResult<(u64, u64)> {
+        let device = self.shared.pool.device();
+        let info = py.detach(|| device.mem_info()).map_err(|e| to_py(e.into()))?;
+        Ok((info.free, info.total))
+    }
+
     // ---- the simulated device, for tests and demos ----
 
     fn sim_write(&self, ptr: u64, data: &[u8]) -> PyResult<()> {
@@ -209,7 +218,37 @@ impl NativePool {
     }
 }
 
-/// A block of device memory, freed exactly once: by `free()`, or when collected.
+fn memory_kind(shared: &Shared) -> &'static str {
+    match shared.sim.as_deref().map(SimDevice::mode) {
+        None => "device",
+        Some(SimMode::HostBacked) => "host",
+        Some(SimMode::AddressOnly) => "none",
+    }
+}
+
+/// `CU_STREAM_LEGACY` (1) names the same stream as handle 0, the legacy default stream.
+fn canonical_stream(handle: u64) -> u64 {
+    if handle == 1 {
+        0
+    } else {
+        handle
+    }
+}
+
+/// A buffer's life: freed once, and not before the last DLPack consumer lets go.
+#[derive(Default)]
+struct Life {
+    /// A free was asked for (`free`, `close`, the context manager or a pool's `deallocate`).
+    freed: bool,
+    /// DLPack capsules handed out whose consumers have not yet called the deleter.
+    exports: usize,
+    /// A free asked for while `exports > 0`, with its stream: done by the last deleter.
+    deferred: Option<Option<u64>>,
+}
+
+/// A block of device memory, freed exactly once: by `free()` / `close()`, the context manager,
+/// or when collected. A free asked for while DLPack consumers still hold the memory waits for
+/// the last of them (their deleters hold a reference to the buffer).
 #[pyclass(module = "vrampool._native", frozen, subclass)]
 pub struct NativeBuffer {
     shared: Arc<Shared>,
@@ -219,25 +258,62 @@ pub struct NativeBuffer {
     size: u64,
     #[pyo3(get)]
     stream: u64,
-    freed: AtomicBool,
+    // A mutex, not atomics: three fields change together, and it is uncontended (one buffer).
+    life: Mutex<Life>,
 }
 
 #[pymethods]
 impl NativeBuffer {
     /// Gives the block back to its pool; later calls do nothing. `stream`, when given, is the
-    /// stream that used the block last.
+    /// stream that used the block last. While DLPack consumers hold the memory, the free happens
+    /// when the last of them releases it.
     #[pyo3(signature = (stream = None))]
     fn free(&self, py: Python<'_>, stream: Option<u64>) -> PyResult<()> {
-        if self.freed.swap(true, Ordering::AcqRel) {
-            return Ok(());
+        {
+            let mut life = self.life();
+            if life.freed {
+                return Ok(());
+            }
+            if self.shared.pool.is_closed() {
+                // Refused, and the buffer stays as it was: the closed pool keeps its segments.
+                return Err(to_py(vrampool_core::PoolError::Closed));
+            }
+            life.freed = true;
+            if life.exports > 0 {
+                life.deferred = Some(stream);
+                return Ok(());
+            }
         }
         let (pool, ptr, size) = (&self.shared.pool, self.ptr, self.size);
         py.detach(|| pool.free(ptr, Some(size), stream.map(StreamId))).map_err(to_py)
     }
 
+    /// `free`, under the name file-like objects use.
+    #[pyo3(signature = (stream = None))]
+    fn close(&self, py: Python<'_>, stream: Option<u64>) -> PyResult<()> {
+        self.free(py, stream)
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        self.free(py, None)?;
+        Ok(false)
+    }
+
+    /// Whether a free was asked for (the memory itself may wait for DLPack consumers).
     #[getter]
     fn freed(&self) -> bool {
-        self.freed.load(Ordering::Acquire)
+        self.life().freed
+    }
+
+    /// DLPack capsules handed out whose consumers still hold the memory.
+    #[getter]
+    fn dlpack_exports(&self) -> usize {
+        self.life().exports
     }
 
     #[getter]
@@ -250,16 +326,307 @@ impl NativeBuffer {
         Arc::ptr_eq(&self.shared, &pool.shared)
     }
 
+    /// CUDA Array Interface v3: a 1-D array of `size` bytes. `stream` is the buffer's stream, the
+    /// one a consumer must order its work after: 1 for the legacy default stream (the interface
+    /// forbids 0), 2 for the per-thread default stream, else the `CUstream` handle.
+    #[getter]
+    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.check_live("__cuda_array_interface__")?;
+        let d = PyDict::new(py);
+        d.set_item("shape", (self.size,))?;
+        d.set_item("typestr", "|u1")?;
+        d.set_item("data", (self.ptr, false))?;
+        d.set_item("strides", py.None())?;
+        d.set_item("version", 3)?;
+        let stream = match canonical_stream(self.stream) {
+            0 => 1,
+            s => s,
+        };
+        d.set_item("stream", stream)?;
+        Ok(d)
+    }
+
+    /// `(device_type, device_id)`: kDLCUDA (2) and the ordinal for CUDA memory; kDLCPU (1, 0)
+    /// for the simulated device, whose memory is host memory (so numpy takes it zero-copy).
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        self.dl_device()
+    }
+
+    /// A DLPack capsule of a 1-D uint8 view of the buffer; the consumer's deleter holds a
+    /// reference to the buffer, so its memory stays valid until the consumer lets go.
+    /// `stream` is the consumer's stream: the producer stream's work is ordered before it (None:
+    /// the legacy default stream on CUDA, no ordering on the CPU; -1: no ordering; 0 is refused
+    /// as ambiguous). `max_version` >= (1, 0) gets a versioned capsule (`dltensor_versioned`).
+    #[pyo3(signature = (stream = None, *, max_version = None, dl_device = None, copy = None))]
+    fn __dlpack__<'py>(
+        slf: &Bound<'py, Self>,
+        stream: Option<&Bound<'py, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let this = slf.get();
+        if memory_kind(&this.shared) == "none" {
+            return Err(PyBufferError::new_err("the address-only simulated device has no memory behind its pointers"));
+        }
+        let device = this.dl_device();
+        if let Some(wanted) = dl_device {
+            if wanted != device {
+                return Err(PyBufferError::new_err(format!("the buffer is on DLPack device {device:?}, not {wanted:?}; vrampool does not copy")));
+            }
+        }
+        if copy == Some(true) {
+            return Err(PyBufferError::new_err("vrampool buffers are exported without a copy; copy=True is not supported"));
+        }
+        let consumer = consumer_stream(stream, device.0 == K_DL_CUDA)?;
+        {
+            let mut life = this.life();
+            if life.freed {
+                return Err(PyBufferError::new_err(format!("{} was freed", this.__repr__())));
+            }
+            life.exports += 1;
+        }
+        if let Some(consumer) = consumer.filter(|&c| c != canonical_stream(this.stream)) {
+            // The consumer's stream waits for the work queued so far on the buffer's stream.
+            let device = this.shared.pool.device();
+            let producer = StreamId(this.stream);
+            let ordered = py.detach(|| {
+                let event = device.record_event(producer)?;
+                let waited = device.stream_wait_event(StreamId(consumer), event);
+                device.release_event(event);
+                waited
+            });
+            if let Err(e) = ordered {
+                this.release_export();
+                return Err(to_py(e.into()));
+            }
+        }
+        let versioned = max_version.is_some_and(|(major, _)| major >= 1);
+        // SAFETY: `export` builds a tensor over this live buffer; the capsule owns it from here.
+        unsafe { export(slf, versioned) }
+    }
+
     fn __repr__(&self) -> String {
         format!("DeviceBuffer(ptr={:#x}, size={}, device={}, stream={})", self.ptr, self.size, self.device(), self.stream)
     }
 }
 
+impl NativeBuffer {
+    fn life(&self) -> MutexGuard<'_, Life> {
+        self.life.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn check_live(&self, what: &str) -> PyResult<()> {
+        if self.life().freed {
+            return Err(PyBufferError::new_err(format!("{what} of {}: the buffer was freed", self.__repr__())));
+        }
+        Ok(())
+    }
+
+    fn dl_device(&self) -> (i32, i32) {
+        match self.shared.sim {
+            Some(_) => (K_DL_CPU, 0),
+            None => (K_DL_CUDA, self.device()),
+        }
+    }
+
+    /// A DLPack consumer let go; the last one does a free that was asked for meanwhile.
+    fn release_export(&self) {
+        let deferred = {
+            let mut life = self.life();
+            life.exports = life.exports.saturating_sub(1);
+            if life.exports == 0 {
+                life.deferred.take()
+            } else {
+                None
+            }
+        };
+        if let Some(stream) = deferred {
+            // Nobody to tell: a closed pool refuses it, and its segments go when it is dropped.
+            let _ = self.shared.pool.free(self.ptr, Some(self.size), stream.map(StreamId));
+        }
+    }
+}
+
 impl Drop for NativeBuffer {
     fn drop(&mut self) {
-        if !self.freed.swap(true, Ordering::AcqRel) {
+        // No DLPack export can be live here: each holds a reference to the buffer.
+        let life = self.life.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !life.freed {
+            life.freed = true;
             // A closed pool refuses the free; its segments go back when the pool is dropped.
             let _ = self.shared.pool.free(self.ptr, Some(self.size), None);
         }
+    }
+}
+
+// ---- DLPack (the ABI of dlpack.h v1.x; the unversioned struct for older consumers) ----
+
+const K_DL_CPU: i32 = 1;
+const K_DL_CUDA: i32 = 2;
+const K_DL_UINT: u8 = 1;
+const LEGACY_NAME: &CStr = c"dltensor";
+const VERSIONED_NAME: &CStr = c"dltensor_versioned";
+
+#[repr(C)]
+struct DLDevice {
+    device_type: i32,
+    device_id: i32,
+}
+
+#[repr(C)]
+struct DLDataType {
+    code: u8,
+    bits: u8,
+    lanes: u16,
+}
+
+#[repr(C)]
+struct DLTensor {
+    data: *mut c_void,
+    device: DLDevice,
+    ndim: i32,
+    dtype: DLDataType,
+    shape: *mut i64,
+    strides: *mut i64,
+    byte_offset: u64,
+}
+
+#[repr(C)]
+struct DLManagedTensor {
+    dl_tensor: DLTensor,
+    manager_ctx: *mut c_void,
+    deleter: Option<unsafe extern "C" fn(*mut DLManagedTensor)>,
+}
+
+#[repr(C)]
+struct DLPackVersion {
+    major: u32,
+    minor: u32,
+}
+
+#[repr(C)]
+struct DLManagedTensorVersioned {
+    version: DLPackVersion,
+    manager_ctx: *mut c_void,
+    deleter: Option<unsafe extern "C" fn(*mut DLManagedTensorVersioned)>,
+    flags: u64,
+    dl_tensor: DLTensor,
+}
+
+/// What a managed tensor's `manager_ctx` points at: the buffer (kept alive) and the arrays the
+/// tensor's `shape` and `strides` point into.
+struct ExportCtx {
+    owner: Py<NativeBuffer>,
+    shape: [i64; 1],
+    strides: [i64; 1],
+}
+
+/// The consumer's stream from `__dlpack__(stream=...)`, canonical; None when no ordering is due.
+fn consumer_stream(stream: Option<&Bound<'_, PyAny>>, cuda: bool) -> PyResult<Option<u64>> {
+    let Some(stream) = stream.filter(|s| !s.is_none()) else {
+        // The DLPack default: the legacy default stream on CUDA; no streams on the CPU.
+        return Ok(cuda.then_some(0));
+    };
+    if let Ok(handle) = stream.extract::<i64>() {
+        return match handle {
+            -1 => Ok(None),
+            0 => Err(PyValueError::new_err("DLPack stream 0 is ambiguous: pass 1 (legacy default stream), 2 (per-thread default stream) or a stream handle")),
+            h if h < 0 => Err(PyValueError::new_err(format!("DLPack stream {h} is not a stream handle"))),
+            h => Ok(Some(canonical_stream(h as u64))),
+        };
+    }
+    match stream.extract::<u64>() {
+        Ok(handle) => Ok(Some(handle)),
+        Err(_) => Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "the DLPack stream must be an int or None, not {}",
+            stream.get_type().name()?
+        ))),
+    }
+}
+
+/// Builds the managed tensor and its capsule; counts one export, which the deleter releases.
+///
+/// # Safety
+/// The caller has counted the export (`Life::exports`), so the block is live and stays so.
+unsafe fn export<'py>(slf: &Bound<'py, NativeBuffer>, versioned: bool) -> PyResult<Bound<'py, PyAny>> {
+    let py = slf.py();
+    let this = slf.get();
+    let (device_type, device_id) = this.dl_device();
+    let ctx = Box::into_raw(Box::new(ExportCtx { owner: slf.clone().unbind(), shape: [this.size as i64], strides: [1] }));
+    let tensor = DLTensor {
+        data: this.ptr as *mut c_void,
+        device: DLDevice { device_type, device_id },
+        ndim: 1,
+        dtype: DLDataType { code: K_DL_UINT, bits: 8, lanes: 1 },
+        shape: std::ptr::addr_of_mut!((*ctx).shape).cast(),
+        strides: std::ptr::addr_of_mut!((*ctx).strides).cast(),
+        byte_offset: 0,
+    };
+    let capsule = if versioned {
+        let managed = Box::into_raw(Box::new(DLManagedTensorVersioned {
+            version: DLPackVersion { major: 1, minor: 0 },
+            manager_ctx: ctx.cast(),
+            deleter: Some(delete_versioned),
+            flags: 0,
+            dl_tensor: tensor,
+        }));
+        let capsule = ffi::PyCapsule_New(managed.cast(), VERSIONED_NAME.as_ptr(), Some(destroy_versioned_capsule));
+        if capsule.is_null() {
+            delete_versioned(managed);
+        }
+        capsule
+    } else {
+        let managed = Box::into_raw(Box::new(DLManagedTensor { dl_tensor: tensor, manager_ctx: ctx.cast(), deleter: Some(delete_legacy) }));
+        let capsule = ffi::PyCapsule_New(managed.cast(), LEGACY_NAME.as_ptr(), Some(destroy_legacy_capsule));
+        if capsule.is_null() {
+            delete_legacy(managed);
+        }
+        capsule
+    };
+    Bound::from_owned_ptr_or_err(py, capsule)
+}
+
+/// Ends one export: releases it on the buffer, then drops the reference to the buffer.
+unsafe fn drop_ctx(ctx: *mut ExportCtx) {
+    if ctx.is_null() {
+        return;
+    }
+    let ctx = Box::from_raw(ctx);
+    // No interpreter needed for this: the buffer is frozen and its state sits behind a mutex.
+    ctx.owner.get().release_export();
+    let mut slot = Some(ctx);
+    // Dropping a reference needs the interpreter; a deleter run after it shut down leaks the
+    // reference (and so the block) rather than touch a dead interpreter.
+    let _ = Python::try_attach(|_py| drop(slot.take()));
+    if let Some(ctx) = slot {
+        std::mem::forget(ctx);
+    }
+}
+
+unsafe extern "C" fn delete_legacy(managed: *mut DLManagedTensor) {
+    if !managed.is_null() {
+        drop_ctx(Box::from_raw(managed).manager_ctx.cast());
+    }
+}
+
+unsafe extern "C" fn delete_versioned(managed: *mut DLManagedTensorVersioned) {
+    if !managed.is_null() {
+        drop_ctx(Box::from_raw(managed).manager_ctx.cast());
+    }
+}
+
+/// A capsule collected without a consumer (still named `dltensor`) deletes its tensor; a
+/// consumer renames it (`used_dltensor`) and owns the tensor from then on.
+unsafe extern "C" fn destroy_legacy_capsule(capsule: *mut ffi::PyObject) {
+    if ffi::PyCapsule_IsValid(capsule, LEGACY_NAME.as_ptr()) == 1 {
+        delete_legacy(ffi::PyCapsule_GetPointer(capsule, LEGACY_NAME.as_ptr()).cast());
+    }
+}
+
+unsafe extern "C" fn destroy_versioned_capsule(capsule: *mut ffi::PyObject) {
+    if ffi::PyCapsule_IsValid(capsule, VERSIONED_NAME.as_ptr()) == 1 {
+        delete_versioned(ffi::PyCapsule_GetPointer(capsule, VERSIONED_NAME.as_ptr()).cast());
     }
 }
