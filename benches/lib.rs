@@ -1,0 +1,1 @@
+//! Benchmarks only: see `pool.rs` and `planner.rs` beside this file.

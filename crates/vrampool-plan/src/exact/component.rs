@@ -1,0 +1,147 @@
+//! Splitting an instance into independent parts, and the search's view of one part.
+//!
+//! Where no lifetime crosses a moment in time, the buffers before and after it never meet, so each side can be
+//! planned on its own and the arena is the larger of the two. Within a part, time is cut into *sections* at
+//! every start and end; the buffers live in a section all meet each other, which gives the search its bounds.
+
+use crate::instance::Instance;
+
+pub(crate) struct Component {
+    /// Indices into the instance, sorted by start.
+    pub members: Vec<u32>,
+    pub size: Vec<u64>,
+    /// Lifetime length in the input's time units.
+    pub length: Vec<u64>,
+    /// Local buffer `i` is live on sections `lo[i]..hi[i]`.
+    pub lo: Vec<u32>,
+    pub hi: Vec<u32>,
+    /// For each buffer, the buffers whose lifetimes overlap its own.
+    pub neighbors: Vec<Vec<u32>>,
+    /// For each section, the buffers live in it.
+    pub live: Vec<Vec<u32>>,
+    /// For each buffer, the other buffers with exactly its lifetime.
+    pub same_life: Vec<Vec<u32>>,
+}
+
+/// Groups of instance indices whose lifetimes are connected, in time order.
+pub(crate) fn split(inst: &Instance) -> Vec<Vec<u32>> {
+    let mut order: Vec<u32> = (0..inst.len() as u32).collect();
+    order.sort_unstable_by_key(|&i| inst.lo[i as usize]);
+    let mut parts: Vec<Vec<u32>> = Vec::new();
+    let mut reach = 0u32;
+    for i in order {
+        let (lo, hi) = (inst.lo[i as usize], inst.hi[i as usize]);
+        if parts.is_empty() || lo >= reach {
+            parts.push(Vec::new());
+        }
+        parts.last_mut().expect("pushed above").push(i);
+        reach = reach.max(hi);
+    }
+    parts
+}
+
+/// How much memory `Component::new` would need for a part, in entries: overlapping pairs plus section
+/// memberships. Computed in O(n log n) without building anything, so that huge parts can be skipped.
+pub(crate) fn cost(inst: &Instance, part: &[u32]) -> u64 {
+    let mut lows: Vec<u32> = part.iter().map(|&i| inst.lo[i as usize]).collect();
+    let mut highs: Vec<u32> = part.iter().map(|&i| inst.hi[i as usize]).collect();
+    lows.sort_unstable();
+    highs.sort_unstable();
+    let mut entries = 0u64;
+    for &i in part {
+        let (lo, hi) = (inst.lo[i as usize], inst.hi[i as usize]);
+        // Buffers starting before this one ends, less those that end before it starts: its overlaps (and itself).
+        let started = lows.partition_point(|&l| l < hi) as u64;
+        let ended = highs.partition_point(|&h| h <= lo) as u64;
+        entries += started - ended - 1 + u64::from(hi - lo);
+    }
+    entries
+}
+
+/// The search's preference among buffers that could go at the same offset. The first three are MiniMalloc's
+/// preorderings: T is the tightest section a buffer lives in (the most bytes live there), W its lifetime length
+/// (its width when time runs left to right), A its area (size times lifetime length), each larger first and
+/// compared in the order of the letters. A search with one order can stall for long on an instance that
+/// another order solves at once, so the search takes turns with all of them (see `exact::probe`); the last
+/// three add variety.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Order {
+    Twa,
+    Taw,
+    Wat,
+    /// Larger size first, then longer lifetime.
+    Size,
+    /// Earlier start first, then longer lifetime.
+    Time,
+    /// Larger area first, then tighter section.
+    Area,
+}
+
+impl Component {
+    pub fn new(inst: &Instance, part: &[u32]) -> Component {
+        let mut members = part.to_vec();
+        members.sort_by_key(|&i| (inst.lo[i as usize], i));
+        let base = members.iter().map(|&i| inst.lo[i as usize]).min().unwrap_or(0);
+        let sections = members.iter().map(|&i| inst.hi[i as usize] - base).max().unwrap_or(0) as usize;
+        let size: Vec<u64> = members.iter().map(|&i| inst.size[i as usize]).collect();
+        let length: Vec<u64> = members.iter().map(|&i| inst.length[i as usize]).collect();
+        let lo: Vec<u32> = members.iter().map(|&i| inst.lo[i as usize] - base).collect();
+        let hi: Vec<u32> = members.iter().map(|&i| inst.hi[i as usize] - base).collect();
+
+        let n = members.len();
+        let mut neighbors = vec![Vec::new(); n];
+        for i in 0..n {
+            // Sorted by start: the later buffers overlapping `i` are exactly those starting before it ends.
+            for j in i + 1..n {
+                if lo[j] >= hi[i] {
+                    break;
+                }
+                neighbors[i].push(j as u32);
+                neighbors[j].push(i as u32);
+            }
+        }
+        let mut live = vec![Vec::new(); sections];
+        for i in 0..n {
+            for section in &mut live[lo[i] as usize..hi[i] as usize] {
+                section.push(i as u32);
+            }
+        }
+        let mut same_life = vec![Vec::new(); n];
+        for i in 0..n {
+            for &j in &neighbors[i] {
+                if (lo[j as usize], hi[j as usize]) == (lo[i], hi[i]) {
+                    same_life[i].push(j);
+                }
+            }
+        }
+        Component { members, size, length, lo, hi, neighbors, live, same_life }
+    }
+
+    pub fn len(&self) -> usize {
+        self.size.len()
+    }
+
+    /// The rank of each buffer under `order` (0 first).
+    pub fn ranking(&self, order: Order) -> Vec<u32> {
+        let load: Vec<u64> = self.live.iter().map(|s| s.iter().map(|&i| self.size[i as usize]).sum()).collect();
+        let n = self.len();
+        let tight: Vec<u64> =
+            (0..n).map(|i| load[self.lo[i] as usize..self.hi[i] as usize].iter().copied().max().unwrap_or(0)).collect();
+        let area = |i: usize| self.size[i] as u128 * self.length[i] as u128;
+        use std::cmp::Reverse as R;
+        let mut by: Vec<usize> = (0..n).collect();
+        match order {
+            Order::Twa => by.sort_by_key(|&i| (R(tight[i]), R(self.length[i]), R(area(i)), i)),
+            Order::Taw => by.sort_by_key(|&i| (R(tight[i]), R(area(i)), R(self.length[i]), i)),
+            Order::Wat => by.sort_by_key(|&i| (R(self.length[i]), R(area(i)), R(tight[i]), i)),
+            Order::Size => by.sort_by_key(|&i| (R(self.size[i]), R(self.length[i]), i)),
+            Order::Time => by.sort_by_key(|&i| (self.lo[i], R(self.hi[i]), R(self.size[i]), i)),
+            Order::Area => by.sort_by_key(|&i| (R(area(i)), R(tight[i]), i)),
+        }
+        let mut rank = vec![0u32; n];
+        for (r, &i) in by.iter().enumerate() {
+            rank[i] = r as u32;
+        }
+        rank
+    }
+}

@@ -1,0 +1,122 @@
+//! The two heuristics: TFLite's greedy by size and XLA's best fit by decreasing size. Both take the buffers
+//! in a fixed order and put each into the smallest gap left between the already placed buffers that overlap
+//! it in time, or on top of them when no gap is large enough. They differ in the order, and XLA's heap
+//! simulator keeps the better of two orders.
+
+use crate::instance::Instance;
+use crate::placed_index::PlacedIndex;
+use crate::{Buffer, PlanError};
+
+/// TFLite's `GreedyBySize` offset calculation: largest buffer first (ties in input order), each into the
+/// smallest gap among the placed buffers that overlap it in time (lowest such gap on ties), else on top.
+/// Returns offsets parallel to `buffers`, multiples of `alignment`.
+pub fn greedy_by_size(buffers: &[Buffer], alignment: u64) -> Result<Vec<u64>, PlanError> {
+    let inst = Instance::new(buffers, alignment)?;
+    let mut order: Vec<u32> = (0..inst.len() as u32).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(inst.size[i as usize]));
+    Ok(place_in_order(&inst, &order))
+}
+
+/// XLA's heap simulator (`GlobalDecreasingSizeBestFitHeap` as chosen by `ChooseBestHeapAlgorithm`): best fit
+/// in two orders, spatial (larger size first, then longer lifetime) and temporal (longer lifetime first, then
+/// larger size); the plan with the smaller arena is returned.
+pub fn best_fit_decreasing(buffers: &[Buffer], alignment: u64) -> Result<Vec<u64>, PlanError> {
+    let inst = Instance::new(buffers, alignment)?;
+    let by = |key: &dyn Fn(usize) -> (u64, u64)| {
+        let mut order: Vec<u32> = (0..inst.len() as u32).collect();
+        // Larger keys first; ties by earlier start, then input order (the sort is stable).
+        order.sort_by_key(|&i| (std::cmp::Reverse(key(i as usize)), inst.lo[i as usize]));
+        order
+    };
+    let spatial = place_in_order(&inst, &by(&|i| (inst.size[i], inst.span(i) as u64)));
+    let temporal = place_in_order(&inst, &by(&|i| (inst.span(i) as u64, inst.size[i])));
+    let arena = |offsets: &[u64]| offsets.iter().zip(&inst.size).map(|(o, s)| o + s).max().unwrap_or(0);
+    Ok(if arena(&temporal) < arena(&spatial) { temporal } else { spatial })
+}
+
+/// Places buffers in `order`, each at the start of the smallest gap that holds it between the placed buffers
+/// overlapping it in time (the lowest gap on ties), or above all of them.
+fn place_in_order(inst: &Instance, order: &[u32]) -> Vec<u64> {
+    let mut offsets = vec![0u64; inst.len()];
+    let mut index = PlacedIndex::new(inst.segments);
+    let mut spans: Vec<(u64, u64)> = Vec::new();
+    for &i in order {
+        let (lo, hi, size) = (inst.lo[i as usize], inst.hi[i as usize], inst.size[i as usize]);
+        spans.clear();
+        index.overlapping(lo, hi, &mut spans);
+        spans.sort_unstable();
+        // `top` is the highest byte used so far among the spans scanned; a span starting above it leaves a gap.
+        let (mut top, mut best): (u64, Option<(u64, u64)>) = (0, None);
+        for &(start, end) in &spans {
+            if start > top {
+                let gap = start - top;
+                if gap >= size && best.map_or(true, |(best_gap, _)| gap < best_gap) {
+                    best = Some((gap, top));
+                }
+            }
+            top = top.max(end);
+        }
+        let offset = best.map_or(top, |(_, offset)| offset);
+        offsets[i as usize] = offset;
+        index.insert((offset, offset + size), lo, hi);
+    }
+    offsets
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::validate;
+
+    #[test]
+    fn fills_a_gap_below_a_placed_buffer() {
+        // P and Q sit at 0 (their lifetimes do not meet); S spans both, so it goes on top at 100; U meets
+        // only S, and the 100 bytes below S are free for it.
+        let buffers =
+            [Buffer::new(0, 0, 4, 100), Buffer::new(1, 6, 10, 90), Buffer::new(2, 3, 7, 80), Buffer::new(3, 5, 6, 10)];
+        for offsets in [greedy_by_size(&buffers, 1).unwrap(), best_fit_decreasing(&buffers, 1).unwrap()] {
+            assert_eq!(offsets, vec![0, 0, 100, 0]);
+            assert_eq!(validate(&buffers, &offsets, 1).unwrap(), 180);
+        }
+    }
+
+    #[test]
+    fn places_into_gaps_between_overlapping_buffers() {
+        let buffers = [
+            Buffer::new(0, 0, 2, 50), // X at 0
+            Buffer::new(1, 4, 6, 40), // Y at 0 (never meets X)
+            Buffer::new(2, 1, 5, 30), // Z meets both: on top, at 50
+            Buffer::new(3, 3, 4, 10), // W meets only Z: the 50 bytes below it
+            Buffer::new(4, 1, 2, 8),  // U meets X and Z, no gap between them: on top, at 80
+            Buffer::new(5, 4, 5, 5),  // V meets Y [0, 40) and Z [50, 80): the 10-byte gap at 40
+            Buffer::new(6, 3, 5, 4),  // T meets W, Y, V and Z: the 5-byte gap at 45
+        ];
+        let offsets = greedy_by_size(&buffers, 1).unwrap();
+        assert_eq!(offsets, vec![0, 0, 50, 0, 80, 40, 45]);
+        assert_eq!(validate(&buffers, &offsets, 1).unwrap(), 88);
+    }
+
+    #[test]
+    fn offsets_are_aligned() {
+        let buffers = [Buffer::new(0, 0, 4, 100), Buffer::new(1, 0, 4, 3), Buffer::new(2, 1, 2, 7)];
+        for offsets in [greedy_by_size(&buffers, 64).unwrap(), best_fit_decreasing(&buffers, 64).unwrap()] {
+            assert!(offsets.iter().all(|o| o % 64 == 0), "{offsets:?}");
+            assert_eq!(validate(&buffers, &offsets, 64).unwrap(), 256);
+        }
+    }
+
+    #[test]
+    fn empty_input_gives_an_empty_plan() {
+        assert_eq!(greedy_by_size(&[], 1).unwrap(), Vec::<u64>::new());
+        assert_eq!(best_fit_decreasing(&[], 1).unwrap(), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn rejects_bad_input() {
+        assert!(matches!(greedy_by_size(&[Buffer::new(0, 3, 1, 8)], 1), Err(PlanError::EmptyLifetime { .. })));
+        assert!(matches!(best_fit_decreasing(&[Buffer::new(0, 0, 1, 0)], 1), Err(PlanError::ZeroSize { .. })));
+        let two = [Buffer::new(0, 0, 1, u64::MAX / 2 + 1), Buffer::new(1, 0, 1, u64::MAX / 2 + 1)];
+        assert!(matches!(greedy_by_size(&two, 1), Err(PlanError::Overflow { .. })));
+        assert!(matches!(greedy_by_size(&[Buffer::new(0, 0, 1, u64::MAX)], 2), Err(PlanError::Overflow { .. })));
+    }
+}

@@ -1,0 +1,46 @@
+//! Static memory planning: given each buffer's lifetime and size, choose offsets in one arena so that buffers
+//! live at the same time never share a byte, with the arena as small as possible.
+//!
+//! - [`lower_bound`]: the most bytes live at once, which no plan can beat.
+//! - [`greedy_by_size`] (TFLite) and [`best_fit_decreasing`] (XLA): fast heuristics, O(n log n + overlaps).
+//! - [`exact_search`]: MiniMalloc-style branch and bound over canonical placements, anytime, under a budget.
+//! - [`plan`]: one call that runs them ([`Algorithm::Auto`] stops as soon as the lower bound is met) and checks
+//!   the result with [`validate`], an independent sweep-based checker.
+//! - [`read_csv`] / [`write_plan_csv`]: the MiniMalloc CSV format `id,lower,upper,size[,offset]`.
+//!
+//! A planner is a pure function from buffers to offsets; nothing here knows about devices.
+//!
+//! ```
+//! use vrampool_plan::{plan, validate, Buffer, PlanOptions};
+//!
+//! // Live on [lower, upper), in steps; sizes in bytes.
+//! let buffers = [Buffer::new(0, 0, 4, 1024), Buffer::new(1, 2, 6, 512), Buffer::new(2, 4, 8, 1024)];
+//! let p = plan(&buffers, &PlanOptions::default())?;
+//! assert_eq!(p.lower_bound_bytes, 1536); // buffers 1 and 2 at steps 4 and 5
+//! assert_eq!(p.arena_bytes, 1536);
+//! assert!(p.optimal);
+//! assert_eq!(validate(&buffers, &p.offsets, 1)?, 1536);
+//! # Ok::<(), vrampool_plan::PlanError>(())
+//! ```
+
+mod bound;
+mod buffer;
+mod csv;
+mod error;
+mod exact;
+mod greedy;
+mod instance;
+mod placed_index;
+mod plan;
+mod synthetic;
+mod validate;
+
+pub use bound::lower_bound;
+pub use buffer::Buffer;
+pub use csv::{read_csv, read_plan_csv, write_plan_csv};
+pub use error::PlanError;
+pub use exact::{exact_search, ExactOutcome};
+pub use greedy::{best_fit_decreasing, greedy_by_size};
+pub use plan::{plan, Algorithm, Plan, PlanOptions};
+pub use synthetic::random_instance;
+pub use validate::validate;
