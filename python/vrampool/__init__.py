@@ -25,6 +25,7 @@ from vrampool._native import (
     WrongDeviceError,
     __version__,
 )
+from vrampool.planner import PlanResult, plan
 from vrampool.pool import DeviceBuffer, DevicePool, set_shared_pool, shared_pool
 from vrampool.streams import stream_handle
 
@@ -35,9 +36,11 @@ __all__ = [
     "InvalidFreeError",
     "InvalidSizeError",
     "OutOfMemoryError",
+    "PlanResult",
     "PoolClosedError",
     "WrongDeviceError",
     "__version__",
+    "plan",
     "set_shared_pool",
     "shared_pool",
     "stream_handle",

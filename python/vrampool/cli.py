@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
+from pathlib import Path
 from typing import List, Optional, Sequence
 
+from vrampool.planner import ALGORITHMS, plan
 from vrampool.pool import DevicePool
 
 STRATEGIES = ("slab", "best_fit", "buddy", "hybrid")
@@ -62,10 +65,39 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p_demo = sub.add_parser("demo", help="compare the strategies on a training-like workload")
     p_demo.add_argument("--seed", type=int, default=0)
     p_demo.add_argument("--steps", type=int, default=40)
+    p_plan = sub.add_parser("plan", help="plan buffer lifetimes (id,lower,upper,size CSV) into one arena")
+    p_plan.add_argument("--input", required=True, help="CSV in MiniMalloc's format")
+    p_plan.add_argument("--algorithm", default="auto", choices=ALGORITHMS)
+    p_plan.add_argument("--budget-ms", type=int, default=5000, help="time for the exact search")
+    p_plan.add_argument("--alignment", type=int, default=1)
+    p_plan.add_argument("--output", help="write the plan as id,lower,upper,size,offset CSV")
+    p_plan.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
     if args.command == "demo":
         return demo(args.seed, args.steps)
+    if args.command == "plan":
+        return plan_command(args)
     return 2
+
+
+def plan_command(args: argparse.Namespace) -> int:
+    """`vrampool plan`: prints the figures (or JSON) and writes the plan CSV if asked."""
+    try:
+        result = plan(args.input, algorithm=args.algorithm, budget_ms=args.budget_ms, alignment=args.alignment)
+    except (OSError, ValueError) as e:
+        print(f"vrampool plan: {e}", file=sys.stderr)
+        return 1
+    if args.output:
+        Path(args.output).write_text(result.to_csv())
+    if args.json:
+        print(json.dumps(result.to_json()))
+    else:
+        gap = result.arena_bytes / result.lower_bound_bytes if result.lower_bound_bytes else 1.0
+        print(f"buffers      {len(result.buffers):,}")
+        print(f"arena        {result.arena_bytes:,} B")
+        print(f"lower bound  {result.lower_bound_bytes:,} B  (arena / bound = {gap:.4f}{', optimal' if result.optimal else ''})")
+        print(f"algorithm    {result.algorithm}, {result.seconds:.3f} s")
+    return 0
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 //! (stream objects, DLPack, summaries) live in `python/vrampool/`.
 
 mod errors;
+mod plan;
 mod pool;
 
 use pyo3::prelude::*;
@@ -10,6 +11,7 @@ use pyo3::prelude::*;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
+    plan::register(m)?;
     m.add_class::<pool::NativePool>()?;
     m.add_class::<pool::NativeBuffer>()?;
     Ok(())
