@@ -1,6 +1,7 @@
 //! `vrampool._native`: the Python face of the core, kept thin. Python-level conveniences
 //! (stream objects, DLPack, summaries) live in `python/vrampool/`.
 
+mod c_abi;
 mod errors;
 mod plan;
 mod pool;
@@ -11,6 +12,7 @@ use pyo3::prelude::*;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
+    c_abi::register(m)?;
     plan::register(m)?;
     m.add_class::<pool::NativePool>()?;
     m.add_class::<pool::NativeBuffer>()?;

@@ -1,0 +1,485 @@
+"""vrampool as PyTorch's CUDA allocator, and PyTorch-style statistics of it.
+
+Two ways in, both through ``torch.cuda.memory.CUDAPluggableAllocator`` over the C ABI that the
+extension module ``vrampool._native`` exports (``vrampool_malloc``, ``vrampool_free`` and every
+optional hook PyTorch offers):
+
+- :func:`install` makes vrampool serve every CUDA allocation of the process. It must run before
+  the first CUDA tensor (PyTorch cannot change its allocator after that)::
+
+      import vrampool.torch
+      vrampool.torch.install(round_up_divisions=4)    # or VRAMPOOL_CONF="round_up_divisions:4"
+      model = Model().cuda()
+
+- :func:`pool` routes one region of code through vrampool (``torch.cuda.MemPool``, PyTorch 2.5
+  or newer) while PyTorch's own caching allocator serves the rest::
+
+      with vrampool.torch.pool():
+          activations = model(batch)
+
+PyTorch's own statistics do not work under a pluggable allocator, so this module mirrors them:
+:func:`memory_stats` (PyTorch's key names), :func:`memory_allocated`, :func:`memory_reserved`,
+:func:`max_memory_allocated`, :func:`max_memory_reserved`, :func:`reset_peak_memory_stats`,
+:func:`memory_summary`, :func:`empty_cache`, :func:`memory_snapshot` (the dict format of
+``torch.cuda.memory._snapshot()``, which ``torch.cuda._memory_viz`` and the memory visualiser
+read) and :func:`last_oom` (why the last allocation failed and what to try).
+
+Configuration: ``VRAMPOOL_CONF`` (``strategy:hybrid,limit:0.9,small_max:1MB``, in the spirit of
+``PYTORCH_CUDA_ALLOC_CONF``), then the keyword arguments of :func:`install`, :func:`pool` or
+:func:`configure`, which must come before the first allocation. Keys: ``strategy`` (hybrid, slab,
+best_fit, buddy), ``small_max``, ``large_min``, ``alignment``, ``round_up_divisions``, ``limit``
+(bytes, or a fraction of the device), ``record_events``, ``expandable``, and ``device`` (``cuda``,
+or ``sim`` for the simulated device: tests only) with ``sim_capacity``.
+
+An allocation that fails raises ``RuntimeError("CUDA out of memory. ...")`` under :func:`install`
+(PyTorch turns a null from a pluggable allocator into a tensor at address 0, so the C ABI throws a
+C++ exception instead); inside :func:`pool` PyTorch's caching allocator gets the null and raises
+its own ``torch.OutOfMemoryError``. Either way :func:`last_oom` explains it.
+
+This module imports torch only inside the functions that need it: ``import vrampool.torch`` works
+without torch, and the statistics work without it too.
+
+>>> import vrampool.torch as vt
+>>> vt.memory_allocated(0) >= 0
+True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import sys
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+
+from vrampool import _native
+from vrampool.summary import format_size, format_summary
+
+__all__ = [
+    "OomReport",
+    "allocator",
+    "configuration",
+    "configure",
+    "empty_cache",
+    "hooks",
+    "install",
+    "is_installed",
+    "last_error",
+    "last_oom",
+    "library_path",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_snapshot",
+    "memory_stats",
+    "memory_summary",
+    "pool",
+    "reset_peak_memory_stats",
+]
+
+Device = Union[int, str, Any, None]  # an ordinal, "cuda:1", a torch.device, or None (current)
+
+#: Configuration keys: the pool's, then the allocator's own.
+OPTIONS = (
+    "strategy",
+    "small_max",
+    "large_min",
+    "alignment",
+    "round_up_divisions",
+    "limit",
+    "record_events",
+    "expandable",
+    "device",
+    "sim_capacity",
+)
+
+#: Each optional hook of ``CUDAPluggableAllocator``: the setter names PyTorch versions use for it.
+_SETTERS: Dict[str, Tuple[str, ...]] = {
+    "init": ("set_init_fn", "_set_init_fn"),
+    "reset": ("set_reset_fn", "_set_reset_fn"),
+    "memory_fraction": ("set_memory_fraction_fn", "_set_memory_fraction_fn"),
+    "base_alloc": ("set_base_alloc_fn", "_set_base_alloc_fn"),
+    "record_stream": ("set_record_stream_fn", "_set_record_stream_fn"),
+    "begin_allocate_to_pool": ("set_begin_allocate_to_pool", "_set_begin_allocate_to_pool", "set_begin_allocate_to_pool_fn"),
+    "end_allocate_to_pool": ("set_end_allocate_to_pool_fn", "_set_end_allocate_to_pool_fn", "set_end_allocate_to_pool"),
+    "release_pool": ("set_release_pool", "_set_release_pool", "set_release_pool_fn"),
+}
+
+_lock = threading.RLock()
+_allocator: Any = None
+_hooks: Dict[str, str] = {}
+_installed = False
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - exercised in a subprocess test
+        raise ImportError("vrampool.torch needs PyTorch for this; the statistics work without it") from e
+    return torch
+
+
+def _conf_text(conf: Mapping[str, Any]) -> str:
+    """The text form of keyword options.
+
+    >>> _conf_text({"strategy": "best_fit", "limit": 0.5, "expandable": True, "small_max": 1 << 20})
+    'strategy:best_fit,limit:0.5,expandable:true,small_max:1048576'
+    """
+    parts = []
+    for key, value in conf.items():
+        if key not in OPTIONS:
+            raise TypeError(f"unknown vrampool option {key!r}; options: {', '.join(OPTIONS)}")
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, (int, float)):
+            text = repr(value)
+        elif isinstance(value, str):
+            if any(c in value for c in ",:="):
+                raise ValueError(f"option {key}={value!r}: a value cannot hold ',', ':' or '='")
+            text = value.strip()
+        else:
+            raise TypeError(f"option {key} must be a bool, number or string, not {type(value).__name__}")
+        parts.append(f"{key}:{text}")
+    return ",".join(parts)
+
+
+def configure(**conf: Any) -> str:
+    """Sets the configuration of the pools vrampool makes for PyTorch, over ``VRAMPOOL_CONF``.
+
+    Must come before the first allocation (a later call that would change it raises
+    ``ValueError``). Returns the configuration text in force.
+    """
+    return _native.configure(_conf_text(conf))
+
+
+def configuration() -> Dict[str, Any]:
+    """The configuration in force, the devices that have a pool, and whether failures raise."""
+    return dict(_native.configuration())
+
+
+def library_path() -> str:
+    """The shared object PyTorch loads the allocator from: the extension module itself."""
+    return os.path.abspath(_native.__file__)
+
+
+def allocator() -> Any:
+    """The ``torch.cuda.memory.CUDAPluggableAllocator`` over vrampool's C ABI, with every
+    optional hook this PyTorch offers set (made once per process)."""
+    global _allocator
+    with _lock:
+        if _allocator is None:
+            torch = _torch()
+            path = library_path()
+            alloc = torch.cuda.memory.CUDAPluggableAllocator(path, "vrampool_malloc", "vrampool_free")
+            lib = ctypes.CDLL(path)
+            native = alloc.allocator()
+            for hook, names in _SETTERS.items():
+                name = next((n for n in names if hasattr(native, n)), None)
+                if name is None:
+                    continue  # this PyTorch has no such hook
+                address = ctypes.cast(getattr(lib, _native.ABI_SYMBOLS[hook]), ctypes.c_void_p).value
+                getattr(native, name)(address)
+                _hooks[hook] = name
+            _allocator = alloc
+        return _allocator
+
+
+def hooks() -> Dict[str, str]:
+    """The optional hooks set on :func:`allocator`, each with the PyTorch setter used."""
+    return dict(_hooks)
+
+
+def is_installed() -> bool:
+    """Whether :func:`install` made vrampool PyTorch's CUDA allocator in this process."""
+    return _installed
+
+
+def install(**conf: Any) -> Any:
+    """Makes vrampool PyTorch's CUDA allocator for the rest of the process; returns the
+    ``CUDAPluggableAllocator``. Keyword arguments configure it (see the module's doc).
+
+    Must run before the first CUDA tensor: PyTorch cannot change its allocator once CUDA is
+    initialised, and this raises ``RuntimeError`` then. A second call returns the same allocator
+    (and refuses a configuration that would change it).
+    """
+    global _installed
+    torch = _torch()
+    with _lock:
+        if _installed:
+            if conf:
+                configure(**conf)
+            return _allocator
+        if torch.cuda.is_initialized():
+            raise RuntimeError(
+                "vrampool.torch.install() must run before the first CUDA tensor: CUDA is already "
+                "initialised in this process, and PyTorch cannot change its allocator after that. "
+                "Call install() at the start of the program, before any .cuda() or device='cuda' "
+                "allocation, or route one region through vrampool with vrampool.torch.pool()."
+            )
+        configure(**conf)
+        alloc = allocator()
+        # PyTorch takes a pluggable allocator's null for a valid pointer: throw instead.
+        _native.abi_raise_on_failure(True)
+        try:
+            torch.cuda.memory.change_current_allocator(alloc)
+        except BaseException:
+            _native.abi_raise_on_failure(False)
+            raise
+        _installed = True
+        return alloc
+
+
+@contextlib.contextmanager
+def pool(**conf: Any) -> Iterator[Any]:
+    """Routes the allocations of the current thread inside the ``with`` block through vrampool,
+    with ``torch.cuda.MemPool(allocator)`` and ``torch.cuda.use_mem_pool`` (PyTorch 2.5 or newer);
+    yields the ``MemPool``. PyTorch's caching allocator still serves everything outside, and caches
+    inside the pool: ``torch.cuda.empty_cache()`` (or :func:`empty_cache`) hands its free segments
+    back to vrampool. Tensors made inside keep their memory after the block; the pool's memory goes
+    back when they and the ``MemPool`` are gone.
+    """
+    torch = _torch()
+    if _installed:
+        raise RuntimeError(
+            "vrampool.torch.pool() routes one region through vrampool while PyTorch's allocator serves "
+            "the rest; after install() vrampool serves every allocation already"
+        )
+    if not (hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool")):
+        raise RuntimeError(f"vrampool.torch.pool() needs torch.cuda.MemPool (PyTorch 2.5 or newer); this is PyTorch {torch.__version__}")
+    if conf:
+        configure(**conf)
+    mem_pool = torch.cuda.MemPool(allocator().allocator())
+    with torch.cuda.use_mem_pool(mem_pool):
+        yield mem_pool
+
+
+# ---- statistics, mirrored under PyTorch's names ----
+
+
+def _device_index(device: Device) -> int:
+    """A device ordinal from what PyTorch's memory functions take.
+
+    >>> _device_index(None), _device_index(2), _device_index("cuda:1"), _device_index("cuda")
+    (0, 2, 1, 0)
+    """
+    if device is None or (isinstance(device, str) and device == "cuda"):
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            return int(torch.cuda.current_device())
+        return 0
+    if isinstance(device, bool):
+        raise TypeError("device must be an int, a 'cuda:N' string or a torch.device")
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        kind, _, index = device.partition(":")
+        if kind != "cuda" or not index.isdigit():
+            raise ValueError(f"not a CUDA device: {device!r}")
+        return int(index)
+    index = getattr(device, "index", None)
+    if getattr(device, "type", None) == "cuda":
+        return _device_index(None) if index is None else int(index)
+    raise TypeError(f"device must be an int, a 'cuda:N' string or a torch.device, not {device!r}")
+
+
+def memory_stats(device: Device = None) -> "OrderedDict[str, Union[int, float]]":
+    """The device's figures under PyTorch's key names (``allocated_bytes.all.current``,
+    ``reserved_bytes.all.peak``, ``num_alloc_retries``, ``num_ooms``, ...) and vrampool's own
+    (``fragmentation``, ``largest_free_bytes``, ``capacity_bytes``, ...), sorted by key as
+    ``torch.cuda.memory_stats`` sorts them. Zeros before the device's first allocation."""
+    stats = _native.abi_stats(_device_index(device))
+    return OrderedDict(sorted(stats.items()))
+
+
+def memory_allocated(device: Device = None) -> int:
+    """Bytes in blocks handed out (``torch.cuda.memory_allocated``)."""
+    return int(_native.abi_stats(_device_index(device))["allocated_bytes.all.current"])
+
+
+def max_memory_allocated(device: Device = None) -> int:
+    return int(_native.abi_stats(_device_index(device))["allocated_bytes.all.peak"])
+
+
+def memory_reserved(device: Device = None) -> int:
+    """Bytes held from the device (``torch.cuda.memory_reserved``)."""
+    return int(_native.abi_stats(_device_index(device))["reserved_bytes.all.current"])
+
+
+def max_memory_reserved(device: Device = None) -> int:
+    return int(_native.abi_stats(_device_index(device))["reserved_bytes.all.peak"])
+
+
+def reset_peak_memory_stats(device: Device = None) -> None:
+    """Starts the peaks over from the current values."""
+    _native.abi_reset_peak_stats(_device_index(device))
+
+
+def memory_summary(device: Device = None, abbreviated: bool = False) -> str:
+    """A table of the device's figures laid out like ``torch.cuda.memory_summary()``; the strategy
+    tiers' segments follow unless ``abbreviated``."""
+    index = _device_index(device)
+    segments = None if abbreviated else [s for s in _native.abi_snapshot() if s["device"] == index]
+    return format_summary(_native.abi_stats(index), segments, title=f"vrampool memory summary, device {index}")
+
+
+def empty_cache() -> int:
+    """Gives every wholly free segment back to the device (``torch.cuda.empty_cache``); returns
+    the bytes vrampool gave back. PyTorch's own cache is emptied first where CUDA is initialised
+    (under :func:`pool` that hands its free segments back to vrampool)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+    return int(_native.abi_trim())
+
+
+_STATES = {"active": "active_allocated", "pending_free": "active_pending_free", "cached": "inactive", "free": "inactive"}
+
+
+def _block(address: int, size: int, state: str, requested: int) -> Dict[str, Any]:
+    return {"address": address, "size": size, "requested_size": requested, "state": state, "frames": []}
+
+
+def memory_snapshot() -> Dict[str, Any]:
+    """Every segment of every device in the dict format of ``torch.cuda.memory._snapshot()``,
+    which ``torch.cuda._memory_viz`` and the memory visualiser read.
+
+    Segments carry ``device``, ``address``, ``total_size``, ``allocated_size``, ``active_size``,
+    ``requested_size``, ``stream``, ``segment_type`` (``small`` for the slab tier), ``segment_pool_id``
+    (``(0, 0)``, or a private pool's id), ``is_expandable``, ``frames`` and ``blocks``, which cover
+    the segment in address order: ``active_allocated`` (in use), ``active_pending_free`` (freed,
+    waiting for another stream) and ``inactive`` (free or cached). Each also says which
+    ``strategy`` tier it belongs to. ``device_traces`` holds an empty list per device (vrampool
+    records no stack traces).
+    """
+    segments: List[Dict[str, Any]] = []
+    for seg in _native.abi_snapshot():
+        base, total = seg["base"], seg["size"]
+        blocks: List[Dict[str, Any]] = []
+        cursor = base
+        for b in sorted(seg["blocks"], key=lambda b: b["addr"]):
+            if b["addr"] > cursor:
+                blocks.append(_block(cursor, b["addr"] - cursor, "inactive", 0))
+            state = _STATES.get(b["state"], "inactive")
+            blocks.append(_block(b["addr"], b["size"], state, b["requested"] if state == "active_allocated" else 0))
+            cursor = max(cursor, b["addr"] + b["size"])
+        if cursor < base + total:
+            blocks.append(_block(cursor, base + total - cursor, "inactive", 0))
+        segments.append(
+            {
+                "device": seg["device"],
+                "address": base,
+                "total_size": total,
+                "allocated_size": sum(b["size"] for b in blocks if b["state"] == "active_allocated"),
+                "active_size": sum(b["size"] for b in blocks if b["state"].startswith("active")),
+                "requested_size": sum(b["requested_size"] for b in blocks),
+                "stream": seg["stream"],
+                "segment_type": "small" if seg["strategy"] == "slab" else "large",
+                "segment_pool_id": tuple(seg["pool_id"]),
+                "is_expandable": False,
+                "frames": [],
+                "blocks": blocks,
+                "strategy": seg["strategy"],
+            }
+        )
+    devices = 1 + max([s["device"] for s in segments] + [_device_count() - 1, 0])
+    return {
+        "segments": segments,
+        "device_traces": [[] for _ in range(devices)],
+        "allocator_settings": {"vrampool": _native.configuration()["text"]},
+    }
+
+
+def _device_count() -> int:
+    torch = sys.modules.get("torch")
+    try:
+        return int(torch.cuda.device_count()) if torch is not None else 0
+    except Exception:  # a broken driver: the snapshot still lists vrampool's devices
+        return 0
+
+
+# ---- failures ----
+
+
+@dataclass(frozen=True)
+class OomReport:
+    """Why the last allocation failed for want of memory, and what to try (``hints``)."""
+
+    device: int
+    stream: int
+    requested: int
+    allocated: int
+    reserved: int
+    #: Reserved but unallocated bytes, and the largest single free block among them.
+    free: int
+    largest_free: int
+    #: 1 - largest_free / free: 0 when the free memory is one block.
+    fragmentation: float
+    #: What the device reported free (0 when unknown).
+    device_free: int
+    limit: Optional[int]
+    #: The most the pool may reserve (the limit, or the device's memory).
+    capacity: int
+    #: The request exceeds what the pool may ever reserve.
+    too_large: bool
+    strategy: str
+    round_up_divisions: int
+    num_ooms: int
+    message: str
+    hints: Tuple[str, ...]
+
+    def __str__(self) -> str:
+        return "\n".join([self.message, "What to try:"] + [f"  - {h}" for h in self.hints])
+
+
+def _hints(r: Mapping[str, Any]) -> Tuple[str, ...]:
+    req, free, largest = r["requested"], r["free"], r["largest_free"]
+    hints = []
+    if r["too_large"]:
+        if r["limit"] is not None:
+            hints.append(
+                f"the request ({format_size(req)}) is more than the pool may ever reserve ({format_size(r['capacity'])}): "
+                "raise the limit (limit: in VRAMPOOL_CONF or install(limit=...), or "
+                "torch.cuda.set_per_process_memory_fraction)"
+            )
+        else:
+            hints.append(f"the request ({format_size(req)}) is more than the device holds: split the tensor")
+    if free >= req and largest < req:
+        hints.append(
+            f"{format_size(free)} is reserved but unallocated, in pieces of at most {format_size(largest)} "
+            f"(fragmentation {100 * r['fragmentation']:.0f} %): free long-lived tensors before the peak, or call "
+            "torch.cuda.empty_cache() between phases of different shapes"
+        )
+    if r["round_up_divisions"] == 0 and (free >= req or r["fragmentation"] > 0.25):
+        hints.append("pad requests to fewer distinct sizes: round_up_divisions:4 (VRAMPOOL_CONF, or install(round_up_divisions=4))")
+    if r["strategy"] == "buddy":
+        hints.append("the buddy strategy rounds every block to a power of two: strategy:hybrid or best_fit wastes less")
+    if r["limit"] is not None and not r["too_large"]:
+        hints.append(f"the pool is capped at {format_size(r['capacity'])}: raise the limit (limit:, or set_per_process_memory_fraction)")
+    if 0 < r["device_free"] < req:
+        hints.append(
+            f"the device reports only {format_size(r['device_free'])} free: other processes or PyTorch's own cache "
+            "hold the rest (torch.cuda.empty_cache() returns PyTorch's; nvidia-smi shows other processes)"
+        )
+    hints.append("use a smaller batch (or shorter sequences), activation checkpointing, or lower precision")
+    return tuple(hints)
+
+
+def last_oom() -> Optional[OomReport]:
+    """The last allocation (any thread, any device) that failed for want of memory, with its
+    figures and what to try; None if none has."""
+    r = _native.last_oom()
+    if r is None:
+        return None
+    return OomReport(**r, hints=_hints(r))
+
+
+def last_error() -> Optional[str]:
+    """The message of the last failed or refused call into vrampool's C ABI (a failed
+    allocation, a free of a pointer that is not vrampool's, a bad fraction, ...), or None."""
+    return _native.last_error()
