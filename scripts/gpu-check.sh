@@ -189,7 +189,7 @@ for f in tests/test_*gpu*.py tests/gpu; do [ -e "$f" ] && PY_TESTS+=("$f"); done
 if [ -d python/vrampool ] && [ ${#PY_TESTS[@]} -gt 0 ] && command -v python3 >/dev/null \
     && PYTHONPATH=python python3 -c 'import vrampool._native' 2>/dev/null; then
     : >"$OUT/python.log"
-    PYTHONPATH=python run_step python python.log 90 python3 -m pytest -q "${PY_TESTS[@]}"
+    PYTHONPATH=python run_step python python.log 240 python3 -m pytest -q "${PY_TESTS[@]}"
     case $LAST_RC in
         0) record python pass 0 "$LAST_SECONDS" python.log ;;
         5) record python skipped 5 "$LAST_SECONDS" python.log ;; # pytest: no tests collected
