@@ -28,7 +28,9 @@ const ADDRESS_ONLY_BASE: u64 = 0x7000_0000_0000;
 
 /// A host allocation made with `std::alloc`, freed on drop.
 struct HostMemory {
+    /// The first byte of the range handed out: `raw` rounded up to `SEGMENT_ALIGN`.
     ptr: *mut u8,
+    raw: *mut u8,
     layout: Layout,
 }
 
@@ -38,24 +40,30 @@ unsafe impl Send for HostMemory {}
 
 impl HostMemory {
     fn new(size: u64) -> DeviceResult<Self> {
-        let layout = usize::try_from(size)
-            .ok()
-            .and_then(|s| Layout::from_size_align(s.max(1), SEGMENT_ALIGN as usize).ok())
+        // The system allocator zeroes lazily (calloc on fresh pages) only at its natural alignment;
+        // asking for 2 MiB alignment would make it write every byte. So take `size` plus one
+        // alignment unit at the natural alignment and align the pointer by hand: a large
+        // reservation then costs nothing until its pages are touched.
+        let layout = size
+            .checked_add(SEGMENT_ALIGN)
+            .and_then(|total| usize::try_from(total).ok())
+            .and_then(|total| Layout::from_size_align(total, 16).ok())
             .ok_or(DeviceError::OutOfMemory)?;
-        // SAFETY: the layout has a non-zero size. Zeroed memory from the system allocator is
-        // mapped lazily, so a large reservation costs nothing until its pages are touched.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        if raw.is_null() {
             return Err(DeviceError::OutOfMemory);
         }
-        Ok(Self { ptr, layout })
+        let offset = (raw as u64).next_multiple_of(SEGMENT_ALIGN) - raw as u64;
+        // `offset < SEGMENT_ALIGN`, so `[ptr, ptr + size)` lies inside the allocation.
+        Ok(Self { ptr: raw.wrapping_add(offset as usize), raw, layout })
     }
 }
 
 impl Drop for HostMemory {
     fn drop(&mut self) {
-        // SAFETY: `ptr` came from `alloc_zeroed` with this very layout and is freed only here.
-        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+        // SAFETY: `raw` came from `alloc_zeroed` with this very layout and is freed only here.
+        unsafe { std::alloc::dealloc(self.raw, self.layout) }
     }
 }
 
