@@ -29,6 +29,11 @@ pub struct PoolConfig {
     pub limit: Option<Limit>,
     /// Record every alloc and free in the event log (the trace replay reads).
     pub record_events: bool,
+    /// Grow the best-fit tier of each stream as one expandable segment: one reserved address
+    /// range with physical memory mapped and unmapped in granularity chunks (PyTorch's
+    /// `expandable_segments`). Takes effect only where the device supports virtual-memory
+    /// growth; elsewhere the tier uses plain segments.
+    pub expandable: bool,
 }
 
 impl Default for PoolConfig {
@@ -41,6 +46,7 @@ impl Default for PoolConfig {
             round_up_divisions: 0,
             limit: None,
             record_events: false,
+            expandable: true,
         }
     }
 }
@@ -69,8 +75,9 @@ impl PoolConfig {
 
     /// Applies `key:value` pairs separated by commas over this configuration. Keys: `strategy`,
     /// `small_max`, `large_min`, `alignment`, `round_up_divisions`, `limit` (bytes with an optional
-    /// unit, or a fraction <= 1), `record_events`. Unknown keys are errors, so typos don't pass
-    /// silently; keys other layers own (e.g. `device`, `expandable`) are returned for them.
+    /// unit, or a fraction <= 1), `record_events`, `expandable` (or `expandable_segments`).
+    /// Unknown keys are errors, so typos don't pass silently; keys other layers own (e.g.
+    /// `device`) are returned for them.
     pub fn apply_text(&mut self, text: &str) -> Result<Vec<(String, String)>, PoolError> {
         let mut others = Vec::new();
         for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -95,6 +102,7 @@ impl PoolConfig {
                 }
                 "limit" => self.limit = Some(parse_limit(value)?),
                 "record_events" => self.record_events = parse_bool(value)?,
+                "expandable" | "expandable_segments" => self.expandable = parse_bool(value)?,
                 _ => others.push((key.to_string(), value.to_string())),
             }
         }
@@ -148,8 +156,12 @@ mod tests {
     fn text_form_sets_every_key_and_passes_on_others() {
         let mut config = PoolConfig::default();
         let others = config
-            .apply_text("strategy:best-fit, small_max:256KB,large_min=128MiB,alignment:4096,limit:0.5,record_events:on,device:sim")
+            .apply_text("strategy:best-fit, small_max:256KB,large_min=128MiB,alignment:4096,limit:0.5,record_events:on,device:sim,expandable:false")
             .unwrap();
+        assert!(!config.expandable);
+        assert!(PoolConfig::default().expandable, "expandable segments are the default");
+        config.apply_text("expandable_segments:true").unwrap();
+        assert!(config.expandable);
         assert_eq!(config.strategy, StrategyKind::BestFit);
         assert_eq!(config.small_max, 256 * KIB);
         assert_eq!(config.large_min, 128 * MIB);
@@ -161,7 +173,7 @@ mod tests {
 
     #[test]
     fn bad_text_is_a_clear_error() {
-        for text in ["strategy:fastest", "small_max:lots", "limit:-3", "alignment:1000", "small_max", "limit:1.5x"] {
+        for text in ["expandable:maybe", "strategy:fastest", "small_max:lots", "limit:-3", "alignment:1000", "small_max", "limit:1.5x"] {
             let err = PoolConfig::default().apply_text(text).unwrap_err();
             assert!(matches!(err, PoolError::InvalidConfig(_)), "{text}: {err}");
         }

@@ -19,6 +19,7 @@ pub mod config;
 pub mod device;
 pub mod error;
 pub mod event_log;
+mod expandable;
 mod live_table;
 pub mod magazine;
 mod pool;

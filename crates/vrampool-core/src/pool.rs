@@ -17,6 +17,7 @@ use crate::config::{Limit, PoolConfig};
 use crate::device::{Device, EventId, StreamId};
 use crate::live_table::{BlockMeta, LiveTable, Removal};
 use crate::error::{DeviceError, InvalidFreeReason, OomReport, PoolError, Result};
+use crate::expandable::{Expandable, Reservation};
 use crate::event_log::{EventKind, EventLog, LogEvent};
 use crate::sizes::{round_up, size_class_of, MIN_BLOCK};
 use crate::stats::{Counters, Fast, LocalCounters, Stats};
@@ -65,6 +66,9 @@ pub struct SegmentSnapshot {
     pub strategy: &'static str,
     pub base: u64,
     pub size: u64,
+    /// Part of an expandable segment: a mapped run of its reserved range (`size` is what is
+    /// mapped there now).
+    pub expandable: bool,
     pub blocks: Vec<(u64, u64, BlockState)>,
 }
 
@@ -85,6 +89,8 @@ pub struct PoolCore {
     cap: AtomicU64,
     /// Segment bytes held or being requested: checked against `cap` before each device call.
     committed: AtomicU64,
+    /// Expandable segments, when on and the device supports them.
+    vm: Option<Expandable>,
     /// The default stream's arena, reached without a map lookup.
     default_arena: Arena,
     arenas: FastMap<StreamId, Arena>,
@@ -108,6 +114,7 @@ impl Pool {
         let device_total = device.mem_info()?.total;
         let cap = cap_for(config.limit, device_total);
         let default_arena = new_arena(&config, StreamId(0));
+        let vm = Expandable::new(&config, device.as_ref(), device_total);
         let log = config.record_events.then(EventLog::new);
         let core = Arc::new_cyclic(|this: &Weak<PoolCore>| PoolCore {
             id: NEXT_ID.fetch_add(1, Relaxed),
@@ -118,6 +125,7 @@ impl Pool {
             device_total,
             cap: AtomicU64::new(cap),
             committed: AtomicU64::new(0),
+            vm,
             default_arena,
             arenas: FastMap::default(),
             live: LiveTable::new(LIVE_TABLE_BITS),
@@ -292,10 +300,12 @@ impl PoolCore {
     pub fn snapshot(&self) -> Vec<SegmentSnapshot> {
         let deferred: Vec<u64> = self.deferred.lock().iter().map(|d| d.addr).collect();
         let mut out = Vec::new();
+        let reservations = self.vm.as_ref().map(Expandable::reservations).unwrap_or_default();
         self.for_each_arena(|arena| {
             for tier in arena.tiers.iter() {
                 let strategy = tier.lock();
                 for (segment, blocks) in strategy.snapshot() {
+                    let expandable = reservations.iter().any(|&(s, base, size)| s == arena.stream && segment.base >= base && segment.base - base < size);
                     let blocks = blocks
                         .iter()
                         .map(|&BlockInfo { addr, size, allocated }| {
@@ -308,7 +318,7 @@ impl PoolCore {
                             (addr, size, state)
                         })
                         .collect();
-                    out.push(SegmentSnapshot { stream: arena.stream, strategy: strategy.name(), base: segment.base, size: segment.size, blocks });
+                    out.push(SegmentSnapshot { stream: arena.stream, strategy: strategy.name(), base: segment.base, size: segment.size, expandable, blocks });
                 }
             }
         });
@@ -375,6 +385,21 @@ impl PoolCore {
         if let Some(block) = strategy.allocate(rounded) {
             return Ok(Some(block));
         }
+        if let Some(vm) = self.vm.as_ref().filter(|vm| vm.tier == tier) {
+            match self.grow_expandable(vm, &mut **strategy, arena.stream, rounded) {
+                Ok(true) => {
+                    let block = strategy.allocate(rounded).ok_or(PoolError::InvalidSize {
+                        size: rounded,
+                        reason: "the strategy could not serve a request from the memory mapped for it",
+                    })?;
+                    return Ok(Some(block));
+                }
+                // No reservation, or it is full: a plain segment instead.
+                Ok(false) => {}
+                Err(PoolError::Device(DeviceError::OutOfMemory)) => return Ok(None),
+                Err(other) => return Err(other),
+            }
+        }
         let segment_size = strategy.segment_size_for(rounded);
         match self.grow(segment_size, arena.stream) {
             Ok(base) => {
@@ -410,6 +435,171 @@ impl PoolCore {
                 Err(e.into())
             }
         }
+    }
+
+    /// Grows the arena's expandable segment so that a block of `rounded` bytes fits: maps part of
+    /// an unmapped hole again where that maps no more than growing at the end would, else maps
+    /// chunks at the end of the newest range (reserving a larger range when it is full). Ok(false)
+    /// when no range can take it (reserving failed, or the block is larger than any range may
+    /// be): the caller adds a plain segment. Runs under the tier's strategy lock.
+    fn grow_expandable(&self, vm: &Expandable, strategy: &mut dyn Strategy, stream: StreamId, rounded: u64) -> Result<bool> {
+        let unit = vm.unit;
+        vm.with_arena(stream, |arena| {
+            if arena.unavailable {
+                return Ok(false);
+            }
+            let plans: Vec<_> = arena.reservations.iter().map(|r| strategy.plan_growth(r.base, rounded, unit)).collect();
+            // The cheapest hole to map again, in any range.
+            let mut hole: Option<(usize, Segment)> = None;
+            for (i, h) in plans.iter().enumerate().filter_map(|(i, p)| Some((i, p.as_ref()?.hole?))) {
+                if hole.map_or(true, |(_, best)| h.size < best.size) {
+                    hole = Some((i, h));
+                }
+            }
+            // Growth at the end of the newest range, if it has room.
+            let newest = arena.reservations.len().checked_sub(1);
+            let at_end = newest.and_then(|i| {
+                let r = &arena.reservations[i];
+                let grow = match plans[i] {
+                    Some(plan) => plan.at_end,
+                    None if r.extent == 0 => round_up(rounded, unit)?,
+                    None => return None, // the strategy lost the segment: leave this range be
+                };
+                let fits = r.extent.checked_add(grow).is_some_and(|end| end <= r.size);
+                fits.then_some((i, Segment { base: r.base + r.extent, size: grow }))
+            });
+            let (i, range, into_hole) = match (hole, at_end) {
+                (Some((i, h)), end) if end.map_or(true, |(_, e)| h.size <= e.size) => (i, h, true),
+                (_, Some((i, end))) => (i, end, false),
+                (_, None) => {
+                    // The newest range is full (or there is none): reserve a larger one.
+                    let Some(size) = vm.next_reservation(arena.reservations.last().map(|r| r.size), rounded) else {
+                        return Ok(false);
+                    };
+                    match self.device.reserve(size) {
+                        Ok(base) if base % unit == 0 => arena.reservations.push(Reservation::new(base, size)),
+                        other => {
+                            if let Ok(base) = other {
+                                let _ = self.device.unreserve(base, size);
+                            }
+                            // No more address space (or the device cannot reserve): plain
+                            // segments from now on.
+                            arena.unavailable = true;
+                            return Ok(false);
+                        }
+                    }
+                    let Some(grow) = round_up(rounded, unit) else { return Ok(false) };
+                    (arena.reservations.len() - 1, Segment { base: arena.reservations[arena.reservations.len() - 1].base, size: grow }, false)
+                }
+            };
+            let r = &mut arena.reservations[i];
+            let mapped = self.map_chunks(r, range, unit, stream);
+            let taken = mapped.is_ok() && if into_hole { strategy.map_hole(range) } else { strategy.grow_segment(r.base, range.size) };
+            if taken {
+                if !into_hole {
+                    r.extent += range.size;
+                }
+                return Ok(true);
+            }
+            if mapped.is_ok() {
+                debug_assert!(false, "the strategy refused memory mapped for it");
+                let chunks = r.mapped_chunks(range.base, range.base + range.size);
+                self.unmap_chunks(r, chunks, unit, stream);
+            }
+            // A range reserved just now with nothing mapped goes back at once.
+            if r.extent == 0 && r.is_unmapped() && self.device.unreserve(r.base, r.size).is_ok() {
+                arena.reservations.remove(i);
+            }
+            mapped.map(|()| false)
+        })
+    }
+
+    /// Maps the chunks of `range` not mapped yet, within the cap; on a failure, unmaps the ones
+    /// it mapped and returns the error.
+    fn map_chunks(&self, r: &mut Reservation, range: Segment, unit: u64, stream: StreamId) -> Result<()> {
+        let chunks = r.unmapped_chunks(range, unit);
+        let bytes = chunks.len() as u64 * unit;
+        let before = self.committed.fetch_add(bytes, Relaxed);
+        if before.saturating_add(bytes) > self.cap.load(Relaxed) {
+            self.committed.fetch_sub(bytes, Relaxed);
+            return Err(DeviceError::OutOfMemory.into());
+        }
+        for (k, &chunk) in chunks.iter().enumerate() {
+            self.counters.num_device_alloc.fetch_add(1, Relaxed);
+            if let Err(e) = self.device.map(chunk, unit) {
+                self.committed.fetch_sub((chunks.len() - k) as u64 * unit, Relaxed);
+                self.unmap_chunks(r, chunks[..k].to_vec(), unit, stream);
+                return Err(e.into());
+            }
+            if r.is_unmapped() {
+                self.counters.segment.add(1);
+            }
+            r.note_mapped(chunk);
+            self.counters.reserved_bytes.add(unit);
+            self.log(EventKind::SegmentAlloc, chunk, unit, stream);
+        }
+        Ok(())
+    }
+
+    /// Unmaps `chunks` (mapped chunks of `r`); returns the bytes given back and the first error.
+    /// A chunk that fails to unmap stays mapped and counted, and is tried again later.
+    fn unmap_chunks(&self, r: &mut Reservation, chunks: Vec<u64>, unit: u64, stream: StreamId) -> (u64, Option<DeviceError>) {
+        let (mut bytes, mut first_error) = (0, None);
+        for chunk in chunks {
+            self.counters.num_device_free.fetch_add(1, Relaxed);
+            match self.device.unmap(chunk, unit) {
+                Ok(()) => {
+                    r.note_unmapped(chunk);
+                    bytes += unit;
+                    self.committed.fetch_sub(unit, Relaxed);
+                    self.counters.reserved_bytes.sub(unit);
+                    self.log(EventKind::SegmentFree, chunk, unit, stream);
+                    if r.is_unmapped() {
+                        self.counters.segment.sub(1);
+                    }
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        (bytes, first_error)
+    }
+
+    /// Gives back the wholly free chunks of the arena's expandable segments: cuts them off their
+    /// ends, unmaps the ones inside (they become holes), and unreserves a range when nothing is
+    /// mapped in it any more. Runs under the tier's strategy lock, device calls included: a
+    /// growth could otherwise take a chunk as mapped while it is being unmapped.
+    fn shrink_expandable(&self, vm: &Expandable, strategy: &mut dyn Strategy, stream: StreamId) -> (u64, Option<DeviceError>) {
+        let unit = vm.unit;
+        vm.with_arena(stream, |arena| {
+            let (mut bytes, mut first_error) = (0, None);
+            arena.reservations.retain_mut(|r| {
+                let moved = strategy.shrink_free_tail(r.base, unit);
+                r.extent = r.extent.saturating_sub(moved);
+                // Everything mapped past the end (also chunks an earlier unmap failed to give back).
+                let mut chunks = r.mapped_chunks(r.base + r.extent, r.base + r.size);
+                for hole in strategy.unmap_free_chunks(r.base, unit) {
+                    chunks.extend(r.mapped_chunks(hole.base, hole.base + hole.size));
+                }
+                let (unmapped, error) = self.unmap_chunks(r, chunks, unit, stream);
+                bytes += unmapped;
+                if let Some(e) = error {
+                    first_error.get_or_insert(e);
+                }
+                if r.extent != 0 || !r.is_unmapped() {
+                    return true;
+                }
+                match self.device.unreserve(r.base, r.size) {
+                    Ok(()) => false,
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                        true
+                    }
+                }
+            });
+            (bytes, first_error)
+        })
     }
 
     fn count_alloc(cache: &PoolCache, block: &LiveBlock, cache_hit: bool) {
@@ -567,18 +757,25 @@ impl PoolCore {
         self.flush_epoch.fetch_add(1, Relaxed);
         self.with_thread_cache(|_| ());
         let mut released = Vec::new();
+        let (mut bytes, mut first_error) = (0, None);
         self.for_each_arena(|arena| {
             arena.magazines.drain(|addr| {
                 // Magazines hold only blocks of at most `small_max` bytes: the first tier's.
                 let freed = arena.tiers[0].lock().free(addr);
                 debug_assert!(freed.is_some(), "a cached block belongs to its arena's first tier");
             });
-            for tier in arena.tiers.iter() {
-                released.extend(tier.lock().release_free_segments().into_iter().map(|s| (s, arena.stream)));
+            for (index, tier) in arena.tiers.iter().enumerate() {
+                let mut strategy = tier.lock();
+                if let Some(vm) = self.vm.as_ref().filter(|vm| vm.tier as usize == index) {
+                    let (unmapped, error) = self.shrink_expandable(vm, &mut **strategy, arena.stream);
+                    bytes += unmapped;
+                    if let Some(e) = error {
+                        first_error.get_or_insert(e);
+                    }
+                }
+                released.extend(strategy.release_free_segments().into_iter().map(|s| (s, arena.stream)));
             }
         });
-        let mut bytes = 0;
-        let mut first_error = None;
         for (segment, stream) in released {
             self.counters.num_device_free.fetch_add(1, Relaxed);
             match self.device.free_segment(segment.base, segment.size) {
@@ -726,8 +923,20 @@ impl Drop for PoolCore {
         for e in std::mem::take(&mut *self.deferred.lock()) {
             e.events.into_iter().for_each(|ev| self.device.release_event(ev));
         }
+        let (reservations, unit) = match &self.vm {
+            Some(vm) => (vm.take_all(), vm.unit),
+            None => (Vec::new(), 0),
+        };
+        // An expandable segment's runs show in the snapshot too: they go with their reservation.
+        segments.retain(|s| !reservations.iter().any(|r| r.contains(s.base)));
         for s in segments {
             let _ = self.device.free_segment(s.base, s.size);
+        }
+        for r in reservations {
+            for chunk in r.all_chunks() {
+                let _ = self.device.unmap(chunk, unit);
+            }
+            let _ = self.device.unreserve(r.base, r.size);
         }
     }
 }

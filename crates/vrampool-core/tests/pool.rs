@@ -99,7 +99,10 @@ fn bad_input_is_refused_and_changes_nothing() {
 
 #[test]
 fn out_of_memory_releases_the_cache_retries_and_then_explains() {
-    let (pool, dev) = pool_on(64 * MIB, StrategyKind::BestFit);
+    // Plain segments: with expandable ones the cached tail would simply grow in place.
+    let dev = Arc::new(SimDevice::new(64 * MIB, SimMode::HostBacked));
+    let config = PoolConfig { strategy: StrategyKind::BestFit, expandable: false, ..PoolConfig::default() };
+    let pool = Pool::new(dev.clone() as Arc<dyn Device>, config).unwrap();
     // Fill the device with cached small segments, then ask for a large block: the pool must give
     // its cache back and retry.
     let small: Vec<u64> = (0..30).map(|_| pool.allocate(MIB, S0).unwrap()).collect();

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::buddy::AddrMap;
-use super::{Block, BlockInfo, Segment, Strategy, Usage};
+use super::{Block, BlockInfo, GrowthPlan, Segment, Strategy, Usage};
 use crate::sizes::{round_up, MIB, MIN_BLOCK};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +81,15 @@ pub struct BestFit {
     /// Segments by base -> (size, first node). The first node keeps its slot for the segment's
     /// life: splitting hands out the low part in place, merging keeps the lower node.
     segments: BTreeMap<u64, (u64, u32)>,
+    /// Expandable segments: base -> end marker. Design: the marker is a zero-size node that
+    /// looks allocated, so nothing merges past the end and its `prev` is always the segment's last
+    /// node; the splits and merges of the hot paths keep that link up to date at no extra cost,
+    /// so growing and trimming find the tail in O(1).
+    ends: BTreeMap<u64, u32>,
+    /// Unmapped holes inside expandable segments: address -> node. A hole looks allocated but is
+    /// in neither `live` nor a bin, so no block is cut from it and no free range merges into it.
+    holes: BTreeMap<u64, u32>,
+    /// Bytes of the segments, less their holes.
     reserved: u64,
     allocated: u64,
 }
@@ -103,6 +112,8 @@ impl BestFit {
             summary: 0,
             live: AddrMap::default(),
             segments: BTreeMap::new(),
+            ends: BTreeMap::new(),
+            holes: BTreeMap::new(),
             reserved: 0,
             allocated: 0,
         }
@@ -212,6 +223,30 @@ impl BestFit {
         }
         let bin = self.next_bin(bin + 1)?;
         self.best_in_bin(bin, size, SCAN_LIMIT)
+    }
+
+    /// A new node `[addr, addr + size)` linked in right after node `a`.
+    fn insert_after(&mut self, a: u32, addr: u64, size: u64, allocated: bool) -> u32 {
+        let next = self.node(a).next;
+        let i = self.new_node(Node { addr, size, prev: a, next, bin_prev: NIL, bin_next: NIL, allocated });
+        self.node_mut(a).next = i;
+        if next != NIL {
+            self.node_mut(next).prev = i;
+        }
+        i
+    }
+
+    fn is_hole(&self, i: u32) -> bool {
+        i != NIL && self.node(i).allocated && self.holes.get(&self.node(i).addr) == Some(&i)
+    }
+
+    /// The size of node `i` if it is a free range, else 0.
+    fn free_size(&self, i: u32) -> u64 {
+        match i {
+            NIL => 0,
+            i if self.node(i).allocated => 0,
+            i => self.node(i).size,
+        }
     }
 
     /// Appends node `b` (just after `a` in address order) to `a` and drops `b`.
@@ -337,6 +372,224 @@ impl Strategy for BestFit {
         released
     }
 
+    fn grow_segment(&mut self, base: u64, extra: u64) -> bool {
+        if extra == 0 || extra % MIN_BLOCK != 0 || base % MIN_BLOCK != 0 {
+            return false;
+        }
+        let (size, marker) = match (self.segments.get(&base), self.ends.get(&base)) {
+            (None, _) => (0, NIL),
+            (Some(&(size, _)), Some(&marker)) => (size, marker),
+            (Some(_), None) => return false, // a plain segment does not grow
+        };
+        let start = base + size;
+        let Some(new_end) = start.checked_add(extra) else { return false };
+        // The new space must not overlap another segment (nor a new segment the one below).
+        let clash = self.segments.range(..new_end).next_back().is_some_and(|(&b, &(s, _))| b != base && b + s > start);
+        if clash {
+            return false;
+        }
+        if marker == NIL {
+            let free = Node { addr: base, size: extra, prev: NIL, next: NIL, bin_prev: NIL, bin_next: NIL, allocated: false };
+            let head = self.new_node(free);
+            let marker = self.insert_after(head, new_end, 0, true);
+            self.segments.insert(base, (extra, head));
+            self.ends.insert(base, marker);
+            self.file(head);
+        } else {
+            let last = self.node(marker).prev;
+            if self.node(last).allocated {
+                let i = self.insert_after(last, start, extra, false);
+                self.file(i);
+            } else {
+                self.unfile(last);
+                self.node_mut(last).size += extra;
+                self.file(last);
+            }
+            self.node_mut(marker).addr = new_end;
+            if let Some(seg) = self.segments.get_mut(&base) {
+                seg.0 += extra;
+            }
+        }
+        self.reserved += extra;
+        true
+    }
+
+    fn shrink_free_tail(&mut self, base: u64, unit: u64) -> u64 {
+        let (Some(&marker), Some(&(old_size, _))) = (self.ends.get(&base), self.segments.get(&base)) else { return 0 };
+        if unit == 0 {
+            return 0;
+        }
+        loop {
+            let last = self.node(marker).prev;
+            let Node { addr, size, prev, allocated, .. } = *self.node(last);
+            let cut = if self.is_hole(last) {
+                self.holes.remove(&addr);
+                addr
+            } else if !allocated {
+                let cut = base + (addr - base).div_ceil(unit) * unit;
+                if cut >= addr + size {
+                    break;
+                }
+                self.unfile(last);
+                self.reserved -= addr + size - cut;
+                if cut > addr {
+                    self.node_mut(last).size = cut - addr;
+                    self.file(last);
+                    self.node_mut(marker).addr = cut;
+                    break;
+                }
+                cut
+            } else {
+                break;
+            };
+            if prev == NIL {
+                // Nothing allocated is left: the segment goes.
+                self.segments.remove(&base);
+                self.ends.remove(&base);
+                self.spare.extend([last, marker]);
+                return old_size;
+            }
+            self.node_mut(prev).next = marker;
+            let m = self.node_mut(marker);
+            m.prev = prev;
+            m.addr = cut;
+            self.spare.push(last);
+        }
+        let end = self.node(marker).addr;
+        if let Some(seg) = self.segments.get_mut(&base) {
+            seg.0 = end - base;
+        }
+        old_size - (end - base)
+    }
+
+    fn unmap_free_chunks(&mut self, base: u64, unit: u64) -> Vec<Segment> {
+        let (Some(&marker), Some(&(_, head))) = (self.ends.get(&base), self.segments.get(&base)) else { return Vec::new() };
+        let mut holes = Vec::new();
+        if unit == 0 {
+            return holes;
+        }
+        let mut i = head;
+        while i != marker {
+            let Node { addr, size, next, allocated, .. } = *self.node(i);
+            let end = addr + size;
+            let lo = base + (addr - base).div_ceil(unit) * unit;
+            let hi = base + (end - base) / unit * unit;
+            if allocated || lo >= hi {
+                i = next;
+                continue;
+            }
+            // Split into free [addr, lo), hole [lo, hi), free [hi, end); `i` keeps the lowest
+            // part, so a segment's head node keeps its slot.
+            self.unfile(i);
+            let mut hole = if lo > addr {
+                self.node_mut(i).size = lo - addr;
+                self.file(i);
+                self.insert_after(i, lo, hi - lo, true)
+            } else {
+                let n = self.node_mut(i);
+                n.size = hi - lo;
+                n.allocated = true;
+                i
+            };
+            if hi < end {
+                let rest = self.insert_after(hole, hi, end - hi, false);
+                self.file(rest);
+            }
+            self.reserved -= hi - lo;
+            holes.push(Segment { base: lo, size: hi - lo });
+            // Neighbouring holes become one.
+            let prev = self.node(hole).prev;
+            if self.is_hole(prev) {
+                self.absorb_next(prev, hole);
+                hole = prev;
+            }
+            let next = self.node(hole).next;
+            if self.is_hole(next) {
+                let next_addr = self.node(next).addr;
+                self.holes.remove(&next_addr);
+                self.absorb_next(hole, next);
+            }
+            self.holes.insert(self.node(hole).addr, hole);
+            i = self.node(hole).next;
+        }
+        holes
+    }
+
+    fn plan_growth(&self, base: u64, size: u64, unit: u64) -> Option<GrowthPlan> {
+        let &marker = self.ends.get(&base)?;
+        let size = round_up(size.max(1), MIN_BLOCK)?;
+        if unit == 0 {
+            return None;
+        }
+        // Whole units, at least one (a range that already fits but was not found still gains one).
+        let units = |bytes: u64| bytes.div_ceil(unit).max(1) * unit;
+        let at_end = units(size.saturating_sub(self.free_size(self.node(marker).prev)));
+        let end = self.node(marker).addr;
+        let mut best: Option<Segment> = None;
+        for (&addr, &h) in self.holes.range(base..end) {
+            let Node { size: hole, prev, next, .. } = *self.node(h);
+            let (before, after) = (self.free_size(prev), self.free_size(next));
+            if before.saturating_add(hole).saturating_add(after) < size {
+                continue;
+            }
+            // Map the hole's low part (joining the range before it), its high part (joining the
+            // range after it), or all of it (joining both).
+            let mut options = [None, None, Some(Segment { base: addr, size: hole })];
+            if before + hole >= size && units(size.saturating_sub(before)) <= hole {
+                options[0] = Some(Segment { base: addr, size: units(size.saturating_sub(before)) });
+            }
+            if hole + after >= size && units(size.saturating_sub(after)) <= hole {
+                let n = units(size.saturating_sub(after));
+                options[1] = Some(Segment { base: addr + hole - n, size: n });
+            }
+            for option in options.into_iter().flatten() {
+                if best.map_or(true, |b| option.size < b.size) {
+                    best = Some(option);
+                }
+            }
+        }
+        Some(GrowthPlan { at_end, hole: best })
+    }
+
+    fn map_hole(&mut self, range: Segment) -> bool {
+        let Segment { base: addr, size } = range;
+        let Some((&hole_addr, &h)) = self.holes.range(..=addr).next_back() else { return false };
+        let hole_end = hole_addr + self.node(h).size;
+        if size == 0 || size % MIN_BLOCK != 0 || addr.checked_add(size).map_or(true, |end| end > hole_end) {
+            return false;
+        }
+        let end = addr + size;
+        // Split into hole [hole_addr, addr), free [addr, end), hole [end, hole_end).
+        let mut free = if addr > hole_addr {
+            self.node_mut(h).size = addr - hole_addr;
+            self.insert_after(h, addr, size, false)
+        } else {
+            self.holes.remove(&hole_addr);
+            let n = self.node_mut(h);
+            n.size = size;
+            n.allocated = false;
+            h
+        };
+        if end < hole_end {
+            let rest = self.insert_after(free, end, hole_end - end, true);
+            self.holes.insert(end, rest);
+        }
+        let next = self.node(free).next;
+        if next != NIL && !self.node(next).allocated {
+            self.unfile(next);
+            self.absorb_next(free, next);
+        }
+        let prev = self.node(free).prev;
+        if prev != NIL && !self.node(prev).allocated {
+            self.unfile(prev);
+            self.absorb_next(prev, free);
+            free = prev;
+        }
+        self.file(free);
+        self.reserved += size;
+        true
+    }
+
     fn usage(&self) -> Usage {
         // The top non-empty bin holds the largest range; it is scanned whole.
         let top = (0..BITMAP_WORDS)
@@ -359,19 +612,28 @@ impl Strategy for BestFit {
     }
 
     fn snapshot(&self) -> Vec<(Segment, Vec<BlockInfo>)> {
-        self.segments
-            .iter()
-            .map(|(&base, &(size, head))| {
-                let mut list = Vec::new();
-                let mut i = head;
-                while i != NIL {
-                    let n = self.node(i);
+        let mut out = Vec::with_capacity(self.segments.len());
+        for (&base, &(size, head)) in &self.segments {
+            // Holes split an expandable segment into its mapped runs; the end marker is skipped.
+            let (mut start, mut list) = (base, Vec::new());
+            let mut i = head;
+            while i != NIL {
+                let n = self.node(i);
+                if n.allocated && !self.holes.is_empty() && self.is_hole(i) {
+                    if !list.is_empty() {
+                        out.push((Segment { base: start, size: n.addr - start }, std::mem::take(&mut list)));
+                    }
+                    start = n.addr + n.size;
+                } else if n.size > 0 {
                     list.push(BlockInfo { addr: n.addr, size: n.size, allocated: n.allocated });
-                    i = n.next;
                 }
-                (Segment { base, size }, list)
-            })
-            .collect()
+                i = n.next;
+            }
+            if !list.is_empty() {
+                out.push((Segment { base: start, size: base + size - start }, list));
+            }
+        }
+        out
     }
 }
 
@@ -548,5 +810,225 @@ mod tests {
         b.add_segment(seg(MIB, 2 * MIB));
         b.add_segment(seg(8 * MIB, 0));
         assert_eq!(b.usage().segments, 1);
+    }
+
+    /// Checks what every strategy state must satisfy: runs tile, reserved is their sum, live
+    /// blocks lie inside runs.
+    fn check_invariants(b: &BestFit) {
+        let snapshot = b.snapshot();
+        let mut reserved = 0;
+        let mut allocated = 0;
+        for (segment, blocks) in &snapshot {
+            let mut cursor = segment.base;
+            for block in blocks {
+                assert_eq!(block.addr, cursor, "{snapshot:?}");
+                assert!(block.size > 0);
+                cursor += block.size;
+                if block.allocated {
+                    allocated += block.size;
+                    assert!(b.live.contains_key(&block.addr), "an allocated node in a run is live");
+                }
+            }
+            assert_eq!(cursor, segment.base + segment.size);
+            reserved += segment.size;
+        }
+        assert_eq!(reserved, b.usage().reserved);
+        assert_eq!(allocated, b.usage().allocated);
+        assert_eq!(b.live.len() as u64, b.usage().live_blocks);
+    }
+
+    #[test]
+    fn grow_segment_extends_the_free_tail_and_blocks_span_the_old_end() {
+        let mut b = BestFit::default();
+        assert!(b.grow_segment(64 * MIB, 2 * MIB), "no segment yet: starts one");
+        let x = b.allocate(3 * MIB / 2).unwrap();
+        assert!(b.allocate(MIB).is_none());
+        assert!(b.grow_segment(64 * MIB, 2 * MIB));
+        assert_eq!(b.snapshot(), vec![(seg(64 * MIB, 4 * MIB), vec![info(x.addr, 3 * MIB / 2, true), info(x.addr + 3 * MIB / 2, 5 * MIB / 2, false)])]);
+        let y = b.allocate(5 * MIB / 2).unwrap();
+        assert_eq!(y.addr, 64 * MIB + 3 * MIB / 2, "one block across the old end");
+        assert!(b.allocate(512).is_none());
+        // The tail is allocated: growth adds a new free range after it.
+        assert!(b.grow_segment(64 * MIB, 2 * MIB));
+        assert_eq!(b.allocate(2 * MIB).unwrap().addr, 68 * MIB);
+        assert_eq!(b.usage().reserved, 6 * MIB);
+        assert_eq!(b.usage().segments, 1);
+        check_invariants(&b);
+
+        // Plain segments do not grow; growth never overlaps another segment.
+        b.add_segment(seg(0, 2 * MIB));
+        assert!(!b.grow_segment(0, 2 * MIB));
+        b.add_segment(seg(72 * MIB, 2 * MIB));
+        assert!(!b.grow_segment(64 * MIB, 4 * MIB), "would run into the segment at 72 MiB");
+        assert!(b.grow_segment(64 * MIB, 2 * MIB), "up to it is fine");
+        assert!(!b.grow_segment(MIB, 2 * MIB), "a new one inside a segment");
+        assert!(!b.grow_segment(80 * MIB, 0) && !b.grow_segment(80 * MIB, 100));
+        assert!(!b.grow_segment(u64::MAX - 511, 2 * MIB));
+        check_invariants(&b);
+    }
+
+    #[test]
+    fn shrink_free_tail_cuts_whole_units_and_removes_an_empty_segment() {
+        let mut b = BestFit::default();
+        assert!(b.grow_segment(0, 8 * MIB));
+        let x = b.allocate(3 * MIB).unwrap();
+        assert_eq!(b.shrink_free_tail(0, 2 * MIB), 4 * MIB, "free [3, 8) MiB: [4, 8) goes");
+        assert_eq!(b.snapshot(), vec![(seg(0, 4 * MIB), vec![info(0, 3 * MIB, true), info(3 * MIB, MIB, false)])]);
+        assert_eq!(b.usage().reserved, 4 * MIB);
+        assert_eq!(b.shrink_free_tail(0, 2 * MIB), 0, "nothing whole left to cut");
+        let y = b.allocate(MIB).unwrap();
+        assert_eq!(b.shrink_free_tail(0, 2 * MIB), 0, "the tail is allocated");
+        b.free(x.addr).unwrap();
+        assert_eq!(b.shrink_free_tail(0, 2 * MIB), 0);
+        b.free(y.addr).unwrap();
+        assert_eq!(b.shrink_free_tail(0, 2 * MIB), 4 * MIB, "all free: the segment goes");
+        assert_eq!(b.usage(), Usage::default());
+        assert!(b.snapshot().is_empty());
+        assert_eq!(b.shrink_free_tail(0, 2 * MIB), 0);
+        assert!(b.grow_segment(0, 2 * MIB), "and can start again");
+        // Plain segments are not touched.
+        b.add_segment(seg(64 * MIB, 4 * MIB));
+        assert_eq!(b.shrink_free_tail(64 * MIB, 2 * MIB), 0);
+        assert_eq!(b.usage().reserved, 6 * MIB);
+        assert!(b.release_free_segments() == vec![seg(64 * MIB, 4 * MIB)], "an expandable segment is never released whole");
+        check_invariants(&b);
+    }
+
+    #[test]
+    fn free_chunks_inside_become_holes_that_map_back() {
+        const U: u64 = 2 * MIB;
+        let mut b = BestFit::default();
+        assert!(b.grow_segment(0, 10 * MIB));
+        let a = b.allocate(MIB).unwrap();
+        let hole_block = b.allocate(6 * MIB).unwrap();
+        let c = b.allocate(MIB).unwrap();
+        b.free(hole_block.addr).unwrap();
+        assert_eq!(b.shrink_free_tail(0, U), 2 * MIB, "the free [8, 10) MiB tail");
+        assert_eq!(b.unmap_free_chunks(0, U), vec![seg(2 * MIB, 4 * MIB)]);
+        assert_eq!(b.unmap_free_chunks(0, U), vec![], "nothing whole left");
+        assert_eq!(
+            b.snapshot(),
+            vec![
+                (seg(0, 2 * MIB), vec![info(0, MIB, true), info(MIB, MIB, false)]),
+                (seg(6 * MIB, 2 * MIB), vec![info(6 * MIB, MIB, false), info(7 * MIB, MIB, true)]),
+            ]
+        );
+        assert_eq!(b.usage().reserved, 4 * MIB);
+        assert_eq!(b.usage().largest_free, MIB);
+        check_invariants(&b);
+        assert!(b.allocate(2 * MIB).is_none(), "no block is cut from a hole");
+
+        // 3 MiB: 1 MiB free before the hole plus its low 2 MiB, rather than 4 MiB at the end.
+        let plan = b.plan_growth(0, 3 * MIB, U).unwrap();
+        assert_eq!(plan, GrowthPlan { at_end: 4 * MIB, hole: Some(seg(2 * MIB, 2 * MIB)) });
+        // 6 MiB: only the whole hole (with both neighbours) fits.
+        assert_eq!(b.plan_growth(0, 6 * MIB, U).unwrap().hole, Some(seg(2 * MIB, 4 * MIB)));
+        assert_eq!(b.plan_growth(0, 7 * MIB, U).unwrap(), GrowthPlan { at_end: 8 * MIB, hole: None });
+        assert!(b.plan_growth(64 * MIB, MIB, U).is_none(), "no segment there");
+
+        assert!(!b.map_hole(seg(MIB, 2 * MIB)), "not inside a hole");
+        assert!(!b.map_hole(seg(4 * MIB, 4 * MIB)), "runs past the hole");
+        assert!(b.map_hole(seg(2 * MIB, 2 * MIB)));
+        assert_eq!(b.usage().reserved, 6 * MIB);
+        let d = b.allocate(3 * MIB).unwrap();
+        assert_eq!(d, Block { addr: MIB, size: 3 * MIB }, "the mapped part merged with the free range before it");
+        assert!(b.map_hole(seg(4 * MIB, 2 * MIB)), "the rest of the hole");
+        assert_eq!(b.usage().largest_free, 3 * MIB, "merged with the free range after it");
+        check_invariants(&b);
+
+        // Holes merge with each other, and trailing holes go with the tail.
+        for x in [a, c, d] {
+            b.free(x.addr).unwrap();
+        }
+        let e = b.allocate(512).unwrap();
+        assert_eq!(e.addr, 0);
+        assert_eq!(b.unmap_free_chunks(0, U), vec![seg(2 * MIB, 6 * MIB)]);
+        check_invariants(&b);
+        assert_eq!(b.shrink_free_tail(0, U), 6 * MIB, "the hole is the tail now");
+        assert_eq!(b.snapshot(), vec![(seg(0, 2 * MIB), vec![info(0, 512, true), info(512, 2 * MIB - 512, false)])]);
+        b.free(e.addr).unwrap();
+        assert_eq!(b.unmap_free_chunks(0, U), vec![seg(0, 2 * MIB)], "the head can be a hole too");
+        assert!(b.snapshot().is_empty());
+        assert_eq!(b.usage().reserved, 0);
+        assert!(b.map_hole(seg(0, 2 * MIB)));
+        assert_eq!(b.allocate(2 * MIB).unwrap().addr, 0);
+        assert!(b.unmap_free_chunks(0, U).is_empty());
+        b.free(0).unwrap();
+        assert_eq!(b.unmap_free_chunks(0, U), vec![seg(0, 2 * MIB)]);
+        assert_eq!(b.shrink_free_tail(0, U), 2 * MIB, "only a hole left: the segment goes");
+        assert_eq!(b.usage(), Usage::default());
+        assert_eq!(b.nodes.len(), b.spare.len(), "every node slot is back");
+    }
+
+    #[test]
+    fn random_growth_trim_and_holes_keep_the_invariants() {
+        const U: u64 = 2 * MIB;
+        let mut rng = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let (mut holes_made, mut holes_mapped, mut tails_cut) = (0, 0, 0);
+        for round in 0..40 {
+            let mut b = BestFit::default();
+            let base = 1 << 30;
+            let mut live: Vec<Block> = Vec::new();
+            for _ in 0..300 {
+                let r = next();
+                match r % 10 {
+                    0..=4 => {
+                        let size = match (r >> 8) % 4 {
+                            0 => 512 * (1 + (r >> 16) % 16),
+                            1 => 64 * KIB * (1 + (r >> 16) % 32),
+                            _ => 512 * KIB * (1 + (r >> 16) % 24),
+                        };
+                        let block = match b.allocate(size) {
+                            Some(block) => block,
+                            None => {
+                                let plan = b.plan_growth(base, size, U);
+                                match plan.and_then(|p| p.hole).filter(|h| plan.is_some_and(|p| h.size <= p.at_end)) {
+                                    Some(hole) => {
+                                        assert!(b.map_hole(hole));
+                                        holes_mapped += 1;
+                                    }
+                                    None => assert!(b.grow_segment(base, plan.map_or(round_up(size, U).unwrap(), |p| p.at_end))),
+                                }
+                                b.allocate(size).expect("the growth makes room")
+                            }
+                        };
+                        assert!(block.size >= size);
+                        live.push(block);
+                    }
+                    5..=7 if !live.is_empty() => {
+                        let block = live.swap_remove((r >> 8) as usize % live.len());
+                        assert_eq!(b.free(block.addr), Some(block.size));
+                    }
+                    8 => {
+                        let before = b.usage().reserved;
+                        let moved = b.shrink_free_tail(base, U);
+                        assert!(moved % U == 0, "round {round}: moved {moved}");
+                        tails_cut += u64::from(moved > 0);
+                        let holes: u64 = b.unmap_free_chunks(base, U).iter().map(|h| h.size).sum();
+                        holes_made += u64::from(holes > 0);
+                        assert!(b.usage().reserved <= before - holes);
+                        assert!(b.unmap_free_chunks(base, U).is_empty());
+                    }
+                    _ => {}
+                }
+                check_invariants(&b);
+                for (segment, _) in b.snapshot() {
+                    assert!((segment.base - base) % U == 0 && segment.size % U == 0, "runs are whole units: {segment:?}");
+                }
+            }
+            for block in live.drain(..) {
+                b.free(block.addr).unwrap();
+            }
+            b.shrink_free_tail(base, U);
+            assert_eq!(b.usage(), Usage::default(), "round {round}");
+            assert_eq!(b.nodes.len(), b.spare.len());
+        }
+        assert!(holes_made > 20 && holes_mapped > 20 && tails_cut > 20, "{holes_made} {holes_mapped} {tails_cut}");
     }
 }

@@ -42,6 +42,17 @@ pub struct Usage {
     pub live_blocks: u64,
 }
 
+/// Where an expandable segment should gain memory so that `allocate(size)` succeeds (see
+/// `Strategy::plan_growth`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrowthPlan {
+    /// Bytes to add at the segment's end: what its free tail lacks, in whole units.
+    pub at_end: u64,
+    /// The cheapest part of an unmapped hole that, mapped again, joins free neighbours into a
+    /// range that fits, if any (whole units).
+    pub hole: Option<Segment>,
+}
+
 /// One block or free range in a snapshot of a segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockInfo {
@@ -77,7 +88,48 @@ pub trait Strategy: Send {
     fn usage(&self) -> Usage;
 
     /// Every segment with its blocks and free ranges in address order (for snapshots and tests).
+    /// An expandable segment with unmapped holes shows as one segment per mapped run.
     fn snapshot(&self) -> Vec<(Segment, Vec<BlockInfo>)>;
+
+    // ---- expandable segments (virtual-memory growth) ----
+    //
+    // An expandable segment is one address range that the pool maps memory into as it grows and
+    // unmaps as it trims, in whole `unit`s (the device's mapping granularity) counted from its
+    // base. Only strategies that return true from `grow_segment` get one; the defaults say
+    // "unsupported", and the pool then uses plain segments.
+
+    /// Grows the expandable segment at `base` by `extra` bytes of free space at its end (merging
+    /// with a free range there); with no segment at `base`, starts one of `extra` bytes. False
+    /// (and nothing changes) if unsupported, if `base` is a plain segment, or if the new space
+    /// would overlap another segment.
+    fn grow_segment(&mut self, _base: u64, _extra: u64) -> bool {
+        false
+    }
+
+    /// Cuts the whole units of free space (and unmapped holes) off the end of the expandable
+    /// segment at `base`; returns how many bytes its end moved down. When nothing allocated is
+    /// left, the segment is removed and its whole size is returned.
+    fn shrink_free_tail(&mut self, _base: u64, _unit: u64) -> u64 {
+        0
+    }
+
+    /// Turns every whole unit of free space inside the expandable segment at `base` into an
+    /// unmapped hole that no block is cut from, and returns the new holes (to unmap).
+    fn unmap_free_chunks(&mut self, _base: u64, _unit: u64) -> Vec<Segment> {
+        Vec::new()
+    }
+
+    /// How the expandable segment at `base` could grow so that `allocate(size)` succeeds; None
+    /// if there is no such segment.
+    fn plan_growth(&self, _base: u64, _size: u64, _unit: u64) -> Option<GrowthPlan> {
+        None
+    }
+
+    /// Makes `range`, which lies inside one unmapped hole, free space again (the pool mapped it).
+    /// False (and nothing changes) if it does not lie inside a hole.
+    fn map_hole(&mut self, _range: Segment) -> bool {
+        false
+    }
 }
 
 /// Which strategy a pool (or one tier of the hybrid) uses.
