@@ -201,3 +201,18 @@ def test_demo_runs(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for strategy in STRATEGIES:
         assert strategy in out
+
+
+def test_expandable_segments_grow_in_place_and_can_be_turned_off() -> None:
+    grown = DevicePool("sim", capacity=1 << 30, strategy="best_fit", host_backed=False)
+    plain = DevicePool("sim", capacity=1 << 30, strategy="best_fit", host_backed=False, expandable=False)
+    for pool in (grown, plain):
+        bufs = [pool.allocate(30 * MIB) for _ in range(4)]
+        segments = pool.snapshot()
+        assert sum(b["state"] == "active" for s in segments for b in s["blocks"]) == 4
+        del bufs
+    assert all(s["expandable"] for s in grown.snapshot())
+    assert not any(s["expandable"] for s in plain.snapshot())
+    assert len(grown.snapshot()) < len(plain.snapshot())
+    with pytest.raises(TypeError):
+        DevicePool("sim", expandable="yes")  # type: ignore[arg-type]

@@ -60,8 +60,10 @@ def _conf_text(strategy: str, options: Dict[str, Any]) -> str:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"round_up_divisions must be a non-negative int, got {value!r}")
             parts.append(f"round_up_divisions:{value}")
-        elif key == "record_events":
-            parts.append(f"record_events:{bool(value)}")
+        elif key in ("record_events", "expandable"):
+            if not isinstance(value, bool):
+                raise TypeError(f"{key} must be a bool, not {type(value).__name__}")
+            parts.append(f"{key}:{value}")
         else:
             raise TypeError(f"unknown pool option {key!r}")
     return ",".join(parts)
@@ -96,6 +98,7 @@ class DevicePool:
         round_up_divisions: Optional[int] = None,
         limit: Optional[Union[int, float]] = None,
         record_events: bool = False,
+        expandable: Optional[bool] = None,
     ) -> None:
         conf = _conf_text(
             strategy,
@@ -106,6 +109,7 @@ class DevicePool:
                 "round_up_divisions": round_up_divisions,
                 "limit": limit,
                 "record_events": record_events or None,
+                "expandable": expandable,
             },
         )
         if device == "sim":

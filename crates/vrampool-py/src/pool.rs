@@ -114,6 +114,7 @@ impl NativePool {
             d.set_item("strategy", seg.strategy)?;
             d.set_item("base", seg.base)?;
             d.set_item("size", seg.size)?;
+            d.set_item("expandable", seg.expandable)?;
             d.set_item("blocks", blocks)?;
             list.append(d)?;
         }
