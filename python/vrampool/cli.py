@@ -72,7 +72,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p_plan.add_argument("--alignment", type=int, default=1)
     p_plan.add_argument("--output", help="write the plan as id,lower,upper,size,offset CSV")
     p_plan.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p_replay = sub.add_parser("replay", help="replay an allocation trace (id,lower,upper,size[,stream] CSV) through the strategies")
+    p_replay.add_argument("trace", help="trace CSV: one buffer a row, live on [lower, upper)")
+    p_replay.add_argument("--strategy", default="hybrid", choices=STRATEGIES + ("all",))
+    p_replay.add_argument("--conf", default="", help="other pool options, as in VRAMPOOL_CONF (e.g. round_up_divisions:4)")
+    p_replay.add_argument("--json", action="store_true", help="print JSON (a list when several strategies run)")
     args = parser.parse_args(argv)
+    if args.command == "replay":
+        return replay_command(args)
     if args.command == "demo":
         return demo(args.seed, args.steps)
     if args.command == "plan":
@@ -97,6 +104,36 @@ def plan_command(args: argparse.Namespace) -> int:
         print(f"arena        {result.arena_bytes:,} B")
         print(f"lower bound  {result.lower_bound_bytes:,} B  (arena / bound = {gap:.4f}{', optimal' if result.optimal else ''})")
         print(f"algorithm    {result.algorithm}, {result.seconds:.3f} s")
+    return 0
+
+
+def replay_command(args: argparse.Namespace) -> int:
+    """`vrampool replay`: a table of what each strategy reserved beside the lower bound, or JSON."""
+    from vrampool.trace import replay
+
+    try:
+        result = replay(args.trace, strategy=args.strategy, conf=args.conf)
+    except (OSError, ValueError) as e:
+        print(f"vrampool replay: {args.trace}: {e}", file=sys.stderr)
+        return 1
+    reports = result if isinstance(result, list) else [result]
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    bound = reports[0]["lower_bound_bytes"]
+    print(f"{args.trace}: {reports[0]['events']:,} events, lower bound {_mib(bound)}\n")
+    header = (
+        f"{'strategy':<10} {'peak allocated':>16} {'peak reserved':>16} {'reserved/bound':>15} "
+        f"{'device allocs':>14} {'events/s':>14}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in reports:
+        ratio = r["peak_reserved_bytes"] / bound if bound else 1.0
+        print(
+            f"{r['strategy']:<10} {_mib(r['peak_allocated_bytes']):>16} {_mib(r['peak_reserved_bytes']):>16} "
+            f"{ratio:>15.3f} {r['device_allocs']:>14,} {r['events_per_s']:>14,.0f}"
+        )
     return 0
 
 

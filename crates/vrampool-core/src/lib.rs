@@ -23,6 +23,7 @@ mod expandable;
 mod live_table;
 pub mod magazine;
 mod pool;
+pub mod replay;
 pub mod sizes;
 pub mod stats;
 pub mod strategy;

@@ -5,6 +5,7 @@ mod c_abi;
 mod errors;
 mod plan;
 mod pool;
+mod replay;
 
 use pyo3::prelude::*;
 
@@ -14,6 +15,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     c_abi::register(m)?;
     plan::register(m)?;
+    replay::register(m)?;
     m.add_class::<pool::NativePool>()?;
     m.add_class::<pool::NativeBuffer>()?;
     Ok(())

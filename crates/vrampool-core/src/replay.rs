@@ -1,0 +1,426 @@
+//! Trace replay: feed a recorded sequence of allocations and frees through a pool on the
+//! address-only simulated device, and report what it reserved beside the lower bound.
+//!
+//! The trace format is the planner's CSV, `id,lower,upper,size`, with an optional `stream`
+//! column: one buffer a row, live on `[lower, upper)`, where the times are event indices or any
+//! monotone clock. [`events_from_buffers`] turns the rows into events: at each time, the frees of
+//! buffers whose `upper` is that time come before the allocations whose `lower` is that time, and
+//! ties are broken by id.
+//!
+//! ```
+//! use vrampool_core::replay::{events_from_buffers, replay, TraceBuffer};
+//! use vrampool_core::PoolConfig;
+//!
+//! let buffers = [TraceBuffer::new(0, 0, 2, 1 << 20), TraceBuffer::new(1, 1, 3, 1 << 20), TraceBuffer::new(2, 2, 4, 1 << 20)];
+//! let events = events_from_buffers(&buffers).unwrap();
+//! let report = replay(&events, PoolConfig::default()).unwrap();
+//! assert_eq!(report.lower_bound_bytes, 2 << 20);
+//! assert!(report.peak_reserved_bytes >= report.lower_bound_bytes);
+//! ```
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use thiserror::Error;
+
+use crate::device::{SimDevice, SimMode, StreamId};
+use crate::error::PoolError;
+use crate::strategy::StrategyKind;
+use crate::{Pool, PoolConfig};
+
+/// Capacity of the simulated device a replay runs on: large enough that no trace runs out.
+pub const REPLAY_CAPACITY: u64 = 1 << 50;
+
+/// Every strategy, in the order `--strategy all` replays them.
+pub const ALL_STRATEGIES: [StrategyKind; 4] =
+    [StrategyKind::Slab, StrategyKind::BestFit, StrategyKind::Buddy, StrategyKind::Hybrid];
+
+/// One buffer of a trace: `size` bytes live on `[lower, upper)`, used on `stream`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceBuffer {
+    pub id: u64,
+    pub lower: u64,
+    pub upper: u64,
+    pub size: u64,
+    pub stream: u64,
+}
+
+impl TraceBuffer {
+    /// A buffer on the default stream.
+    pub fn new(id: u64, lower: u64, upper: u64, size: u64) -> Self {
+        Self { id, lower, upper, size, stream: 0 }
+    }
+}
+
+/// One event of a trace, in the order it happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TraceEvent {
+    Alloc { id: u64, size: u64, stream: u64 },
+    Free { id: u64 },
+}
+
+/// What one strategy did with a trace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplayReport {
+    pub strategy: StrategyKind,
+    pub peak_reserved_bytes: u64,
+    pub peak_allocated_bytes: u64,
+    /// The most requested bytes live at once: no allocator can reserve less.
+    pub lower_bound_bytes: u64,
+    /// Allocations and frees replayed.
+    pub events: usize,
+    /// Time spent in the replay loop alone (not parsing, not setting up the pool).
+    pub seconds: f64,
+    pub events_per_s: f64,
+    /// Segments the pool asked the device for.
+    pub device_allocs: u64,
+}
+
+/// Why a trace could not be read or replayed. Bad input is an error, never a panic.
+#[derive(Debug, Error)]
+pub enum ReplayError {
+    /// The CSV text is malformed; `line` counts from 1 (the header).
+    #[error("line {line}: {message}")]
+    Parse { line: usize, message: String },
+    /// A buffer of the trace is not well formed.
+    #[error("buffer {id}: {message}")]
+    BadBuffer { id: u64, message: String },
+    #[error("event {index}: free of id {id}, which is not live")]
+    UnknownId { index: usize, id: u64 },
+    #[error("event {index}: id {id} allocated again while live")]
+    DuplicateId { index: usize, id: u64 },
+    #[error("event {index}: allocation of 0 bytes (id {id})")]
+    ZeroSize { index: usize, id: u64 },
+    /// The pool refused an event (or could not be made).
+    #[error("event {index}: {source}")]
+    Pool { index: usize, source: PoolError },
+}
+
+/// Reads the trace CSV: a header naming `id`, `lower`, `upper` and `size` (in any order), and
+/// optionally `stream` (and `offset`, ignored: a solved plan reads as a trace), then one buffer a
+/// row. Blank lines are skipped; spaces and `\r` are trimmed. Errors name the line.
+pub fn read_trace_csv(text: &str) -> Result<Vec<TraceBuffer>, ReplayError> {
+    let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1, l.trim())).filter(|(_, l)| !l.is_empty());
+    let parse_err = |line: usize, message: String| ReplayError::Parse { line, message };
+    let Some((header_line, header)) = lines.next() else {
+        return Err(parse_err(1, "empty trace: expected a header `id,lower,upper,size[,stream]`".into()));
+    };
+    // Column index of id, lower, upper, size, stream.
+    let mut index: [Option<usize>; 5] = [None; 5];
+    const NAMES: [&str; 5] = ["id", "lower", "upper", "size", "stream"];
+    let columns: Vec<&str> = header.split(',').map(str::trim).collect();
+    for (i, name) in columns.iter().enumerate() {
+        match NAMES.iter().position(|n| n == name) {
+            Some(k) if index[k].is_some() => {
+                return Err(parse_err(header_line, format!("column `{name}` appears twice in the header")))
+            }
+            Some(k) => index[k] = Some(i),
+            None if *name == "offset" => {}
+            None => {
+                return Err(parse_err(
+                    header_line,
+                    format!("unknown column `{name}` (expected id,lower,upper,size and optionally stream)"),
+                ))
+            }
+        }
+    }
+    if let Some(k) = (0..4).find(|&k| index[k].is_none()) {
+        return Err(parse_err(header_line, format!("the header `{header}` lacks the `{}` column", NAMES[k])));
+    }
+    let mut buffers = Vec::new();
+    let mut ids = std::collections::HashSet::new();
+    for (line, row) in lines {
+        let fields: Vec<&str> = row.split(',').map(str::trim).collect();
+        if fields.len() != columns.len() {
+            return Err(parse_err(line, format!("expected {} fields, found {}", columns.len(), fields.len())));
+        }
+        let mut values = [0u64; 5];
+        for k in 0..5 {
+            if let Some(i) = index[k] {
+                let text = fields[i];
+                values[k] = text
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|_| text.bytes().all(|c| c.is_ascii_digit()))
+                    .ok_or_else(|| parse_err(line, format!("{} `{text}` is not a non-negative integer", NAMES[k])))?;
+            }
+        }
+        let [id, lower, upper, size, stream] = values;
+        let buffer = TraceBuffer { id, lower, upper, size, stream };
+        check_buffer(&buffer).map_err(|message| parse_err(line, message))?;
+        if !ids.insert(id) {
+            return Err(parse_err(line, format!("id {id} appears twice")));
+        }
+        buffers.push(buffer);
+    }
+    Ok(buffers)
+}
+
+fn check_buffer(b: &TraceBuffer) -> Result<(), String> {
+    if b.upper <= b.lower {
+        return Err(format!("upper ({}) must exceed lower ({})", b.upper, b.lower));
+    }
+    if b.size == 0 {
+        return Err("size must be at least 1 byte".into());
+    }
+    Ok(())
+}
+
+/// The events of a set of buffers: at each time, frees (of the buffers whose `upper` it is)
+/// before allocations (of those whose `lower` it is), ties broken by id.
+pub fn events_from_buffers(buffers: &[TraceBuffer]) -> Result<Vec<TraceEvent>, ReplayError> {
+    let mut keyed = Vec::with_capacity(buffers.len() * 2);
+    for b in buffers {
+        check_buffer(b).map_err(|message| ReplayError::BadBuffer { id: b.id, message })?;
+        keyed.push(((b.lower, 1u8, b.id), TraceEvent::Alloc { id: b.id, size: b.size, stream: b.stream }));
+        keyed.push(((b.upper, 0u8, b.id), TraceEvent::Free { id: b.id }));
+    }
+    keyed.sort_unstable_by_key(|(key, _)| *key);
+    Ok(keyed.into_iter().map(|(_, e)| e).collect())
+}
+
+/// A trace checked and lowered for the replay loop: ids mapped to dense slots.
+struct Prepared {
+    /// `(slot, size, stream)`; a size of 0 is a free.
+    ops: Vec<(u32, u64, u64)>,
+    slots: usize,
+    lower_bound: u64,
+}
+
+fn prepare(events: &[TraceEvent]) -> Result<Prepared, ReplayError> {
+    let mut live: HashMap<u64, (u32, u64)> = HashMap::new();
+    let mut spare: Vec<u32> = Vec::new();
+    let mut slots = 0u32;
+    let (mut now, mut lower_bound) = (0u64, 0u64);
+    let mut ops = Vec::with_capacity(events.len());
+    for (index, event) in events.iter().enumerate() {
+        match *event {
+            TraceEvent::Alloc { id, size, stream } => {
+                if size == 0 {
+                    return Err(ReplayError::ZeroSize { index, id });
+                }
+                let slot = spare.pop().unwrap_or_else(|| {
+                    slots += 1;
+                    slots - 1
+                });
+                if live.insert(id, (slot, size)).is_some() {
+                    return Err(ReplayError::DuplicateId { index, id });
+                }
+                now += size;
+                lower_bound = lower_bound.max(now);
+                ops.push((slot, size, stream));
+            }
+            TraceEvent::Free { id } => {
+                let (slot, size) = live.remove(&id).ok_or(ReplayError::UnknownId { index, id })?;
+                now -= size;
+                spare.push(slot);
+                ops.push((slot, 0, 0));
+            }
+        }
+    }
+    Ok(Prepared { ops, slots: slots as usize, lower_bound })
+}
+
+/// Replays `events` through a new pool with `config` on an address-only simulated device of
+/// [`REPLAY_CAPACITY`] bytes. The trace is checked first (a free of an id that is not live, an id
+/// allocated twice, a zero-byte allocation are errors); events per second are measured over the
+/// replay loop alone.
+pub fn replay(events: &[TraceEvent], config: PoolConfig) -> Result<ReplayReport, ReplayError> {
+    let prepared = prepare(events)?;
+    replay_prepared(&prepared, config)
+}
+
+/// Replays `events` once per strategy of [`ALL_STRATEGIES`], each with `base` but its strategy.
+pub fn replay_all(events: &[TraceEvent], base: &PoolConfig) -> Result<Vec<ReplayReport>, ReplayError> {
+    let prepared = prepare(events)?;
+    ALL_STRATEGIES
+        .iter()
+        .map(|&strategy| replay_prepared(&prepared, PoolConfig { strategy, ..base.clone() }))
+        .collect()
+}
+
+fn replay_prepared(prepared: &Prepared, config: PoolConfig) -> Result<ReplayReport, ReplayError> {
+    let strategy = config.strategy;
+    let device = Arc::new(SimDevice::new(REPLAY_CAPACITY, SimMode::AddressOnly));
+    let pool = Pool::new(device, config).map_err(|source| ReplayError::Pool { index: 0, source })?;
+    let mut addrs = vec![0u64; prepared.slots];
+    let start = Instant::now();
+    for (index, &(slot, size, stream)) in prepared.ops.iter().enumerate() {
+        let result = if size > 0 {
+            pool.allocate(size, StreamId(stream)).map(|addr| addrs[slot as usize] = addr)
+        } else {
+            pool.free(addrs[slot as usize], None, None)
+        };
+        result.map_err(|source| ReplayError::Pool { index, source })?;
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let stats = pool.stats();
+    let events = prepared.ops.len();
+    Ok(ReplayReport {
+        strategy,
+        peak_reserved_bytes: stats.reserved_bytes.peak,
+        peak_allocated_bytes: stats.allocated_bytes.peak,
+        lower_bound_bytes: prepared.lower_bound,
+        events,
+        seconds,
+        events_per_s: if seconds > 0.0 { events as f64 / seconds } else { 0.0 },
+        device_allocs: stats.num_device_alloc,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sizes::MIB;
+
+    fn config(strategy: StrategyKind) -> PoolConfig {
+        PoolConfig { strategy, ..PoolConfig::default() }
+    }
+
+    #[test]
+    fn replay_frees_before_allocs_at_the_same_time() {
+        // 0 and 1 overlap on [1, 2); 2 starts when 0 ends, so at most two are live at once.
+        let buffers = [TraceBuffer::new(0, 0, 2, 4 * MIB), TraceBuffer::new(1, 1, 3, 2 * MIB), TraceBuffer::new(2, 2, 4, 4 * MIB)];
+        let events = events_from_buffers(&buffers).unwrap();
+        assert_eq!(
+            events,
+            vec![
+                TraceEvent::Alloc { id: 0, size: 4 * MIB, stream: 0 },
+                TraceEvent::Alloc { id: 1, size: 2 * MIB, stream: 0 },
+                TraceEvent::Free { id: 0 },
+                TraceEvent::Alloc { id: 2, size: 4 * MIB, stream: 0 },
+                TraceEvent::Free { id: 1 },
+                TraceEvent::Free { id: 2 },
+            ]
+        );
+    }
+
+    #[test]
+    fn replay_hand_made_trace_has_known_peaks() {
+        // Peak live: 4 + 2 MiB at time 1 and 2 + 4 MiB at time 2: 6 MiB.
+        let buffers = [TraceBuffer::new(0, 0, 2, 4 * MIB), TraceBuffer::new(1, 1, 3, 2 * MIB), TraceBuffer::new(2, 2, 4, 4 * MIB)];
+        let events = events_from_buffers(&buffers).unwrap();
+        for strategy in ALL_STRATEGIES {
+            let report = replay(&events, config(strategy)).unwrap();
+            assert_eq!(report.strategy, strategy);
+            assert_eq!(report.events, 6);
+            assert_eq!(report.lower_bound_bytes, 6 * MIB, "{strategy:?}");
+            // Sizes are multiples of every alignment, so no strategy pads them... except the
+            // buddy, which rounds to powers of two: 4 + 2 and 2 + 4 MiB stay exact there too.
+            assert_eq!(report.peak_allocated_bytes, 6 * MIB, "{strategy:?}");
+            assert!(report.peak_reserved_bytes >= report.lower_bound_bytes, "{report:?}");
+            assert!(report.device_allocs >= 1);
+            assert!(report.events_per_s > 0.0);
+        }
+    }
+
+    #[test]
+    fn replay_csv_reads_streams_and_names_bad_lines() {
+        let text = "id,lower,upper,size,stream\n0,0,2,4096,0\n\n1,1,3,8192,1\n";
+        let buffers = read_trace_csv(text).unwrap();
+        assert_eq!(buffers, vec![TraceBuffer::new(0, 0, 2, 4096), TraceBuffer { stream: 1, ..TraceBuffer::new(1, 1, 3, 8192) }]);
+        let report = replay(&events_from_buffers(&buffers).unwrap(), PoolConfig::default()).unwrap();
+        assert_eq!(report.lower_bound_bytes, 4096 + 8192);
+
+        // Reordered columns are fine; a solved plan's offset column is ignored.
+        let reordered = read_trace_csv("size,id,upper,lower,offset\n100,7,5,1,0\n").unwrap();
+        assert_eq!(reordered, vec![TraceBuffer::new(7, 1, 5, 100)]);
+
+        for (text, line) in [
+            ("", 1),
+            ("id,lower,size\n", 1),
+            ("id,lower,upper,size,colour\n", 1),
+            ("id,lower,upper,size\n0,0,2,10\n1,0,x,10\n", 3),
+            ("id,lower,upper,size\n0,0,2,-10\n", 2),
+            ("id,lower,upper,size\n0,0,2,10\n0,1,3,10\n", 3),
+            ("id,lower,upper,size\n0,2,2,10\n", 2),
+            ("id,lower,upper,size\n0,0,2,0\n", 2),
+            ("id,lower,upper,size\n0,0,2\n", 2),
+        ] {
+            match read_trace_csv(text) {
+                Err(ReplayError::Parse { line: got, message }) => assert_eq!(got, line, "{text:?}: {message}"),
+                other => panic!("{text:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn replay_bad_trace_is_an_error_not_a_panic() {
+        let free_unknown = [TraceEvent::Alloc { id: 1, size: 512, stream: 0 }, TraceEvent::Free { id: 2 }];
+        assert!(matches!(replay(&free_unknown, PoolConfig::default()), Err(ReplayError::UnknownId { index: 1, id: 2 })));
+        let double_free = [TraceEvent::Alloc { id: 1, size: 512, stream: 0 }, TraceEvent::Free { id: 1 }, TraceEvent::Free { id: 1 }];
+        assert!(matches!(replay(&double_free, PoolConfig::default()), Err(ReplayError::UnknownId { index: 2, id: 1 })));
+        let twice = [TraceEvent::Alloc { id: 1, size: 512, stream: 0 }, TraceEvent::Alloc { id: 1, size: 512, stream: 0 }];
+        assert!(matches!(replay(&twice, PoolConfig::default()), Err(ReplayError::DuplicateId { index: 1, id: 1 })));
+        let zero = [TraceEvent::Alloc { id: 1, size: 0, stream: 0 }];
+        assert!(matches!(replay(&zero, PoolConfig::default()), Err(ReplayError::ZeroSize { index: 0, id: 1 })));
+        let err = events_from_buffers(&[TraceBuffer::new(3, 5, 5, 10)]).unwrap_err();
+        assert!(matches!(err, ReplayError::BadBuffer { id: 3, .. }), "{err}");
+        // An id may live again once freed (traces keyed by address do this).
+        let reused = [
+            TraceEvent::Alloc { id: 1, size: 512, stream: 0 },
+            TraceEvent::Free { id: 1 },
+            TraceEvent::Alloc { id: 1, size: 1024, stream: 0 },
+            TraceEvent::Free { id: 1 },
+        ];
+        assert_eq!(replay(&reused, PoolConfig::default()).unwrap().lower_bound_bytes, 1024);
+    }
+
+    fn shared_traces() -> Vec<(String, Vec<TraceEvent>)> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces/static");
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            eprintln!("skipping: no shared traces at {}", dir.display());
+            return Vec::new();
+        };
+        let mut paths: Vec<_> = entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "csv")).collect();
+        paths.sort();
+        paths
+            .into_iter()
+            .map(|path| {
+                let text = std::fs::read_to_string(&path).unwrap();
+                let buffers = read_trace_csv(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                (path.file_name().unwrap().to_string_lossy().into_owned(), events_from_buffers(&buffers).unwrap())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn replay_shared_instances_with_every_strategy() {
+        for (name, events) in shared_traces() {
+            for report in replay_all(&events, &PoolConfig::default()).unwrap() {
+                assert_eq!(report.events, events.len());
+                assert!(report.lower_bound_bytes > 0);
+                assert!(report.peak_reserved_bytes >= report.lower_bound_bytes, "{name}: {report:?}");
+                assert!(report.peak_reserved_bytes >= report.peak_allocated_bytes, "{name}: {report:?}");
+                eprintln!(
+                    "{name:<32} {:<8} reserved/bound {:.3}  {:>12.0} events/s",
+                    report.strategy.name(),
+                    report.peak_reserved_bytes as f64 / report.lower_bound_bytes as f64,
+                    report.events_per_s
+                );
+            }
+        }
+    }
+
+    /// `cargo test --release -p vrampool-core replay_throughput -- --ignored --nocapture`
+    #[test]
+    #[ignore = "a measurement: run in release"]
+    fn replay_throughput() {
+        let Some((_, events)) = shared_traces().into_iter().find(|(n, _)| n == "somas-resnet50.csv") else {
+            return;
+        };
+        // Repeat the trace so the loop runs long enough to time.
+        let mut long = Vec::new();
+        for round in 0..500u64 {
+            long.extend(events.iter().map(|e| match *e {
+                TraceEvent::Alloc { id, size, stream } => TraceEvent::Alloc { id: id + round * 1_000_000, size, stream },
+                TraceEvent::Free { id } => TraceEvent::Free { id: id + round * 1_000_000 },
+            }));
+        }
+        for strategy in ALL_STRATEGIES {
+            let best = (0..3).map(|_| replay(&long, config(strategy)).unwrap().events_per_s).fold(0.0, f64::max);
+            eprintln!("{:<8} {:>6.2} M events/s over {} events", strategy.name(), best / 1e6, long.len());
+        }
+    }
+}
