@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 import threading
+import traceback
 from typing import Any, Dict, List, Optional, Union
 
 from vrampool._native import InvalidFreeError, NativeBuffer, NativePool, PoolClosedError, WrongDeviceError
@@ -31,6 +33,7 @@ DeviceBuffer = NativeBuffer
 _STRATEGIES = ("hybrid", "slab", "best_fit", "buddy")
 _SIZE_KEYS = ("small_max", "large_min", "alignment")
 _DEFAULT_SIM_CAPACITY = 16 << 30
+_SCRUB_MODES = ("off", "on_free", "on_alloc")
 
 
 def _check_size(name: str, value: Any) -> int:
@@ -60,7 +63,11 @@ def _conf_text(strategy: str, options: Dict[str, Any]) -> str:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"round_up_divisions must be a non-negative int, got {value!r}")
             parts.append(f"round_up_divisions:{value}")
-        elif key in ("record_events", "expandable"):
+        elif key == "scrub":
+            if value not in _SCRUB_MODES:
+                raise ValueError(f"scrub must be one of {', '.join(_SCRUB_MODES)}, got {value!r}")
+            parts.append(f"scrub:{value}")
+        elif key in ("record_events", "expandable", "track_leaks"):
             if not isinstance(value, bool):
                 raise TypeError(f"{key} must be a bool, not {type(value).__name__}")
             parts.append(f"{key}:{value}")
@@ -77,6 +84,12 @@ class DevicePool:
     Thread-safe; the GIL is released inside the Rust calls. Streams may be given as anything
     :func:`vrampool.streams.stream_handle` takes (an int handle, a ``CUstream``, an object with
     ``__cuda_stream__``, a ``torch.cuda.Stream``).
+
+    ``scrub`` zero-fills memory so that one user's data never reaches the next (shared GPUs):
+    ``"on_free"`` fills each block when it is freed (before any reuse), ``"on_alloc"`` just
+    before it is handed out; ``"off"`` (the default) fills nothing. ``track_leaks`` records when
+    (and from which Python stack, for blocks from :meth:`allocate`) each live block was
+    allocated, for :meth:`leak_report`; off by default, so allocation pays nothing for it.
 
     >>> with DevicePool("sim", capacity=1 << 30, strategy="best_fit") as pool:
     ...     buf = pool.allocate(1 << 20)
@@ -99,6 +112,8 @@ class DevicePool:
         limit: Optional[Union[int, float]] = None,
         record_events: bool = False,
         expandable: Optional[bool] = None,
+        scrub: str = "off",
+        track_leaks: bool = False,
     ) -> None:
         conf = _conf_text(
             strategy,
@@ -110,8 +125,15 @@ class DevicePool:
                 "limit": limit,
                 "record_events": record_events or None,
                 "expandable": expandable,
+                "scrub": None if scrub == "off" else scrub,
+                "track_leaks": track_leaks or None,
             },
         )
+        # ptr -> the Python stack that allocated it (track_leaks only). Entries of blocks freed
+        # without `deallocate` (buffer.free(), collection) are dropped in batches.
+        self._stacks: Optional[Dict[int, traceback.StackSummary]] = {} if track_leaks else None
+        self._stacks_lock = threading.Lock()
+        self._stacks_prune_at = 1024
         if device == "sim":
             cap = _DEFAULT_SIM_CAPACITY if capacity is None else _check_size("capacity", capacity)
             if ordinal is not None and (isinstance(ordinal, bool) or not isinstance(ordinal, int) or not 0 <= ordinal < 1 << 31):
@@ -135,7 +157,21 @@ class DevicePool:
         >>> (buf.size, buf.stream, buf.ptr % 512)
         (4096, 7, 0)
         """
-        return self._native.allocate(_check_size("nbytes", nbytes), stream_handle(stream))
+        buf = self._native.allocate(_check_size("nbytes", nbytes), stream_handle(stream))
+        if self._stacks is not None:
+            self._remember_stack(buf.ptr, traceback.extract_stack(sys._getframe(1)))
+        return buf
+
+    def _remember_stack(self, ptr: int, stack: traceback.StackSummary) -> None:
+        stacks = self._stacks
+        assert stacks is not None
+        with self._stacks_lock:
+            stacks[ptr] = stack
+            if len(stacks) > self._stacks_prune_at:
+                live = {block[0] for block in self._native.live_blocks()}
+                for p in [p for p in stacks if p not in live]:
+                    del stacks[p]
+                self._stacks_prune_at = max(1024, 2 * len(stacks))
 
     def deallocate(self, buffer: DeviceBuffer, stream: Any = None) -> None:
         """Frees ``buffer``. ``stream``, when given, is the stream that used it last: its memory
@@ -158,6 +194,9 @@ class DevicePool:
         if buffer.freed:
             raise InvalidFreeError(f"{buffer!r} was already freed")
         buffer.free(None if stream is None else stream_handle(stream))
+        if self._stacks is not None:
+            with self._stacks_lock:
+                self._stacks.pop(buffer.ptr, None)
 
     def record_stream(self, buffer: DeviceBuffer, stream: Any) -> None:
         """Marks ``buffer`` as used on ``stream`` too (``Tensor.record_stream``): once freed, its
@@ -237,18 +276,45 @@ class DevicePool:
 
     empty_cache = trim
 
-    def close(self) -> List[Dict[str, int]]:
-        """Closes the pool; returns the blocks still live (leaks). Later calls raise
-        ``PoolClosedError``.
+    def leak_report(self) -> List[Dict[str, Any]]:
+        """The blocks still live, by address: dicts with ``ptr``, ``size`` (the block's),
+        ``requested``, ``stream``, ``age_s`` (seconds since allocation) and ``stack`` (the
+        :class:`traceback.StackSummary` of the :meth:`allocate` call; ``"".join(stack.format())``
+        prints it). ``age_s`` and ``stack`` are None unless the pool was made with
+        ``track_leaks=True``.
+
+        >>> pool = DevicePool("sim", capacity=1 << 30, track_leaks=True)
+        >>> leak = pool.allocate(10)
+        >>> [(b["requested"], b["age_s"] >= 0, b["stack"][-1].name) for b in pool.leak_report()]
+        [(10, True, '<module>')]
+        """
+        return self._report(self._native.live_blocks())
+
+    def close(self) -> List[Dict[str, Any]]:
+        """Closes the pool; returns the blocks still live (leaks), as :meth:`leak_report` does.
+        Later calls raise ``PoolClosedError``.
 
         >>> pool = DevicePool("sim", capacity=1 << 30)
         >>> leak = pool.allocate(10)
         >>> [b["requested"] for b in pool.close()]
         [10]
         """
-        return [
-            {"ptr": p, "size": s, "requested": r, "stream": st} for p, s, r, st in self._native.close()
-        ]
+        return self._report(self._native.close())
+
+    def _report(self, blocks: List[Any]) -> List[Dict[str, Any]]:
+        stacks = self._stacks if self._stacks is not None else {}
+        with self._stacks_lock:
+            return [
+                {
+                    "ptr": p,
+                    "size": s,
+                    "requested": r,
+                    "stream": st,
+                    "age_s": None if age is None else age / 1e9,
+                    "stack": stacks.get(p),
+                }
+                for p, s, r, st, age in blocks
+            ]
 
     @property
     def closed(self) -> bool:

@@ -5,6 +5,38 @@ use crate::error::PoolError;
 use crate::sizes::{GIB, KIB, MIB, MIN_BLOCK};
 use crate::strategy::StrategyKind;
 
+/// Zero-filling of blocks, so that one user's data never reaches the next (shared GPUs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Scrub {
+    /// No zero-filling (the default): a reused block holds what its last user left there.
+    #[default]
+    Off,
+    /// Zero-fills a block when it is freed, before it can be handed out again (deferred frees
+    /// when they complete). Memory of a fresh segment is not filled: the device hands it out.
+    OnFree,
+    /// Zero-fills a block just before it is handed out (fast path too).
+    OnAlloc,
+}
+
+impl Scrub {
+    pub fn parse(text: &str) -> Option<Self> {
+        match text.to_ascii_lowercase().replace('-', "_").as_str() {
+            "off" | "none" | "false" | "0" => Some(Self::Off),
+            "on_free" => Some(Self::OnFree),
+            "on_alloc" => Some(Self::OnAlloc),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::OnFree => "on_free",
+            Self::OnAlloc => "on_alloc",
+        }
+    }
+}
+
 /// A cap on the memory a pool may reserve.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Limit {
@@ -34,6 +66,11 @@ pub struct PoolConfig {
     /// `expandable_segments`). Takes effect only where the device supports virtual-memory
     /// growth; elsewhere the tier uses plain segments.
     pub expandable: bool,
+    /// Zero-fill blocks on free or on allocation (off by default).
+    pub scrub: Scrub,
+    /// Record each live block's allocation time, for the ages in leak reports (`live_blocks`).
+    /// Off by default, so the fast path reads no clock.
+    pub track_leaks: bool,
 }
 
 impl Default for PoolConfig {
@@ -47,6 +84,8 @@ impl Default for PoolConfig {
             limit: None,
             record_events: false,
             expandable: true,
+            scrub: Scrub::Off,
+            track_leaks: false,
         }
     }
 }
@@ -75,7 +114,8 @@ impl PoolConfig {
 
     /// Applies `key:value` pairs separated by commas over this configuration. Keys: `strategy`,
     /// `small_max`, `large_min`, `alignment`, `round_up_divisions`, `limit` (bytes with an optional
-    /// unit, or a fraction <= 1), `record_events`, `expandable` (or `expandable_segments`).
+    /// unit, or a fraction <= 1), `record_events`, `expandable` (or `expandable_segments`),
+    /// `scrub` (`off`, `on_free`, `on_alloc`), `track_leaks`.
     /// Unknown keys are errors, so typos don't pass silently; keys other layers own (e.g.
     /// `device`) are returned for them.
     pub fn apply_text(&mut self, text: &str) -> Result<Vec<(String, String)>, PoolError> {
@@ -103,6 +143,11 @@ impl PoolConfig {
                 "limit" => self.limit = Some(parse_limit(value)?),
                 "record_events" => self.record_events = parse_bool(value)?,
                 "expandable" | "expandable_segments" => self.expandable = parse_bool(value)?,
+                "scrub" => {
+                    self.scrub = Scrub::parse(value)
+                        .ok_or_else(|| PoolError::InvalidConfig(format!("unknown scrub mode `{value}` (off, on_free, on_alloc)")))?
+                }
+                "track_leaks" => self.track_leaks = parse_bool(value)?,
                 _ => others.push((key.to_string(), value.to_string())),
             }
         }
@@ -169,11 +214,20 @@ mod tests {
         assert_eq!(config.limit, Some(Limit::Fraction(0.5)));
         assert!(config.record_events);
         assert_eq!(others, vec![("device".to_string(), "sim".to_string())]);
+        assert_eq!(config.scrub, Scrub::Off, "scrubbing is off by default");
+        assert!(!config.track_leaks, "leak tracking is off by default");
+        config.apply_text("scrub:on_free,track_leaks:true").unwrap();
+        assert_eq!(config.scrub, Scrub::OnFree);
+        assert!(config.track_leaks);
+        config.apply_text("scrub:on-alloc").unwrap();
+        assert_eq!(config.scrub, Scrub::OnAlloc);
+        config.apply_text("scrub:off").unwrap();
+        assert_eq!(config.scrub, Scrub::Off);
     }
 
     #[test]
     fn bad_text_is_a_clear_error() {
-        for text in ["expandable:maybe", "strategy:fastest", "small_max:lots", "limit:-3", "alignment:1000", "small_max", "limit:1.5x"] {
+        for text in ["expandable:maybe", "strategy:fastest", "small_max:lots", "limit:-3", "alignment:1000", "small_max", "limit:1.5x", "scrub:sometimes", "track_leaks:maybe"] {
             let err = PoolConfig::default().apply_text(text).unwrap_err();
             assert!(matches!(err, PoolError::InvalidConfig(_)), "{text}: {err}");
         }

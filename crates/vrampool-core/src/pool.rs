@@ -8,12 +8,13 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
+use std::time::Instant;
 
 use foldhash::fast::FixedState;
 use parking_lot::Mutex;
 
 use crate::arena::Arena;
-use crate::config::{Limit, PoolConfig};
+use crate::config::{Limit, PoolConfig, Scrub};
 use crate::device::{Device, EventId, StreamId};
 use crate::live_table::{BlockMeta, LiveTable, Removal};
 use crate::error::{DeviceError, InvalidFreeReason, OomReport, PoolError, Result};
@@ -46,6 +47,8 @@ pub struct LiveBlockInfo {
     pub size: u64,
     pub requested: u64,
     pub stream: StreamId,
+    /// Nanoseconds since the block was handed out; None unless `PoolConfig::track_leaks` is on.
+    pub age_ns: Option<u64>,
 }
 
 /// What a block in a snapshot is doing.
@@ -105,6 +108,9 @@ pub struct PoolCore {
     counters: Counters,
     closed: AtomicBool,
     log: Option<EventLog>,
+    /// Allocation times of live blocks (ns since `started`), when `track_leaks` is on.
+    births: Option<FastMap<u64, u64>>,
+    started: Instant,
 }
 
 impl Pool {
@@ -116,6 +122,7 @@ impl Pool {
         let default_arena = new_arena(&config, StreamId(0));
         let vm = Expandable::new(&config, device.as_ref(), device_total);
         let log = config.record_events.then(EventLog::new);
+        let births = config.track_leaks.then(FastMap::default);
         let core = Arc::new_cyclic(|this: &Weak<PoolCore>| PoolCore {
             id: NEXT_ID.fetch_add(1, Relaxed),
             flush_epoch: AtomicU64::new(0),
@@ -137,6 +144,8 @@ impl Pool {
             counters: Counters::default(),
             closed: AtomicBool::new(false),
             log,
+            births,
+            started: Instant::now(),
         });
         Ok(Pool(core))
     }
@@ -195,8 +204,17 @@ impl PoolCore {
         Ok(())
     }
 
-    /// Allocates at least `size` bytes for use on `stream`; returns the block's address.
+    /// Allocates at least `size` bytes for use on `stream`; returns the block's address. With
+    /// `scrub: on_alloc`, the whole block is zero-filled (on `stream`) before it is returned.
     pub fn allocate(&self, size: u64, stream: StreamId) -> Result<u64> {
+        let addr = self.allocate_block(size, stream)?;
+        if self.config.scrub == Scrub::OnAlloc {
+            self.scrub_new_block(addr)?;
+        }
+        Ok(addr)
+    }
+
+    fn allocate_block(&self, size: u64, stream: StreamId) -> Result<u64> {
         self.ensure_open()?;
         let rounded = self.round_request(size)?;
         self.complete_deferred_frees();
@@ -242,6 +260,10 @@ impl PoolCore {
                 Err((_, block)) => return Err(wrong_size(block)),
             },
         };
+        // Forgotten before the block can be reused, so a new birth at this address stays.
+        if let Some(births) = &self.births {
+            births.pin().remove(&addr);
+        }
         let owner = StreamId(block.stream);
         self.log(EventKind::Free, addr, block.size, stream.unwrap_or(owner));
 
@@ -326,14 +348,19 @@ impl PoolCore {
         out
     }
 
-    /// Every live block (for leak reports).
+    /// Every live block (for leak reports), by address; with its age when `track_leaks` is on.
     pub fn live_blocks(&self) -> Vec<LiveBlockInfo> {
         let overflow = self.overflow.pin();
+        let births = self.births.as_ref().map(|b| b.pin());
+        let now = self.now_ns();
         let mut blocks: Vec<_> = self
             .live
             .iter()
             .chain(overflow.iter().map(|(&addr, &b)| (addr, b)))
-            .map(|(addr, b)| LiveBlockInfo { addr, size: b.size, requested: b.requested, stream: StreamId(b.stream) })
+            .map(|(addr, b)| {
+                let age_ns = births.as_ref().and_then(|m| m.get(&addr).map(|&born| now.saturating_sub(born)));
+                LiveBlockInfo { addr, size: b.size, requested: b.requested, stream: StreamId(b.stream), age_ns }
+            })
             .collect();
         blocks.sort_by_key(|b| b.addr);
         blocks
@@ -624,9 +651,13 @@ impl PoolCore {
         self.record_live(addr, block)
     }
 
-    /// Enters a handed-out block in the live table (or its overflow map) and the event log.
+    /// Enters a handed-out block in the live table (or its overflow map), the event log, and
+    /// (when leaks are tracked) the birth times.
     fn record_live(&self, addr: u64, block: LiveBlock) -> u64 {
         self.log(EventKind::Alloc, addr, block.size, StreamId(block.stream));
+        if let Some(births) = &self.births {
+            births.pin().insert(addr, self.now_ns());
+        }
         if !self.live.insert(addr, block) {
             self.overflow.pin().insert(addr, block);
         }
@@ -636,6 +667,8 @@ impl PoolCore {
     /// Makes a freed block reusable on its own stream: into this thread's cache, a magazine, or
     /// back to its strategy. `just_freed` counts the free itself too (else `free` counted it when
     /// it deferred the block).
+    /// With `scrub: on_free` the block is zero-filled first; one the device fails to fill is
+    /// never handed out again (it stays taken in its strategy until the pool is dropped).
     fn give_back(&self, addr: u64, block: LiveBlock, just_freed: bool) {
         let counts = [
             (Fast::ActiveOut, block.size),
@@ -643,6 +676,10 @@ impl PoolCore {
             (Fast::RequestedOut, block.requested * u64::from(just_freed)),
             (Fast::BlocksOut, u64::from(just_freed)),
         ];
+        if self.config.scrub == Scrub::OnFree && self.device.fill_zero(addr, block.size, StreamId(block.stream)).is_err() {
+            self.count(&counts, 0);
+            return;
+        }
         let class = self.cache_class(block.size);
         let cached = self.with_thread_cache(|c| {
             counts.iter().for_each(|&(which, n)| c.bump(which, n));
@@ -819,7 +856,23 @@ impl PoolCore {
         }
     }
 
+    /// Zero-fills a block just handed out (`scrub: on_alloc`); when the device fails to, the
+    /// block is freed again and the error returned.
+    #[cold]
+    fn scrub_new_block(&self, addr: u64) -> Result<()> {
+        let Some(block) = self.live_block(addr) else { return Ok(()) };
+        if let Err(e) = self.device.fill_zero(addr, block.size, StreamId(block.stream)) {
+            let _ = self.free(addr, None, None);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
     // ---- small helpers ----
+
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
 
     fn ensure_open(&self) -> Result<()> {
         match self.closed.load(Relaxed) {

@@ -121,14 +121,21 @@ impl NativePool {
         Ok(list)
     }
 
-    /// Live blocks as (addr, size, requested, stream) tuples.
-    fn live_blocks(&self) -> Vec<(u64, u64, u64, u64)> {
-        self.shared.pool.live_blocks().iter().map(|b| (b.addr, b.size, b.requested, b.stream.0)).collect()
+    /// Live blocks as (addr, size, requested, stream, age_ns) tuples; `age_ns` (nanoseconds
+    /// since the allocation) is None unless the pool tracks leaks (`track_leaks:true`).
+    fn live_blocks(&self) -> Vec<LiveTuple> {
+        self.shared.pool.live_blocks().iter().map(live_tuple).collect()
     }
 
     /// Closes the pool; returns the blocks still live, as `live_blocks` does.
-    fn close(&self) -> Vec<(u64, u64, u64, u64)> {
-        self.shared.pool.close().iter().map(|b| (b.addr, b.size, b.requested, b.stream.0)).collect()
+    fn close(&self) -> Vec<LiveTuple> {
+        self.shared.pool.close().iter().map(live_tuple).collect()
+    }
+
+    /// Whether the pool records allocation times for leak reports (`track_leaks`).
+    #[getter]
+    fn track_leaks(&self) -> bool {
+        self.shared.pool.config().track_leaks
     }
 
     #[getter]
@@ -201,6 +208,13 @@ impl NativePool {
         }
         Ok(d)
     }
+}
+
+/// (addr, size, requested, stream, age_ns) of a live block.
+type LiveTuple = (u64, u64, u64, u64, Option<u64>);
+
+fn live_tuple(b: &vrampool_core::LiveBlockInfo) -> LiveTuple {
+    (b.addr, b.size, b.requested, b.stream.0, b.age_ns)
 }
 
 /// A configuration from its text form; keys the core does not know are errors here.
