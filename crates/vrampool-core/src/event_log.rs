@@ -30,6 +30,12 @@ pub struct EventLog {
     events: Mutex<Vec<LogEvent>>,
 }
 
+impl Default for EventLog {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl EventLog {
     pub fn new() -> Self {
         Self { start: Instant::now(), events: Mutex::default() }

@@ -479,7 +479,7 @@ impl PoolCore {
             // The cheapest hole to map again, in any range.
             let mut hole: Option<(usize, Segment)> = None;
             for (i, h) in plans.iter().enumerate().filter_map(|(i, p)| Some((i, p.as_ref()?.hole?))) {
-                if hole.map_or(true, |(_, best)| h.size < best.size) {
+                if hole.is_none_or(|(_, best)| h.size < best.size) {
                     hole = Some((i, h));
                 }
             }
@@ -496,7 +496,7 @@ impl PoolCore {
                 fits.then_some((i, Segment { base: r.base + r.extent, size: grow }))
             });
             let (i, range, into_hole) = match (hole, at_end) {
-                (Some((i, h)), end) if end.map_or(true, |(_, e)| h.size <= e.size) => (i, h, true),
+                (Some((i, h)), end) if end.is_none_or(|(_, e)| h.size <= e.size) => (i, h, true),
                 (_, Some((i, end))) => (i, end, false),
                 (_, None) => {
                     // The newest range is full (or there is none): reserve a larger one.

@@ -489,7 +489,7 @@ mod random {
                     Op::Alloc { size, stream } => match pool.allocate(size, StreamId(stream)) {
                         Ok(addr) => {
                             let end = addr + size;
-                            prop_assert!(live.range(..end).next_back().map_or(true, |(&a, &s)| a + s <= addr), "overlap");
+                            prop_assert!(live.range(..end).next_back().is_none_or(|(&a, &s)| a + s <= addr), "overlap");
                             prop_assert!(live.insert(addr, size).is_none());
                         }
                         Err(PoolError::OutOfMemory(_)) | Err(PoolError::Device(DeviceError::InjectedFault("map"))) => {}

@@ -50,7 +50,7 @@ fn place_in_order(inst: &Instance, order: &[u32]) -> Vec<u64> {
         for &(start, end) in &spans {
             if start > top {
                 let gap = start - top;
-                if gap >= size && best.map_or(true, |(best_gap, _)| gap < best_gap) {
+                if gap >= size && best.is_none_or(|(best_gap, _)| gap < best_gap) {
                     best = Some((gap, top));
                 }
             }

@@ -543,7 +543,7 @@ impl Strategy for BestFit {
                 options[1] = Some(Segment { base: addr + hole - n, size: n });
             }
             for option in options.into_iter().flatten() {
-                if best.map_or(true, |b| option.size < b.size) {
+                if best.is_none_or(|b| option.size < b.size) {
                     best = Some(option);
                 }
             }
@@ -555,7 +555,7 @@ impl Strategy for BestFit {
         let Segment { base: addr, size } = range;
         let Some((&hole_addr, &h)) = self.holes.range(..=addr).next_back() else { return false };
         let hole_end = hole_addr + self.node(h).size;
-        if size == 0 || size % MIN_BLOCK != 0 || addr.checked_add(size).map_or(true, |end| end > hole_end) {
+        if size == 0 || size % MIN_BLOCK != 0 || addr.checked_add(size).is_none_or(|end| end > hole_end) {
             return false;
         }
         let end = addr + size;

@@ -425,7 +425,7 @@ impl BitTree {
     }
 
     fn is_empty(&self) -> bool {
-        self.levels.last().map_or(true, |top| top[0] == 0)
+        self.levels.last().is_none_or(|top| top[0] == 0)
     }
 
     fn contains(&self, i: usize) -> bool {

@@ -109,7 +109,7 @@ impl PartResult {
 fn search_parts(inst: &Instance, seed: Option<&[u64]>, target: u64, deadline: Instant) -> (Vec<PartResult>, u64) {
     let part_arena =
         |part: &[u32], plan: &[u64]| part.iter().map(|&i| plan[i as usize] + inst.size[i as usize]).max().unwrap_or(0);
-    let needy = |part: &[u32]| seed.map_or(true, |s| part_arena(part, s) > target);
+    let needy = |part: &[u32]| seed.is_none_or(|s| part_arena(part, s) > target);
     // Small parts first: they are usually solved at once, and the time they leave goes to the large ones.
     let mut parts = component::split(inst);
     parts.sort_by_key(|p| p.len());
