@@ -337,55 +337,46 @@ def test_buffer_attributes_and_repr() -> None:
 # ---- freed exactly once ----
 
 
-def test_finalizers_free_exactly_once_under_many_threads() -> None:
+def test_finalizers_free_exactly_once_under_many_threads(run_in_threads) -> None:
     pool = DevicePool("sim", capacity=4 << 30)
     handoff: List[Any] = []
     lock = threading.Lock()
-    errors: List[BaseException] = []
     iterations = 400
 
     def work(seed: int) -> None:
         rng = random.Random(seed)
-        try:
-            for _ in range(iterations):
-                buf = pool.allocate(rng.choice([64, 3000, 100_000, 3 * MIB]))
-                way = rng.randrange(6)
-                if way == 0:
-                    buf.close()
-                elif way == 1:
-                    arr = np.from_dlpack(buf)
-                    buf.close()
-                    arr[:1] = seed  # still valid: the free waits for arr
-                    del arr
-                elif way == 2:
-                    with buf:
-                        np.from_dlpack(buf)[-1:] = seed
-                elif way == 3:
+        for _ in range(iterations):
+            buf = pool.allocate(rng.choice([64, 3000, 100_000, 3 * MIB]))
+            way = rng.randrange(6)
+            if way == 0:
+                buf.close()
+            elif way == 1:
+                arr = np.from_dlpack(buf)
+                buf.close()
+                arr[:1] = seed  # still valid: the free waits for arr
+                del arr
+            elif way == 2:
+                with buf:
+                    np.from_dlpack(buf)[-1:] = seed
+            elif way == 3:
+                with lock:
+                    handoff.append(buf)  # another thread frees it, or nobody
+                if rng.random() < 0.5:
                     with lock:
-                        handoff.append(buf)  # another thread frees it, or nobody
-                    if rng.random() < 0.5:
-                        with lock:
-                            other = handoff.pop(0) if handoff else None
-                        if other is not None:
-                            other.close() if rng.random() < 0.5 else np.from_dlpack(other)
-                elif way == 4:
+                        other = handoff.pop(0) if handoff else None
+                    if other is not None:
+                        other.close() if rng.random() < 0.5 else np.from_dlpack(other)
+            elif way == 4:
+                pool.deallocate(buf)
+                try:
                     pool.deallocate(buf)
-                    try:
-                        pool.deallocate(buf)
-                    except vrampool.InvalidFreeError:
-                        pass
-                    else:
-                        raise AssertionError("a double free went through")
-                del buf  # way 5: collected
-        except BaseException as e:  # pragma: no cover - reported below
-            errors.append(e)
+                except vrampool.InvalidFreeError:
+                    pass
+                else:
+                    raise AssertionError("a double free went through")
+            del buf  # way 5: collected
 
-    threads = [threading.Thread(target=work, args=(s,)) for s in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    run_in_threads(work, 8)
     handoff.clear()
     gc.collect()
     assert counts(pool) == {"current": 0, "allocated": 8 * iterations, "freed": 8 * iterations}

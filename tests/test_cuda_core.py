@@ -172,27 +172,15 @@ def test_the_default_pool_is_the_shared_one() -> None:
         PoolMemoryResource("sim")  # type: ignore[arg-type]
 
 
-def test_threads_share_a_resource(mr: PoolMemoryResource, pool: DevicePool) -> None:
-    import threading
-
-    errors = []
-
+def test_threads_share_a_resource(mr: PoolMemoryResource, pool: DevicePool, run_in_threads) -> None:
     def work(seed: int) -> None:
-        try:
-            for i in range(200):
-                buf = mr.allocate(512 + (seed * 131 + i * 977) % 70_000)
-                ctypes.memset(int(buf.handle), seed, 8)
-                if i % 2:
-                    buf.close()
-        except BaseException as e:  # pragma: no cover - reported below
-            errors.append(e)
+        for i in range(200):
+            buf = mr.allocate(512 + (seed * 131 + i * 977) % 70_000)
+            ctypes.memset(int(buf.handle), seed, 8)
+            if i % 2:
+                buf.close()
 
-    threads = [threading.Thread(target=work, args=(s,)) for s in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    run_in_threads(work, 6)
     gc.collect()
     assert current(pool) == 0 and mr.live_blocks == 0
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import threading
 
 import pytest
 
@@ -131,26 +130,17 @@ def test_streams_keep_blocks_apart() -> None:
     assert c.ptr == ptr
 
 
-def test_many_threads_free_exactly_once() -> None:
+def test_many_threads_free_exactly_once(run_in_threads) -> None:
     pool = DevicePool("sim", capacity=4 << 30)
-    errors: list[BaseException] = []
 
     def work(seed: int) -> None:
-        try:
-            for i in range(2000):
-                buf = pool.allocate(512 + (seed * 7919 + i * 104729) % (2 * MIB))
-                ctypes.memset(buf.ptr, seed, min(buf.size, 64))
-                if i % 3:
-                    pool.deallocate(buf)
-        except BaseException as e:  # pragma: no cover - reported below
-            errors.append(e)
+        for i in range(2000):
+            buf = pool.allocate(512 + (seed * 7919 + i * 104729) % (2 * MIB))
+            ctypes.memset(buf.ptr, seed, min(buf.size, 64))
+            if i % 3:
+                pool.deallocate(buf)
 
-    threads = [threading.Thread(target=work, args=(s,)) for s in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    run_in_threads(work, 8)
     gc.collect()
     stats = pool.stats()
     assert stats["allocation.all.current"] == 0
