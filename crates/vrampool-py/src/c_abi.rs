@@ -38,7 +38,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use vrampool_core::config::parse_bytes;
 use vrampool_core::stats::CounterValues;
-use vrampool_core::{BlockState, Device, Limit, OomReport, Pool, PoolConfig, PoolError, SimDevice, SimMode, Stats, StreamId};
+use vrampool_core::{Device, Limit, OomReport, Pool, PoolConfig, PoolError, SimDevice, SimMode, Stats, StreamId};
+
+use crate::pool::{segment_dict, stats_dict};
 
 /// Device ordinals served: PyTorch's `DeviceIndex` is an `int8_t`.
 const MAX_DEVICES: usize = 128;
@@ -973,18 +975,6 @@ fn last_oom(py: Python<'_>) -> PyResult<Option<Bound<'_, PyDict>>> {
     Ok(Some(d))
 }
 
-fn stats_dict<'py>(py: Python<'py>, stats: &Stats) -> PyResult<Bound<'py, PyDict>> {
-    let dict = PyDict::new(py);
-    for (key, value) in stats.to_pairs() {
-        if value.fract() == 0.0 && key != "fragmentation" && key != "reserved_per_allocated" {
-            dict.set_item(key, value as u64)?;
-        } else {
-            dict.set_item(key, value)?;
-        }
-    }
-    Ok(dict)
-}
-
 /// `device`'s figures under PyTorch's key names (main and private pools together); zeros where
 /// the device has no pool yet.
 #[pyfunction]
@@ -1016,29 +1006,9 @@ fn abi_snapshot(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
     for entry in all_entries() {
         for (id, pool) in entry.all_pools() {
             for seg in pool.snapshot() {
-                let blocks = PyList::empty(py);
-                for (addr, size, state) in seg.blocks {
-                    let (name, requested) = match state {
-                        BlockState::Active { requested } => ("active", requested),
-                        BlockState::PendingFree => ("pending_free", 0),
-                        BlockState::Cached => ("cached", 0),
-                        BlockState::Free => ("free", 0),
-                    };
-                    let b = PyDict::new(py);
-                    b.set_item("addr", addr)?;
-                    b.set_item("size", size)?;
-                    b.set_item("state", name)?;
-                    b.set_item("requested", requested)?;
-                    blocks.append(b)?;
-                }
-                let d = PyDict::new(py);
+                let d = segment_dict(py, seg)?;
                 d.set_item("device", entry.ordinal)?;
                 d.set_item("pool_id", (id.first, id.second))?;
-                d.set_item("stream", seg.stream.0)?;
-                d.set_item("strategy", seg.strategy)?;
-                d.set_item("base", seg.base)?;
-                d.set_item("size", seg.size)?;
-                d.set_item("blocks", blocks)?;
                 list.append(d)?;
             }
         }

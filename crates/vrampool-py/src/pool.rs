@@ -7,7 +7,7 @@ use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
-use vrampool_core::{BlockState, Device, Pool, PoolConfig, SimDevice, SimMode, StreamId};
+use vrampool_core::{BlockState, Device, Pool, PoolConfig, SegmentSnapshot, SimDevice, SimMode, Stats, StreamId};
 
 use crate::errors::to_py;
 
@@ -75,15 +75,7 @@ impl NativePool {
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let dict = PyDict::new(py);
-        for (key, value) in self.shared.pool.stats().to_pairs() {
-            if value.fract() == 0.0 && !key.starts_with("fragmentation") && key != "reserved_per_allocated" {
-                dict.set_item(key, value as u64)?;
-            } else {
-                dict.set_item(key, value)?;
-            }
-        }
-        Ok(dict)
+        stats_dict(py, &self.shared.pool.stats())
     }
 
     fn reset_peak_stats(&self) {
@@ -94,29 +86,7 @@ impl NativePool {
     fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let list = PyList::empty(py);
         for seg in self.shared.pool.snapshot() {
-            let blocks = PyList::empty(py);
-            for (addr, size, state) in seg.blocks {
-                let block = PyDict::new(py);
-                block.set_item("addr", addr)?;
-                block.set_item("size", size)?;
-                let (name, requested) = match state {
-                    BlockState::Active { requested } => ("active", requested),
-                    BlockState::PendingFree => ("pending_free", 0),
-                    BlockState::Cached => ("cached", 0),
-                    BlockState::Free => ("free", 0),
-                };
-                block.set_item("state", name)?;
-                block.set_item("requested", requested)?;
-                blocks.append(block)?;
-            }
-            let d = PyDict::new(py);
-            d.set_item("stream", seg.stream.0)?;
-            d.set_item("strategy", seg.strategy)?;
-            d.set_item("base", seg.base)?;
-            d.set_item("size", seg.size)?;
-            d.set_item("expandable", seg.expandable)?;
-            d.set_item("blocks", blocks)?;
-            list.append(d)?;
+            list.append(segment_dict(py, seg)?)?;
         }
         Ok(list)
     }
@@ -644,4 +614,45 @@ unsafe extern "C" fn destroy_versioned_capsule(capsule: *mut ffi::PyObject) {
     if ffi::PyCapsule_IsValid(capsule, VERSIONED_NAME.as_ptr()) == 1 {
         delete_versioned(ffi::PyCapsule_GetPointer(capsule, VERSIONED_NAME.as_ptr()).cast());
     }
+}
+
+/// The core's stats under their key names: counts as ints, ratios as floats.
+pub(crate) fn stats_dict<'py>(py: Python<'py>, stats: &Stats) -> PyResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    for (key, value) in stats.to_pairs() {
+        if value.fract() == 0.0 && key != "fragmentation" && key != "reserved_per_allocated" {
+            dict.set_item(key, value as u64)?;
+        } else {
+            dict.set_item(key, value)?;
+        }
+    }
+    Ok(dict)
+}
+
+/// One snapshot segment as a dict: stream, strategy, base, size, expandable, and blocks (addr,
+/// size, state, requested).
+pub(crate) fn segment_dict(py: Python<'_>, seg: SegmentSnapshot) -> PyResult<Bound<'_, PyDict>> {
+    let blocks = PyList::empty(py);
+    for (addr, size, state) in seg.blocks {
+        let (name, requested) = match state {
+            BlockState::Active { requested } => ("active", requested),
+            BlockState::PendingFree => ("pending_free", 0),
+            BlockState::Cached => ("cached", 0),
+            BlockState::Free => ("free", 0),
+        };
+        let block = PyDict::new(py);
+        block.set_item("addr", addr)?;
+        block.set_item("size", size)?;
+        block.set_item("state", name)?;
+        block.set_item("requested", requested)?;
+        blocks.append(block)?;
+    }
+    let d = PyDict::new(py);
+    d.set_item("stream", seg.stream.0)?;
+    d.set_item("strategy", seg.strategy)?;
+    d.set_item("base", seg.base)?;
+    d.set_item("size", seg.size)?;
+    d.set_item("expandable", seg.expandable)?;
+    d.set_item("blocks", blocks)?;
+    Ok(d)
 }
