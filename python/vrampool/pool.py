@@ -186,17 +186,21 @@ class DevicePool:
         ...
         vrampool.InvalidFreeError: DeviceBuffer(ptr=..., size=100, device=0, stream=0) was already freed
         """
-        if not isinstance(buffer, NativeBuffer):
-            raise TypeError(f"deallocate takes a DeviceBuffer, not {type(buffer).__name__}")
-        self._check_own(buffer)
-        if self.closed:
-            raise PoolClosedError("the pool is closed")
-        if buffer.freed:
-            raise InvalidFreeError(f"{buffer!r} was already freed")
+        self._check_live(buffer, "deallocate", "was already freed")
         buffer.free(None if stream is None else stream_handle(stream))
         if self._stacks is not None:
             with self._stacks_lock:
                 self._stacks.pop(buffer.ptr, None)
+
+    def _check_live(self, buffer: Any, call: str, freed: str) -> None:
+        """Raises unless ``buffer`` is a live buffer of this open pool."""
+        if not isinstance(buffer, NativeBuffer):
+            raise TypeError(f"{call} takes a DeviceBuffer, not {type(buffer).__name__}")
+        self._check_own(buffer)
+        if self.closed:
+            raise PoolClosedError("the pool is closed")
+        if buffer.freed:
+            raise InvalidFreeError(f"{buffer!r} {freed}")
 
     def record_stream(self, buffer: DeviceBuffer, stream: Any) -> None:
         """Marks ``buffer`` as used on ``stream`` too (``Tensor.record_stream``): once freed, its
@@ -206,13 +210,7 @@ class DevicePool:
         >>> buf = pool.allocate(100, stream=1)
         >>> pool.record_stream(buf, 2)
         """
-        if not isinstance(buffer, NativeBuffer):
-            raise TypeError(f"record_stream takes a DeviceBuffer, not {type(buffer).__name__}")
-        self._check_own(buffer)
-        if self.closed:
-            raise PoolClosedError("the pool is closed")
-        if buffer.freed:
-            raise InvalidFreeError(f"{buffer!r} was freed")
+        self._check_live(buffer, "record_stream", "was freed")
         self._native.record_stream(buffer.ptr, stream_handle(stream))
 
     def stats(self) -> Dict[str, Union[int, float]]:
