@@ -260,23 +260,33 @@ impl PoolCore {
                 Err((_, block)) => return Err(wrong_size(block)),
             },
         };
+        let owner = StreamId(block.stream);
+        let recorded = self.take_recorded_streams(addr);
+        let mut users = recorded.clone();
+        if let Some(s) = stream.filter(|&s| s != owner && !users.contains(&s)) {
+            users.push(s);
+        }
+        let events = match self.record_events(&users) {
+            Ok(events) => events,
+            Err(e) => {
+                // Without events the pool cannot know when the block is safe to reuse: the free
+                // does nothing, the block stays live and the caller may free it again.
+                self.restore_live(addr, block, recorded);
+                return Err(e);
+            }
+        };
         // Forgotten before the block can be reused, so a new birth at this address stays.
         if let Some(births) = &self.births {
             births.pin().remove(&addr);
         }
-        let owner = StreamId(block.stream);
         self.log(EventKind::Free, addr, block.size, stream.unwrap_or(owner));
-
-        let mut users = self.take_recorded_streams(addr);
-        if let Some(s) = stream.filter(|&s| s != owner && !users.contains(&s)) {
-            users.push(s);
-        }
-        if users.is_empty() {
+        if events.is_empty() {
             self.give_back(addr, block, true);
             return Ok(());
         }
         self.count(&[(Fast::AllocatedOut, block.size), (Fast::RequestedOut, block.requested), (Fast::BlocksOut, 1)], 0);
-        self.defer_free(addr, block, &users)
+        self.defer_free(addr, block, events);
+        Ok(())
     }
 
     /// Marks the live block at `addr` as used by `stream` too: when freed, it is not reused until
@@ -700,24 +710,39 @@ impl PoolCore {
         debug_assert_eq!(freed, Some(block.size), "a live block must go back to the strategy that made it");
     }
 
-    fn defer_free(&self, addr: u64, block: LiveBlock, users: &[StreamId]) -> Result<()> {
+    /// One event on each of `users`; on a failure, the ones already recorded are released.
+    fn record_events(&self, users: &[StreamId]) -> Result<Vec<EventId>> {
         let mut events = Vec::with_capacity(users.len());
         for &s in users {
             match self.device.record_event(s) {
                 Ok(e) => events.push(e),
                 Err(err) => {
-                    // Without an event we cannot know when the block is safe: keep it out of use
-                    // until the pool is dropped rather than risk handing it out early.
                     events.into_iter().for_each(|e| self.device.release_event(e));
                     return Err(err.into());
                 }
             }
         }
+        Ok(events)
+    }
+
+    /// Undoes the removal of a block whose free failed: live again, with its recorded streams.
+    #[cold]
+    fn restore_live(&self, addr: u64, block: LiveBlock, recorded: Vec<StreamId>) {
+        if !self.live.insert(addr, block) {
+            self.overflow.pin().insert(addr, block);
+        }
+        if !recorded.is_empty() {
+            let mut map = self.recorded.lock();
+            map.insert(addr, recorded);
+            self.recorded_count.store(map.len(), Relaxed);
+        }
+    }
+
+    fn defer_free(&self, addr: u64, block: LiveBlock, events: Vec<EventId>) {
         self.counters.deferred_frees.fetch_add(1, Relaxed);
         let mut deferred = self.deferred.lock();
         deferred.push(DeferredFree { addr, block, events });
         self.deferred_count.store(deferred.len(), Relaxed);
-        Ok(())
     }
 
     /// Gives back the deferred frees whose events have all completed.

@@ -241,3 +241,79 @@ fn leak_report_gives_size_and_age_when_tracking_is_on() {
     pool.allocate(1000, S0).unwrap();
     assert_eq!(pool.live_blocks()[0].age_ns, None);
 }
+
+// ---- event-record faults ----
+
+const S9: StreamId = StreamId(9);
+
+/// Cross-stream frees over every tier: some blocks freed by the other stream, some used on a
+/// third stream through `record_stream` first, some both, so each free records one or two events.
+/// Returns the recordings made and the faults seen. A free the device fails to order must change
+/// nothing: the block stays live with its recorded streams, and freeing it again succeeds. At the
+/// end nothing may leak and the counters must be exact.
+fn run_cross_stream_frees(strategy: StrategyKind, fail_record_at: Option<u64>) -> (u64, u64) {
+    let (pool, dev) = pool_with(512 * MIB, PoolConfig { strategy, ..PoolConfig::default() });
+    dev.set_auto_complete(false);
+    if let Some(n) = fail_record_at {
+        dev.fail_record_in(n);
+    }
+    let ctx = format!("{strategy:?} record fault at {fail_record_at:?}");
+    let mut faults = 0;
+    for round in 0..3u64 {
+        for (i, &size) in SIZES.iter().enumerate() {
+            let owner = if (round + i as u64) % 2 == 0 { S0 } else { S7 };
+            let other = if owner == S0 { S7 } else { S0 };
+            let addr = pool.allocate(size, owner).unwrap();
+            let tag = (round << 8 | i as u64).to_le_bytes();
+            dev.write(addr, &tag).unwrap();
+            let recorded = (round + i as u64) % 3 != 0;
+            if recorded {
+                pool.record_stream(addr, S9).unwrap();
+            }
+            let by = (i % 2 == 0 || !recorded).then_some(other);
+            match pool.free(addr, Some(size), by) {
+                Ok(()) => {}
+                Err(PoolError::Device(DeviceError::InjectedFault("event record"))) => {
+                    faults += 1;
+                    let live = pool.live_blocks();
+                    assert!(live.iter().any(|b| b.addr == addr && b.requested == size), "{ctx}: a failed free must leave the block live");
+                    assert_eq!(dev.read(addr, 8).unwrap(), tag, "{ctx}: the block was touched");
+                    pool.free(addr, Some(size), by).unwrap_or_else(|e| panic!("{ctx}: the second free failed: {e}"));
+                }
+                Err(e) => panic!("{ctx}: free failed with an unexpected error: {e}"),
+            }
+            assert!(pool.free(addr, Some(size), by).is_err(), "{ctx}: double free refused");
+            let stats = pool.stats();
+            assert_eq!(stats.allocated_bytes.current, 0, "{ctx}: round {round} size {size}");
+            assert_eq!(stats.requested_bytes.current, 0, "{ctx}");
+            assert!(pool.live_blocks().is_empty(), "{ctx}");
+        }
+        if round == 1 {
+            dev.complete_all();
+        }
+    }
+    dev.complete_all();
+    pool.trim().unwrap_or_else(|e| panic!("{ctx}: trim: {e}"));
+    let stats = pool.stats();
+    assert_eq!((stats.active_bytes.current, stats.reserved_bytes.current, stats.allocation.current), (0, 0, 0), "{ctx}");
+    assert_eq!(dev.live_events(), 0, "{ctx}: events leaked");
+    let c = dev.counters();
+    assert_eq!((c.used, c.live_segments), (0, 0), "{ctx}: device memory leaked");
+    (c.record_calls, faults)
+}
+
+#[test]
+fn a_fault_at_every_event_record_leaves_the_block_live_and_nothing_leaks() {
+    let mut points = 0;
+    for strategy in ALL {
+        let (recordings, faults) = run_cross_stream_frees(strategy, None);
+        assert_eq!(faults, 0);
+        assert!(recordings > 20, "{strategy:?}: the workload records events ({recordings})");
+        for n in 1..=recordings {
+            let (_, faults) = run_cross_stream_frees(strategy, Some(n));
+            assert_eq!(faults, 1, "{strategy:?}: the fault at recording {n} surfaced once");
+            points += 1;
+        }
+    }
+    eprintln!("event-record faults: {points} fault points, each surfaced as an error");
+}

@@ -72,6 +72,7 @@ struct Faults {
     /// Fail the segment allocation whose 1-based call number equals this.
     alloc_at: Option<u64>,
     map_at: Option<u64>,
+    record_at: Option<u64>,
 }
 
 /// Counters the tests read.
@@ -81,6 +82,7 @@ pub struct SimCounters {
     pub free_calls: u64,
     pub map_calls: u64,
     pub unmap_calls: u64,
+    pub record_calls: u64,
     pub live_segments: u64,
     /// Bytes of physical memory in use: live segments plus mapped ranges.
     pub used: u64,
@@ -168,6 +170,12 @@ impl SimDevice {
     pub fn fail_map_in(&self, n: u64) {
         let mut state = self.state.lock();
         state.faults.map_at = Some(state.counters.map_calls + n);
+    }
+
+    /// Makes the `n`-th event recording from now fail with an injected fault.
+    pub fn fail_record_in(&self, n: u64) {
+        let mut state = self.state.lock();
+        state.faults.record_at = Some(state.counters.record_calls + n);
     }
 
     /// Whether events complete as soon as they are recorded (the default) or only when
@@ -383,6 +391,10 @@ impl Device for SimDevice {
 
     fn record_event(&self, stream: StreamId) -> DeviceResult<EventId> {
         let mut state = self.state.lock();
+        state.counters.record_calls += 1;
+        if state.faults.record_at == Some(state.counters.record_calls) {
+            return Err(DeviceError::InjectedFault("event record"));
+        }
         state.next_event += 1;
         let id = state.next_event;
         let done = state.auto_complete;
@@ -461,6 +473,11 @@ mod tests {
         dev.fail_map_in(1);
         assert_eq!(dev.map(base, 2 * MIB), Err(DeviceError::InjectedFault("map")));
         dev.map(base, 2 * MIB).unwrap();
+        dev.fail_record_in(2);
+        assert!(dev.record_event(StreamId(1)).is_ok());
+        assert_eq!(dev.record_event(StreamId(1)), Err(DeviceError::InjectedFault("event record")));
+        assert!(dev.record_event(StreamId(1)).is_ok());
+        assert_eq!(dev.live_events(), 2, "a failed recording leaves no event behind");
     }
 
     #[test]
