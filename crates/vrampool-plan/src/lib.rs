@@ -8,7 +8,10 @@
 //!   the result with [`validate`], an independent sweep-based checker.
 //! - [`read_csv`] / [`write_plan_csv`]: the MiniMalloc CSV format `id,lower,upper,size[,offset]`.
 //!
-//! A planner is a pure function from buffers to offsets; nothing here knows about devices.
+//! - [`PlannedPool`]: a planned arena over a core pool: records an iteration's allocations, plans them, and
+//!   serves the same sequence later from one arena, falling back to the pool on divergence (plans per key).
+//!
+//! A planner is a pure function from buffers to offsets; only the planned arena knows about pools.
 //!
 //! ```
 //! use vrampool_plan::{plan, validate, Buffer, PlanOptions};
@@ -23,6 +26,7 @@
 //! # Ok::<(), vrampool_plan::PlanError>(())
 //! ```
 
+mod arena;
 mod bound;
 mod buffer;
 mod csv;
@@ -35,6 +39,7 @@ mod plan;
 mod synthetic;
 mod validate;
 
+pub use arena::{Backing, KeyPlan, PlannedPool, PlannedStats, DEFAULT_KEY};
 pub use bound::lower_bound;
 pub use buffer::Buffer;
 pub use csv::{read_csv, read_plan_csv, write_plan_csv};
