@@ -118,6 +118,8 @@ enum Event {
     Free { index: usize, on: StreamId },
     /// The free of a buffer born in an earlier iteration (which one does not matter to this iteration's plan).
     FreeOlder,
+    /// `record_stream` of the iteration's `index`-th allocation (None: an older buffer) on another stream.
+    UsedOn { index: Option<usize>, stream: StreamId },
 }
 
 /// A recorded sequence and where each of its allocations goes.
@@ -329,6 +331,35 @@ impl<B: Backing> PlannedPool<B> {
         Ok(())
     }
 
+    /// Marks the live buffer at `addr` as used on `stream` too (`Tensor.record_stream`). A pool buffer's reuse
+    /// then waits for that stream (the pool's rule); an arena buffer's bytes may still be in use there after
+    /// its free, so the arena is replaced rather than reused once it is idle. Planned sequences leave such
+    /// buffers to the pool.
+    pub fn record_stream(&self, addr: u64, stream: StreamId) -> Result<(), PoolError> {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let Some(&live) = state.live.get(&addr) else {
+            return Err(PoolError::InvalidFree { ptr: addr, reason: InvalidFreeReason::NotAllocated });
+        };
+        if stream == live.stream {
+            return Ok(());
+        }
+        match live.place {
+            Place::Pool => self.backing.record_stream(addr, stream)?,
+            Place::Arena => {
+                if let Some(arena) = state.arena.as_mut() {
+                    arena.users.push(stream);
+                    arena.retired = true;
+                }
+            }
+        }
+        let index = (live.born_in == state.iteration.serial).then_some(live.index);
+        let event = Event::UsedOn { index, stream };
+        let follows = state.iteration.follows(&event);
+        record(&mut state.iteration, event, follows, &mut state.stats);
+        Ok(())
+    }
+
     /// Whether `addr` is a live buffer of this pool.
     pub fn owns(&self, addr: u64) -> bool {
         self.lock().live.contains_key(&addr)
@@ -471,18 +502,25 @@ fn record(iteration: &mut Iteration, event: Event, follows: bool, stats: &mut Pl
     iteration.events.push(event);
 }
 
-/// Plans the buffers born and freed (on their own stream) inside `events`, each stream in its own region of
-/// the arena. Times are event indices.
+/// Plans the buffers born and freed inside `events` and used on their own stream only, each stream in its own
+/// region of the arena. Times are event indices.
 fn plan_sequence(events: &[Event], options: &PlanOptions) -> Option<StoredPlan> {
     // Per allocation: (stream, size, born, freed at).
     let mut births: Vec<(StreamId, u64, u64, Option<u64>)> = Vec::new();
+    let mut used_elsewhere: Vec<bool> = Vec::new();
     for (time, event) in events.iter().enumerate() {
         match *event {
-            Event::Alloc { size, stream } => births.push((stream, size, time as u64, None)),
-            // A free naming another stream leaves the buffer to the pool, which orders its reuse after that
-            // stream; the arena cannot.
-            Event::Free { index, on } if births[index].0 == on => births[index].3 = Some(time as u64),
-            Event::Free { .. } | Event::FreeOlder => {}
+            Event::Alloc { size, stream } => {
+                births.push((stream, size, time as u64, None));
+                used_elsewhere.push(false);
+            }
+            // A buffer used on another stream is left to the pool, which orders its reuse after that stream;
+            // the arena cannot.
+            Event::Free { index, on } if births[index].0 == on && !used_elsewhere[index] => {
+                births[index].3 = Some(time as u64)
+            }
+            Event::UsedOn { index: Some(index), .. } => used_elsewhere[index] = true,
+            Event::Free { .. } | Event::FreeOlder | Event::UsedOn { index: None, .. } => {}
         }
     }
     let mut streams: Vec<StreamId> = births.iter().map(|b| b.0).collect();

@@ -239,6 +239,30 @@ fn a_free_naming_another_stream_retires_the_arena() {
 }
 
 #[test]
+fn buffers_used_on_another_stream_stay_with_the_pool() {
+    let mut h = Harness::new();
+    let side = StreamId(3);
+    let run = |h: &mut Harness| {
+        let a = h.alloc(4096, S0);
+        let b = h.alloc(4096, S0);
+        h.planned.record_stream(a, side).unwrap();
+        h.free(a);
+        h.free(b);
+        h.planned.step(DEFAULT_KEY);
+    };
+    run(&mut h);
+    let plan = h.stats().plans[0];
+    assert_eq!((plan.arena_buffers, plan.dynamic_buffers), (1, 1));
+    let before = h.planned.backing().stats().allocation.allocated;
+    run(&mut h);
+    run(&mut h);
+    let stats = h.stats();
+    assert_eq!((stats.planned_allocations, stats.fallbacks), (2, 0));
+    // The recorded buffer came from the pool each time; the arena was allocated once.
+    assert_eq!(h.planned.backing().stats().allocation.allocated - before, 3);
+}
+
+#[test]
 fn bad_frees_are_errors_not_panics() {
     let h = Harness::new();
     let not_allocated = |r| matches!(r, Err(PoolError::InvalidFree { reason: InvalidFreeReason::NotAllocated, .. }));
@@ -249,6 +273,7 @@ fn bad_frees_are_errors_not_panics() {
     h.planned.free(a, Some(1000), None).unwrap();
     assert!(not_allocated(h.planned.free(a, None, None)), "double free");
     assert!(matches!(h.planned.allocate(0, S0), Err(PoolError::InvalidSize { .. })));
+    assert!(not_allocated(h.planned.record_stream(a, StreamId(2))));
 }
 
 /// Iterations drawn from a few templates, some perturbed (a size changed, a free moved, an allocation left
