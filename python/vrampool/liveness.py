@@ -109,12 +109,13 @@ def from_graph(graph: Any, *, inputs: str = "exclude", outputs: str = "pin") -> 
     steps = len(nodes)
     # storage id -> [lower, last use, size, name, kind]
     storages: Dict[int, List[Any]] = {}
-    owner: Dict[Tuple[Any, int], int] = {}  # (node, output index) -> storage id
+    # node -> {output index: storage id}; a node's own outputs, or its base's for views
+    owner: Dict[Any, Dict[int, int]] = {}
 
     def new_storage(node: Any, index: int, tensor: Any, step: int, kind: str) -> None:
         sid = len(storages)
         storages[sid] = [step, step, _nbytes(tensor), node.name if index == 0 else f"{node.name}[{index}]", kind]
-        owner[(node, index)] = sid
+        owner.setdefault(node, {})[index] = sid
 
     for step, node in enumerate(nodes):
         value = node.meta.get("val")
@@ -123,26 +124,25 @@ def from_graph(graph: Any, *, inputs: str = "exclude", outputs: str = "pin") -> 
                 new_storage(node, index, tensor, 0, "input")
             continue
         # Every storage this node reads lives at least until this step.
-        for arg in node.all_input_nodes:
-            for (src, _), sid in [(k, v) for k, v in owner.items() if k[0] is arg]:
-                storages[sid][1] = max(storages[sid][1], step)
+        read = [sid for arg in node.all_input_nodes for sid in owner.get(arg, {}).values()]
+        for sid in read:
+            storages[sid][1] = max(storages[sid][1], step)
         if node.op == "output":
-            for arg in node.all_input_nodes:
-                for (src, _), sid in [(k, v) for k, v in owner.items() if k[0] is arg]:
-                    if storages[sid][4] == "intermediate":
-                        storages[sid][4] = "output"
+            for sid in read:
+                if storages[sid][4] == "intermediate":
+                    storages[sid][4] = "output"
             continue
         if node.op != "call_function":
             continue
         if node.target is operator.getitem:
             src, index = node.args[0], node.args[1]
-            if (src, index) in owner:
-                owner[(node, 0)] = owner[(src, index)]
+            if index in owner.get(src, {}):
+                owner[node] = {0: owner[src][index]}
             continue
         aliased = _aliased_argument(node)
         if aliased is not None:
-            for (src, index), sid in [(k, v) for k, v in owner.items() if k[0] is aliased]:
-                owner[(node, index)] = sid
+            if aliased in owner:
+                owner[node] = dict(owner[aliased])
             continue
         for index, tensor in _tensors(value):
             new_storage(node, index, tensor, step, "intermediate")
