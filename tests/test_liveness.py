@@ -8,7 +8,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from vrampool.liveness import Liveness, from_graph, trace_forward, trace_training_step  # noqa: E402
+from vrampool.capture import capture_training  # noqa: E402
+from vrampool.liveness import Liveness, from_graph, from_trace, trace_forward, trace_training_step  # noqa: E402
+from vrampool.models import gpt, gpt2_small, resnet, resnet50  # noqa: E402
 
 
 def mlp(inplace: bool = False) -> "torch.nn.Module":
@@ -101,3 +103,62 @@ def test_exported_program() -> None:
     check_sane(live)
     assert sum(i.kind == "input" for i in live.intervals) == 5  # 4 parameters and the input
     assert live.plan().arena_bytes >= live.lower_bound_bytes() > 0
+
+
+def test_trace_plans_like_a_graph() -> None:
+    torch.manual_seed(0)
+    batches = [(torch.randn(8, 16), torch.randint(0, 8, (8,))) for _ in range(2)]
+    trace = capture_training(mlp(), batches)
+    live = from_trace(trace)
+    check_sane(live)
+    assert live.steps == len(trace.events)
+    assert [(i.lower, i.upper, i.size) for i in live.intervals] == [r[1:4] for r in trace.rows()]
+    assert live.lower_bound_bytes() == trace.peak_allocated_bytes() > 0
+    result = live.plan()
+    assert result.arena_bytes == result.lower_bound_bytes == trace.peak_allocated_bytes()
+
+
+def test_trace_rows_may_reuse_an_id_once_it_is_freed() -> None:
+    rows = [(7, 0, 2, 100), (7, 2, 4, 300), (8, 1, 3, 50, 1)]  # id 7 again after its free; a stream
+    live = from_trace(rows)
+    assert [(i.id, i.name) for i in live.intervals] == [(0, "7"), (1, "7"), (2, "8")]
+    assert live.steps == 4 and live.lower_bound_bytes() == 350
+    assert live.plan().arena_bytes == 350
+    for bad in ([(1, 3, 3, 10)], [(1, 0, 2)], [(1, 0, 2, -5)]):
+        with pytest.raises(ValueError):
+            from_trace(bad)
+
+
+def test_full_size_structures_have_the_published_parameter_counts() -> None:
+    with torch.device("meta"):  # no memory: the benchmark traces these, the tests count them
+        assert sum(p.numel() for p in gpt2_small().parameters()) == 124_439_808
+        assert sum(p.numel() for p in resnet50().parameters()) == 25_557_032
+
+
+@pytest.mark.parametrize(
+    "make, example",
+    [
+        (lambda: gpt(layers=2, d_model=64, heads=4, seq_len=64, vocab=512), lambda: torch.randint(0, 512, (2, 64))),
+        (lambda: resnet([1, 1], num_classes=10, width=8), lambda: torch.randn(2, 3, 32, 32)),
+    ],
+    ids=["gpt", "resnet"],
+)
+def test_scaled_down_models_plan_within_one_percent_of_the_bound(make, example) -> None:
+    model = make()
+    for gm in (trace_forward(model, (example(),)), trace_training_step(model, (example(),))):
+        live = from_graph(gm)
+        check_sane(live)
+        result = live.plan(budget_ms=2000)
+        assert result.lower_bound_bytes == live.lower_bound_bytes() > 0
+        assert result.arena_bytes <= 1.01 * result.lower_bound_bytes, (result.arena_bytes, result.lower_bound_bytes)
+
+
+def test_gpt_attention_matrices_live_until_their_backward_use() -> None:
+    batch, heads, seq = 2, 4, 64
+    gm = trace_training_step(gpt(layers=1, d_model=64, heads=heads, seq_len=seq, vocab=128), (torch.randint(0, 128, (batch, seq)),))
+    live = from_graph(gm)
+    softmax = next(i for i in live.intervals if i.name.startswith("_softmax"))
+    assert softmax.size == batch * heads * seq * seq * 4
+    nodes = list(gm.graph.nodes)
+    backward = next(k for k, n in enumerate(nodes) if n.name.startswith("_softmax_backward"))
+    assert softmax.upper == backward + 1

@@ -1,10 +1,12 @@
-"""Tensor lifetimes from PyTorch graphs: when each storage is born and when it dies.
+"""Tensor lifetimes: when each storage is born and when it dies, from PyTorch graphs or from
+recorded allocation traces.
 
-Works on a ``torch.fx.GraphModule`` whose nodes carry fake-tensor metadata (``meta["val"]``, as
-``make_fx(..., tracing_mode="fake")`` and ``torch.export`` leave them) and on a
-``torch.export.ExportedProgram``, so no real memory or GPU is needed. Views and aliases share
-their base's storage and extend its life; in-place ops allocate nothing; inputs (parameters,
-buffers, user inputs) and outputs are reported apart.
+``from_graph`` works on a ``torch.fx.GraphModule`` whose nodes carry fake-tensor metadata
+(``meta["val"]``, as ``make_fx(..., tracing_mode="fake")`` and ``torch.export`` leave them) and
+on a ``torch.export.ExportedProgram``, so no real memory or GPU is needed. Views and aliases
+share their base's storage and extend its life; in-place ops allocate nothing; inputs
+(parameters, buffers, user inputs) and outputs are reported apart. ``from_trace`` takes a trace
+that ``vrampool.capture`` recorded (or its rows).
 
 >>> import torch
 >>> from vrampool.liveness import from_graph, trace_training_step
@@ -160,6 +162,27 @@ def from_graph(graph: Any, *, inputs: str = "exclude", outputs: str = "pin") -> 
         intervals.append(Interval(sid, lower, upper, size, name, kind))
     if inputs == "pin":
         intervals = [dataclasses.replace(i, kind="intermediate") if i.kind == "input" else i for i in intervals]
+    return Liveness(intervals, steps)
+
+
+def from_trace(trace: Any) -> Liveness:
+    """Lifetimes from a recorded allocation trace: a ``vrampool.capture.Trace`` or its rows
+    ``(id, lower, upper, size[, stream])``, so a captured run plans like a graph.
+
+    Every buffer is an ``intermediate`` interval named after its trace id; interval ids are the
+    rows' positions, since a trace may reuse an id once it is freed. Streams are not kept apart:
+    the plan follows the trace's one order of events. ``steps`` is the trace's length in events.
+    """
+    rows = trace.rows() if hasattr(trace, "rows") else list(trace)
+    intervals = []
+    for position, row in enumerate(rows):
+        if len(row) not in (4, 5):
+            raise ValueError(f"a trace row is (id, lower, upper, size[, stream]), got {row!r}")
+        ident, lower, upper, size = (int(v) for v in row[:4])
+        if not 0 <= lower < upper or size < 0:
+            raise ValueError(f"a trace row needs 0 <= lower < upper and size >= 0, got {row!r}")
+        intervals.append(Interval(position, lower, upper, size, str(ident), "intermediate"))
+    steps = len(trace.events) if hasattr(trace, "events") else max((i.upper for i in intervals), default=0)
     return Liveness(intervals, steps)
 
 

@@ -1,0 +1,112 @@
+"""Real model structures written with ``torch.nn`` (no torchvision or transformers needed), for
+liveness analysis and planning benchmarks: a GPT-2-style decoder and a ResNet with bottleneck
+blocks. ``gpt2_small()`` and ``resnet50()`` give the published sizes; the parameters let tests
+build scaled-down versions of the same graphs.
+
+>>> import torch
+>>> from vrampool.models import gpt, resnet
+>>> gpt(layers=1, d_model=32, heads=2, seq_len=8, vocab=50)(torch.zeros(2, 8, dtype=torch.long)).shape
+torch.Size([2, 8, 50])
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def gpt(layers: int, d_model: int, heads: int, seq_len: int, vocab: int) -> Any:
+    """A GPT-2 decoder: token and position embeddings, ``layers`` pre-norm blocks (causal
+    self-attention and a 4x GELU MLP), a final norm and a head tied to the token embedding.
+    Takes ``(batch, seq)`` token ids, returns ``(batch, seq, vocab)`` logits."""
+    torch = _torch()
+    nn, F = torch.nn, torch.nn.functional
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln_1, self.ln_2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+            self.c_attn, self.c_proj = nn.Linear(d_model, 3 * d_model), nn.Linear(d_model, d_model)
+            self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(approximate="tanh"), nn.Linear(4 * d_model, d_model))
+
+        def forward(self, x: Any) -> Any:
+            b, t, c = x.shape
+            q, k, v = self.c_attn(self.ln_1(x)).split(d_model, dim=2)
+            q, k, v = (z.view(b, t, heads, c // heads).transpose(1, 2) for z in (q, k, v))
+            # The explicit softmax(QK^T)V that GPT-2 computes (not a fused kernel), so the graph
+            # holds the (batch, heads, seq, seq) attention matrices a real training step keeps.
+            att = (q @ k.transpose(-2, -1)) * (1.0 / (c // heads) ** 0.5)
+            att = att.masked_fill(self.mask[:, :, :t, :t] == 0, float("-inf")).softmax(dim=-1)
+            y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
+            x = x + self.c_proj(y)
+            return x + self.mlp(self.ln_2(x))
+
+    class GPT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(vocab, d_model), nn.Embedding(seq_len, d_model)
+            self.blocks = nn.ModuleList(Block() for _ in range(layers))
+            for block in self.blocks:
+                block.register_buffer("mask", torch.tril(torch.ones(seq_len, seq_len)).view(1, 1, seq_len, seq_len))
+            self.ln_f = nn.LayerNorm(d_model)
+
+        def forward(self, idx: Any) -> Any:
+            x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+            for block in self.blocks:
+                x = block(x)
+            return F.linear(self.ln_f(x), self.wte.weight)
+
+    return GPT()
+
+
+def gpt2_small() -> Any:
+    """GPT-2 small: 12 layers, d_model 768, 12 heads, context 1024, vocabulary 50,257 (124 M
+    parameters)."""
+    return gpt(layers=12, d_model=768, heads=12, seq_len=1024, vocab=50257)
+
+
+def resnet(blocks: Sequence[int], num_classes: int = 1000, width: int = 64) -> Any:
+    """A ResNet of bottleneck blocks (1x1, 3x3, 1x1 convolutions with batch norm, expansion 4),
+    ``blocks[i]`` of them in stage ``i``; stage ``i`` has ``width * 2**i`` channels inside its
+    blocks. Takes ``(batch, 3, H, W)`` images."""
+    torch = _torch()
+    nn = torch.nn
+
+    class Bottleneck(nn.Module):
+        def __init__(self, inplanes: int, planes: int, stride: int) -> None:
+            super().__init__()
+            out = planes * 4
+            self.body = nn.Sequential(
+                nn.Conv2d(inplanes, planes, 1, bias=False), nn.BatchNorm2d(planes), nn.ReLU(inplace=True),
+                nn.Conv2d(planes, planes, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(planes),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(planes, out, 1, bias=False), nn.BatchNorm2d(out),
+            )
+            self.downsample = (
+                nn.Sequential(nn.Conv2d(inplanes, out, 1, stride=stride, bias=False), nn.BatchNorm2d(out))
+                if stride != 1 or inplanes != out else nn.Identity()
+            )
+
+        def forward(self, x: Any) -> Any:
+            return torch.relu(self.body(x) + self.downsample(x))
+
+    layers = [nn.Conv2d(3, width, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+              nn.MaxPool2d(3, stride=2, padding=1)]
+    inplanes = width
+    for stage, count in enumerate(blocks):
+        planes = width * 2**stage
+        for i in range(count):
+            layers.append(Bottleneck(inplanes, planes, stride=2 if stage > 0 and i == 0 else 1))
+            inplanes = planes * 4
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(inplanes, num_classes)]
+    return nn.Sequential(*layers)
+
+
+def resnet50() -> Any:
+    """ResNet-50: bottleneck stages of 3, 4, 6 and 3 blocks, 1,000 classes (25.6 M parameters)."""
+    return resnet([3, 4, 6, 3])
