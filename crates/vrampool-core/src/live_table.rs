@@ -81,6 +81,13 @@ impl LiveTable {
         true
     }
 
+    /// Whether `addr` could be a block's address. One with state bits set would match the key of
+    /// the block just below it (`addr + 2 | LIVE == addr | LIVE`), and 0 would take an empty
+    /// slot for a block being written and wait on it forever.
+    fn may_be_key(addr: u64) -> bool {
+        addr != 0 && addr & STATE == 0
+    }
+
     fn read(slot: &Slot) -> BlockMeta {
         let size_tier = slot.size_tier.load(Ordering::Relaxed);
         BlockMeta {
@@ -93,6 +100,9 @@ impl LiveTable {
 
     /// Takes `addr` out if `keep_going(meta)` agrees.
     pub fn remove_if(&self, addr: u64, mut agree: impl FnMut(&BlockMeta) -> bool) -> Result<BlockMeta, Removal> {
+        if !Self::may_be_key(addr) {
+            return Err(Removal::Absent);
+        }
         let slot = self.slot(addr);
         loop {
             match slot.key.compare_exchange(addr | LIVE, addr | REMOVING, Ordering::Acquire, Ordering::Relaxed) {
@@ -117,6 +127,9 @@ impl LiveTable {
 
     /// The metadata of `addr` if it is live here.
     pub fn get(&self, addr: u64) -> Option<BlockMeta> {
+        if !Self::may_be_key(addr) {
+            return None;
+        }
         let slot = self.slot(addr);
         if slot.key.load(Ordering::Acquire) != addr | LIVE {
             return None;
@@ -153,6 +166,19 @@ mod tests {
         assert_eq!(table.remove_if(512, |_| true), Ok(meta(1024)));
         assert_eq!(table.remove_if(512, |_| true), Err(Removal::Absent), "a second removal finds nothing");
         assert_eq!(table.iter().count(), 0);
+    }
+
+    #[test]
+    fn an_address_inside_a_block_is_not_the_block() {
+        let table = LiveTable::new(4);
+        assert!(table.insert(512, meta(1024)));
+        assert_eq!(table.remove_if(0, |_| true), Err(Removal::Absent), "null is never live (and does not hang)");
+        assert_eq!(table.get(0), None);
+        for inside in [513, 514, 515, 516, 1000] {
+            assert_eq!(table.get(inside), None, "{inside}");
+            assert_eq!(table.remove_if(inside, |_| true), Err(Removal::Absent), "{inside}");
+        }
+        assert_eq!(table.get(512), Some(meta(1024)));
     }
 
     #[test]
