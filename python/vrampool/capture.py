@@ -15,6 +15,11 @@ The trace format is JSON lines, one event a line, in order (the line's index is 
 ``Trace.rows()`` turns the events into the planner's and replay's ``id,lower,upper,size,stream``
 rows (a buffer never freed lives to the end of the trace).
 
+Converters build the same ``Trace`` from a PyTorch GPU memory snapshot
+(``torch.cuda.memory._snapshot()``, or its pickle: :func:`from_snapshot`) and from vrampool's own
+event log (:func:`from_event_log`); :func:`read` takes any of JSON lines, the CSV and a snapshot
+pickle.
+
 >>> import torch
 >>> from vrampool.capture import capture
 >>> trace = capture(lambda: torch.ones(256) * 2)    # ones, then the product; both die
@@ -25,7 +30,9 @@ rows (a buffer never freed lives to the end of the trace).
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
+import pickle
 import weakref
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
@@ -48,9 +55,16 @@ class Event:
 
 @dataclasses.dataclass
 class Trace:
-    """The events of one run, in order."""
+    """The events of one run, in order. ``reserved`` holds, for a trace converted from a
+    PyTorch snapshot or a vrampool event log, what that allocator held from the device:
+    ``(time, bytes)`` after each change, times being indices into ``events``."""
 
     events: List[Event] = dataclasses.field(default_factory=list)
+    reserved: List[Tuple[int, int]] = dataclasses.field(default_factory=list)
+
+    def peak_reserved_bytes(self) -> Optional[int]:
+        """The most the recording allocator reserved, or None when the trace doesn't say."""
+        return max(b for _, b in self.reserved) if self.reserved else None
 
     def rows(self) -> List[TraceRow]:
         """``(id, lower, upper, size, stream)`` per buffer; times are event indices, and a
@@ -166,20 +180,218 @@ def _natural(obj: Dict[str, Any], key: str, default: Optional[int] = None) -> in
 
 
 def read(path: Union[str, Path]) -> Trace:
-    """A trace from a file: JSON lines, or the ``id,lower,upper,size[,stream]`` CSV (``.csv``)."""
+    """A trace from a file: a PyTorch memory snapshot pickle (``.pickle``/``.pkl``, or pickled
+    content), the ``id,lower,upper,size[,stream]`` CSV (``.csv``, or a first line that is not
+    JSON), or JSON lines. Raises ``ValueError`` naming the line or field of bad input."""
     path = Path(path)
-    if path.suffix == ".csv":
-        from vrampool.trace import read_trace
+    data = path.read_bytes()
+    if path.suffix in (".pickle", ".pkl") or data[:1] == b"\x80":  # protocol 2+ opens with PROTO
+        return from_snapshot(load_snapshot(data))
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not a trace: byte {e.start} is not UTF-8 (expected JSON lines, CSV or a snapshot pickle)") from None
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    if path.suffix == ".csv" or (first and not first.startswith("{")):
+        from vrampool import _native
 
-        return Trace.from_rows(read_trace(path))
-    return Trace.from_jsonl(path.read_text())
+        return Trace.from_rows(_native.read_trace_csv(text))
+    return Trace.from_jsonl(text)
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Loads only plain containers and scalars: a snapshot needs no classes, and refusing them
+    keeps a hostile pickle from running code."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}: a memory snapshot holds only dicts, lists and scalars")
+
+
+def load_snapshot(data: Union[bytes, str, Path]) -> Dict[str, Any]:
+    """A ``torch.cuda.memory._snapshot()`` dict from its pickle (bytes or a path)."""
+    if not isinstance(data, bytes):
+        data = Path(data).read_bytes()
+    try:
+        snapshot = _PlainUnpickler(io.BytesIO(data)).load()
+    except Exception as e:  # pickle raises many kinds on corrupt input
+        raise ValueError(f"not a memory snapshot pickle: {e}") from None
+    if not isinstance(snapshot, dict):
+        raise ValueError(f"not a memory snapshot: the pickle holds a {type(snapshot).__name__}, not a dict")
+    return snapshot
+
+
+class _AddressTrace:
+    """Builds a ``Trace`` from events keyed by address (as allocators log them): each allocation
+    gets a fresh id, since addresses are reused; a free of an address allocated before the
+    record began becomes an allocation at the start."""
+
+    def __init__(self) -> None:
+        self.events: List[Event] = []
+        self.earlier: List[Event] = []  # allocations from before the record, put first
+        self.live: Dict[int, Event] = {}  # address -> its allocation
+        self.streams: Dict[int, int] = {}  # the log's stream handles -> 0, 1, 2, ...
+        self.changes: List[Tuple[int, int]] = []  # (index into events, reserved delta)
+        self.next_id = 0
+
+    def _new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    def _stream(self, handle: int) -> int:
+        return self.streams.setdefault(handle, len(self.streams))
+
+    def alloc(self, addr: int, size: int, stream: int) -> None:
+        if addr in self.live:
+            raise ValueError(f"address {addr:#x} allocated again while live")
+        event = Event("alloc", self._new_id(), size, self._stream(stream))
+        self.live[addr] = event
+        self.events.append(event)
+
+    def free(self, addr: int, size: int, stream: int) -> None:
+        event = self.live.pop(addr, None)
+        if event is None:
+            event = Event("alloc", self._new_id(), size, self._stream(stream))
+            self.earlier.append(event)
+        self.events.append(Event("free", event.id, event.size, event.stream))
+
+    def reserve(self, delta: int) -> None:
+        self.changes.append((len(self.events), delta))
+
+    def finish(self, still_live: Iterable[Tuple[int, int, int]] = (), reserved_at_end: Optional[int] = None) -> Trace:
+        """The trace; ``still_live`` are ``(addr, size, stream)`` blocks live at the end (those
+        never seen allocated are added at the start), ``reserved_at_end`` what the allocator
+        held then (else reserved starts where it never goes below 0)."""
+        for addr, size, stream in still_live:
+            if addr not in self.live:
+                self.earlier.append(Event("alloc", self._new_id(), size, self._stream(stream)))
+        shift = len(self.earlier)
+        reserved: List[Tuple[int, int]] = []
+        if self.changes:
+            running, lowest = 0, 0
+            for _, delta in self.changes:
+                running += delta
+                lowest = min(lowest, running)
+            level = reserved_at_end - running if reserved_at_end is not None else -lowest
+            reserved.append((0, level))
+            for index, delta in self.changes:
+                level += delta
+                reserved.append((index + shift, level))
+        return Trace(self.earlier + self.events, reserved)
+
+
+#: Snapshot actions that move a block or a segment; the rest (snapshot, oom, user_defined,
+#: free_requested: the block stays taken until free_completed) carry nothing to replay.
+_SEGMENT_GROWTH = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
+
+
+def from_snapshot(snapshot: Union[Dict[str, Any], str, Path], device: Optional[int] = None) -> Trace:
+    """The trace of a PyTorch GPU memory snapshot (``torch.cuda.memory._snapshot()``, or a path
+    to its pickle) on ``device`` (default: the device with the most trace entries).
+
+    Blocks are allocated at ``alloc`` and freed at ``free_completed``; blocks freed but
+    allocated before the record began, and active blocks of ``segments`` never seen allocated,
+    are allocated at the start. ``Trace.reserved`` follows ``segment_alloc``/``segment_free``
+    (and ``segment_map``/``segment_unmap``), ending at the snapshot's segments' total.
+    Raises ``ValueError`` naming the entry of bad input.
+    """
+    if not isinstance(snapshot, dict):
+        snapshot = load_snapshot(snapshot)
+    traces = snapshot.get("device_traces")
+    if not isinstance(traces, list) or not all(isinstance(t, list) for t in traces):
+        raise ValueError("not a memory snapshot: `device_traces` must be a list of lists (record with torch.cuda.memory._record_memory_history())")
+    if device is None:
+        device = max(range(len(traces)), key=lambda d: len(traces[d]), default=0)
+    if not 0 <= device < len(traces) or not traces[device]:
+        raise ValueError(f"the snapshot has no trace entries for device {device}")
+    builder = _AddressTrace()
+    for index, entry in enumerate(traces[device]):
+        where = f"device_traces[{device}][{index}]"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: expected a dict, got {type(entry).__name__}")
+        action = entry.get("action")
+        if not isinstance(action, str):
+            raise ValueError(f"{where}: `action` must be a string, got {action!r}")
+        if action not in ("alloc", "free_completed") and action not in _SEGMENT_GROWTH:
+            continue
+        try:
+            addr, size = _natural(entry, "addr"), _natural(entry, "size")
+            stream = _natural(entry, "stream", 0)
+            if action == "alloc":
+                if size == 0:
+                    raise ValueError("size must be at least 1 byte")
+                builder.alloc(addr, size, stream)
+            elif action == "free_completed":
+                builder.free(addr, size, stream)
+            else:
+                builder.reserve(_SEGMENT_GROWTH[action] * size)
+        except ValueError as e:
+            raise ValueError(f"{where} ({action}): {e}") from None
+    live, total = _snapshot_segments(snapshot.get("segments"), device)
+    return builder.finish(live, total)
+
+
+def _snapshot_segments(segments: Any, device: int) -> Tuple[List[Tuple[int, int, int]], Optional[int]]:
+    """Active ``(addr, size, stream)`` blocks and the reserved total of ``device``'s segments."""
+    if segments is None:
+        return [], None
+    if not isinstance(segments, list):
+        raise ValueError(f"`segments` must be a list, got {type(segments).__name__}")
+    live, total = [], 0
+    for index, seg in enumerate(segments):
+        if not isinstance(seg, dict):
+            raise ValueError(f"segments[{index}]: expected a dict, got {type(seg).__name__}")
+        if seg.get("device", device) != device:
+            continue
+        try:
+            total += _natural(seg, "total_size")
+            stream = _natural(seg, "stream", 0)
+            for b, block in enumerate(seg.get("blocks", [])):
+                if isinstance(block, dict) and str(block.get("state", "")).startswith("active"):
+                    live.append((_natural(block, "address"), _natural(block, "size"), stream))
+        except ValueError as e:
+            raise ValueError(f"segments[{index}]: {e}") from None
+    return live, total
+
+
+#: The event kinds of vrampool's event log (``record_events``), as the Python layer names them.
+EVENT_LOG_KINDS = ("alloc", "free", "segment_alloc", "segment_free")
+
+
+def from_event_log(events: Iterable[Union[Sequence[Any], Dict[str, Any]]]) -> Trace:
+    """The trace of a vrampool pool's event log (a pool made with ``record_events``): each
+    event a dict with ``kind``, ``addr``, ``size`` and ``stream`` or a ``(time_ns, kind, addr,
+    size, stream)`` tuple, ``kind`` one of :data:`EVENT_LOG_KINDS`. ``Trace.reserved`` follows
+    the segment events. Raises ``ValueError`` naming the event of bad input."""
+    builder = _AddressTrace()
+    for index, raw in enumerate(events):
+        try:
+            if isinstance(raw, dict):
+                entry = raw
+            elif isinstance(raw, (tuple, list)) and len(raw) == 5:
+                entry = dict(zip(("time_ns", "kind", "addr", "size", "stream"), raw))
+            else:
+                raise ValueError(f"expected a dict or a (time_ns, kind, addr, size, stream) tuple, got {raw!r}")
+            kind = entry.get("kind")
+            if kind not in EVENT_LOG_KINDS:
+                raise ValueError(f"kind must be one of {EVENT_LOG_KINDS}, got {kind!r}")
+            addr, size, stream = _natural(entry, "addr"), _natural(entry, "size"), _natural(entry, "stream", 0)
+            if kind == "alloc":
+                if size == 0:
+                    raise ValueError("size must be at least 1 byte")
+                builder.alloc(addr, size, stream)
+            elif kind == "free":
+                builder.free(addr, size, stream)
+            else:
+                builder.reserve(size if kind == "segment_alloc" else -size)
+        except ValueError as e:
+            raise ValueError(f"event {index}: {e}") from None
+    return builder.finish()
 
 
 def _storage_tracker_class() -> type:
     """Built on first use so that importing this module doesn't import torch."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten
 
     class StorageTracker(TorchDispatchMode):
         """Reports every new storage an op creates to ``on_alloc(id, size)`` and its death to
@@ -193,9 +405,9 @@ def _storage_tracker_class() -> type:
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             out = func(*args, **(kwargs or {}))
-            inputs = {t.untyped_storage()._cdata for t in tree_flatten((args, kwargs))[0] if _real(t, torch)}
-            for t in tree_flatten(out)[0]:
-                if _real(t, torch):
+            inputs = {t.untyped_storage()._cdata for t in _tensors((args, kwargs), torch.Tensor)}
+            for t in _tensors(out, torch.Tensor):
+                if t.device.type != "meta":
                     storage = t.untyped_storage()
                     key = storage._cdata
                     if key not in inputs and key not in self._live and storage.nbytes() > 0:
@@ -216,8 +428,16 @@ def _storage_tracker_class() -> type:
     return StorageTracker
 
 
-def _real(t: Any, torch: Any) -> bool:
-    return isinstance(t, torch.Tensor) and t.device.type != "meta"
+def _tensors(value: Any, tensor_type: type) -> List[Any]:
+    """The tensors in an op's arguments or results (nested tuples, lists and dicts). Written
+    out rather than pytree's flatten, which costs as much as the small ops it would watch."""
+    if isinstance(value, tensor_type):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v, tensor_type)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v, tensor_type)]
+    return []
 
 
 def storage_tracker(on_alloc: Callable[[int, int], None], on_free: Callable[[int, int], None]) -> Any:
