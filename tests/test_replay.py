@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import pytest
 
+import vrampool
+from vrampool.capture import from_snapshot
 from vrampool.cli import main
-from vrampool.trace import REPORT_KEYS, STRATEGIES, read_trace, replay
+from vrampool.trace import ALL, REPORT_KEYS, STRATEGIES, live_bytes_timeline, read_trace, recorded_reserved_timeline, replay
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "static"
 needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason="../shared/traces/static is not beside the repo")
@@ -43,10 +46,78 @@ def test_small_trace_figures() -> None:
         assert r["events_per_s"] > 0
 
 
-def test_replay_all_returns_every_strategy(tmp_path: Path) -> None:
+def test_replay_all_returns_every_strategy_and_the_plan(tmp_path: Path) -> None:
     reports = replay(write_trace(tmp_path / "t.csv", SMALL), strategy="all")
-    assert [r["strategy"] for r in reports] == list(STRATEGIES)
+    assert [r["strategy"] for r in reports] == list(ALL) == list(STRATEGIES) + ["hybrid+vm", "plan"]
     assert {r["lower_bound_bytes"] for r in reports} == {6 * MIB}
+    for r in reports:
+        assert set(REPORT_KEYS) <= set(r), r["strategy"]
+    # 0 at offset 0, 1 above it, 2 where 0 was: the plan meets the bound.
+    planned = reports[-1]
+    assert (planned["peak_reserved_bytes"], planned["device_allocs"], planned["fragmentation"]) == (6 * MIB, 1, None)
+
+
+def test_plan_row_is_the_planners_arena() -> None:
+    # Sizes that are no multiple of 512: the plan is held to the pool's alignment.
+    rows = [(0, 0, 3, 1000), (1, 1, 4, 3000), (2, 2, 5, 700), (3, 4, 6, 5000)]
+    report = replay(rows, strategy="plan")
+    expected = vrampool.plan(rows, alignment=512, budget_ms=500)
+    assert report["peak_reserved_bytes"] == expected.arena_bytes == 6144
+    # Requested bytes peak at time 4 (700 + 5000, 3000 freed first); rounded to 512, at 6144.
+    assert (report["lower_bound_bytes"], report["peak_allocated_bytes"]) == (5700, 6144)
+    assert report["lower_bound_bytes"] == replay(rows, strategy="best_fit")["lower_bound_bytes"]
+    assert report["events"] == 8 and report["events_per_s"] > 0
+
+
+def test_timeline_follows_the_live_bytes() -> None:
+    # Events: alloc 0, alloc 1, free 0, alloc 2, free 1, free 2.
+    live = [4 * MIB, 6 * MIB, 2 * MIB, 6 * MIB, 4 * MIB, 0]
+    for strategy in ("best_fit", "plan"):
+        line = replay(SMALL, strategy=strategy)["timeline"]
+        assert line["event"] == [1, 2, 3, 4, 5, 6], strategy
+        assert line["allocated_bytes"] == live, strategy
+        assert all(r >= a for r, a in zip(line["reserved_bytes"], line["allocated_bytes"])), strategy
+    halves = replay(SMALL, strategy="hybrid", samples=2)["timeline"]
+    assert halves["event"] == [3, 6] and halves["allocated_bytes"] == [2 * MIB, 0]
+    assert replay(SMALL, strategy="slab", samples=0)["timeline"]["event"] == []
+    assert live_bytes_timeline([r + (0,) for r in SMALL], 4) == ([2, 4, 6], [6 * MIB, 6 * MIB, 0])
+
+
+def test_virtual_memory_growth_reserves_less_for_middle_sizes() -> None:
+    # Five 3 MiB buffers live at once: plain segments for 1-10 MiB requests are 20 MiB (as
+    # PyTorch's), growth by mapping reserves what is used, in 2 MiB chunks.
+    rows = [(i, i, 10, 3 * MIB) for i in range(5)]
+    plain, grown = replay(rows, strategy=["best_fit", "best_fit+vm"])
+    assert plain["peak_reserved_bytes"] == 20 * MIB
+    assert 15 * MIB <= grown["peak_reserved_bytes"] < 20 * MIB
+    with pytest.raises(ValueError, match="unknown strategy"):
+        replay(rows, strategy="plan+vm")
+
+
+def test_what_if_reports_what_pytorch_reserved(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    seg = 1 << 40
+    snapshot = {
+        "device_traces": [
+            [
+                {"action": "segment_alloc", "addr": seg, "size": 20 * MIB, "stream": 0},
+                {"action": "alloc", "addr": seg, "size": 3 * MIB, "stream": 0},
+                {"action": "alloc", "addr": seg + 3 * MIB, "size": 3 * MIB, "stream": 0},
+                {"action": "free_completed", "addr": seg, "size": 3 * MIB, "stream": 0},
+            ]
+        ],
+        "segments": [{"device": 0, "total_size": 20 * MIB, "stream": 0, "blocks": []}],
+    }
+    trace = from_snapshot(snapshot)
+    reports = replay(trace, strategy="all")
+    assert {r["recorded_reserved_bytes"] for r in reports} == {20 * MIB}
+    assert recorded_reserved_timeline(trace) == ([0, 0], [0, 20 * MIB])
+    assert "recorded_reserved_bytes" not in replay(SMALL)
+    path = tmp_path / "snap.pickle"
+    path.write_bytes(pickle.dumps(snapshot))
+    assert main(["replay", str(path), "--strategy", "all"]) == 0
+    out = capsys.readouterr().out
+    assert "vs recorded" in out
+    assert any(line.startswith("recorded") and "20.0 MiB" in line for line in out.splitlines()), out
 
 
 def test_replay_rejects_bad_arguments() -> None:
@@ -56,6 +127,8 @@ def test_replay_rejects_bad_arguments() -> None:
         replay([(0, 1, 2)])
     with pytest.raises(ValueError, match="upper"):
         replay([(0, 2, 2, 100)])
+    with pytest.raises(ValueError, match="unknown pool setting `colour`"):
+        replay(SMALL, conf="colour:blue")
 
 
 def test_cli_json_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -66,9 +139,9 @@ def test_cli_json_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert one["strategy"] == "hybrid" and one["lower_bound_bytes"] == 6 * MIB
     assert main(["replay", str(path), "--strategy", "all", "--json"]) == 0
     several = json.loads(capsys.readouterr().out)
-    assert isinstance(several, list) and [r["strategy"] for r in several] == list(STRATEGIES)
+    assert isinstance(several, list) and [r["strategy"] for r in several] == list(ALL)
     for r in several:
-        assert set(REPORT_KEYS) <= set(r)
+        assert set(REPORT_KEYS) <= set(r) and "timeline" not in r
 
 
 def test_cli_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -76,7 +149,7 @@ def test_cli_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", str(path), "--strategy", "all"]) == 0
     out = capsys.readouterr().out
     assert "6 events" in out and "reserved/bound" in out
-    for strategy in STRATEGIES:
+    for strategy in ALL:
         assert strategy in out
 
 
@@ -99,4 +172,4 @@ def test_shared_instances_reserve_at_least_the_bound(capsys: pytest.CaptureFixtu
         for r in replay(path, strategy="all"):
             assert r["peak_reserved_bytes"] >= r["lower_bound_bytes"] > 0, (path.name, r)
     assert main(["replay", str(TRACES / "somas-resnet50.csv"), "--strategy", "all", "--json"]) == 0
-    assert len(json.loads(capsys.readouterr().out)) == len(STRATEGIES)
+    assert len(json.loads(capsys.readouterr().out)) == len(ALL)

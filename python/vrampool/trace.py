@@ -1,9 +1,10 @@
-"""Allocation traces and their replay through each strategy.
+"""Allocation traces and their replay through each strategy and the static plan.
 
-The trace format is the planner's CSV, ``id,lower,upper,size``, with an optional ``stream``
-column: one buffer a row, live on ``[lower, upper)``, the times being event indices or any
-monotone clock. Replaying turns the rows into events (at each time, frees before allocations,
-ties broken by id) and feeds them to a pool on the address-only simulated device.
+A trace is a file (JSON lines, the ``id,lower,upper,size[,stream]`` CSV, or a PyTorch memory
+snapshot pickle: see :mod:`vrampool.capture`), a :class:`~vrampool.capture.Trace`, or rows
+``(id, lower, upper, size[, stream])``: one buffer a row, live on ``[lower, upper)``. Replaying
+turns the rows into events (at each time, frees before allocations, ties broken by id) and feeds
+them to a pool on the address-only simulated device, or hands them to the static planner.
 
 >>> from vrampool.trace import replay
 >>> r = replay([(0, 0, 2, 1 << 20), (1, 1, 3, 1 << 20), (2, 2, 4, 1 << 20)])
@@ -13,30 +14,62 @@ ties broken by id) and feeds them to a pool on the address-only simulated device
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import statistics
+import time
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from vrampool import _native
+from vrampool.capture import Trace, read
 
 #: One buffer: (id, lower, upper, size, stream).
 TraceRow = Tuple[int, int, int, int, int]
 #: The figures of one replay.
 Report = Dict[str, Any]
+TraceLike = Union[str, Path, Trace, Iterable[Sequence[int]]]
+
+#: The pool's strategies. A name ending in ``+vm`` grows by mapping virtual memory (the
+#: ``expandable`` option); plain names use plain segments, as on a device without it.
 STRATEGIES = ("slab", "best_fit", "buddy", "hybrid")
+VM_SUFFIX = "+vm"
+#: The static planner's row: every buffer placed in one arena ahead of time.
+PLAN = "plan"
+#: What ``strategy="all"`` replays, in order.
+ALL = STRATEGIES + ("hybrid" + VM_SUFFIX, PLAN)
 
 #: The keys of every report (``vrampool replay --json`` prints these, among others).
 REPORT_KEYS = ("strategy", "peak_reserved_bytes", "peak_allocated_bytes", "lower_bound_bytes", "events", "events_per_s")
+#: Timeline points each replay samples for the plots.
+SAMPLES = 1000
+#: The planner's time for its exact search, per trace: replays should take seconds, not minutes.
+PLAN_BUDGET_MS = 500
+#: The pool's block alignment; the plan is held to it too, so that the figures compare.
+ALIGNMENT = 512
+#: The hybrid's tier limits (``small_max``, ``large_min``), for size histograms.
+SMALL_MAX, LARGE_MIN = 1 << 20, 64 << 20
 
 
 def read_trace(path: Union[str, Path]) -> List[TraceRow]:
-    """The buffers of a trace CSV file, as ``(id, lower, upper, size, stream)`` rows (stream 0
-    where the file has no stream column). Raises ``ValueError`` naming the line of bad input."""
-    return _native.read_trace_csv(Path(path).read_text())
+    """The buffers of a trace file (any format :func:`vrampool.capture.read` takes), as
+    ``(id, lower, upper, size, stream)`` rows (a CSV's as written; other formats' times are event
+    indices). Raises ``ValueError`` naming the line of bad input."""
+    if Path(path).suffix == ".csv":
+        return _native.read_trace_csv(Path(path).read_text())
+    return read(path).rows()
 
 
-def _rows(trace: Union[str, Path, Iterable[Sequence[int]]]) -> List[TraceRow]:
+def load(trace: TraceLike) -> Trace:
+    """A ``Trace`` from a file, a ``Trace`` or rows."""
+    if isinstance(trace, Trace):
+        return trace
     if isinstance(trace, (str, Path)):
-        return read_trace(trace)
+        return read(trace)
+    return Trace.from_rows(_rows(trace))
+
+
+def _rows(trace: Iterable[Sequence[int]]) -> List[TraceRow]:
     rows = []
     for number, row in enumerate(trace):
         row = tuple(int(v) for v in row)
@@ -46,22 +79,192 @@ def _rows(trace: Union[str, Path, Iterable[Sequence[int]]]) -> List[TraceRow]:
             raise ValueError(f"row {number}: expected (id, lower, upper, size[, stream]), got {len(row)} values")
         if min(row) < 0:
             raise ValueError(f"row {number}: negative value in {row}")
+        if row[2] <= row[1]:
+            raise ValueError(f"row {number}: upper ({row[2]}) must exceed lower ({row[1]})")
         rows.append(row)
     return rows
 
 
-def replay(
-    trace: Union[str, Path, Iterable[Sequence[int]]],
-    strategy: str = "hybrid",
-    conf: str = "",
-) -> Union[Report, List[Report]]:
-    """Replays a trace (a CSV path, or ``(id, lower, upper, size[, stream])`` rows) through
-    ``strategy``; ``"all"`` replays it through every strategy. ``conf`` sets other pool options
-    in ``VRAMPOOL_CONF`` form (e.g. ``"round_up_divisions:4"``).
+def strategy_names(strategy: Union[str, Sequence[str]]) -> List[str]:
+    """The rows a ``strategy`` argument asks for: a name, ``"all"`` (:data:`ALL`) or a list."""
+    names = list(ALL) if strategy == "all" else [strategy] if isinstance(strategy, str) else list(strategy)
+    for name in names:
+        if name != PLAN and name.removesuffix(VM_SUFFIX) not in STRATEGIES:
+            choices = ", ".join(STRATEGIES + ("NAME" + VM_SUFFIX, PLAN, "all"))
+            raise ValueError(f"unknown strategy {name!r}; choose one of {choices}")
+    return names
 
-    Returns a dict for one strategy and a list of dicts for ``"all"``, with the keys
-    ``strategy``, ``peak_reserved_bytes``, ``peak_allocated_bytes``, ``lower_bound_bytes``,
-    ``events``, ``events_per_s``, ``seconds`` and ``device_allocs``.
+
+def pool_conf(name: str, conf: str = "") -> str:
+    """The ``VRAMPOOL_CONF`` text of a strategy row: its strategy, virtual-memory growth on for
+    ``+vm`` names and off otherwise, then ``conf`` (which may override both)."""
+    vm = str(name.endswith(VM_SUFFIX)).lower()
+    return f"strategy:{name.removesuffix(VM_SUFFIX)},expandable:{vm}" + (f",{conf}" if conf else "")
+
+
+def replay_each(
+    trace: TraceLike,
+    strategy: Union[str, Sequence[str]] = "all",
+    conf: str = "",
+    samples: int = SAMPLES,
+) -> Iterator[Report]:
+    """Yields one report per strategy (see :func:`replay`) as each finishes, for progress bars."""
+    names = strategy_names(strategy)
+    loaded = load(trace)
+    rows = loaded.rows()
+    recorded = loaded.peak_reserved_bytes()
+    for name in names:
+        if name == PLAN:
+            report = _plan_report(rows, samples)
+        else:
+            report = _native.replay_trace(rows, [pool_conf(name, conf)], samples)[0]
+            report["strategy"] = name
+        if recorded is not None:
+            report["recorded_reserved_bytes"] = recorded
+        yield report
+
+
+def replay(
+    trace: TraceLike,
+    strategy: Union[str, Sequence[str]] = "hybrid",
+    conf: str = "",
+    samples: int = SAMPLES,
+) -> Union[Report, List[Report]]:
+    """Replays a trace through ``strategy``: a pool strategy (``slab``, ``best_fit``, ``buddy``,
+    ``hybrid``, any of them with ``+vm`` for virtual-memory growth), ``plan`` (the static
+    planner's arena), ``"all"`` (:data:`ALL`) or a list of those. ``conf`` sets other pool
+    options in ``VRAMPOOL_CONF`` form (e.g. ``"round_up_divisions:4"``).
+
+    Returns a dict for one name and a list of dicts otherwise, with the keys ``strategy``,
+    ``peak_reserved_bytes``, ``peak_allocated_bytes``, ``lower_bound_bytes``, ``events``,
+    ``events_per_s``, ``seconds``, ``device_allocs``, ``fragmentation`` (at the moment of most
+    allocated, None for the plan) and ``timeline`` (``event``, ``allocated_bytes`` and
+    ``reserved_bytes`` lists of up to ``samples`` points). For a trace from a PyTorch snapshot or
+    an event log, ``recorded_reserved_bytes`` is what that allocator reserved at its peak.
     """
-    reports = _native.replay_trace(_rows(trace), strategy, conf)
-    return reports if strategy.lower() == "all" else reports[0]
+    reports = list(replay_each(trace, strategy, conf, samples))
+    return reports[0] if isinstance(strategy, str) and strategy != "all" else reports
+
+
+def _plan_report(rows: List[TraceRow], samples: int) -> Report:
+    """The static plan as a replay row: one arena of the plan's size, reserved from the start."""
+    from vrampool.planner import plan
+
+    start = time.perf_counter()
+    result = plan([r[:4] for r in rows], budget_ms=PLAN_BUDGET_MS, alignment=ALIGNMENT)
+    seconds = time.perf_counter() - start
+    events = 2 * len(rows)
+    points, live = live_bytes_timeline(rows, samples)
+    # The planner's bound counts sizes rounded to the alignment, as a pool's allocated bytes do;
+    # the report's bound is the requested bytes', as in every other row.
+    return {
+        "strategy": PLAN,
+        "peak_reserved_bytes": result.arena_bytes,
+        "peak_allocated_bytes": result.lower_bound_bytes,
+        "lower_bound_bytes": max(itertools.accumulate(e[3] for e in _ordered_events(rows)), default=0),
+        "events": events,
+        "seconds": seconds,
+        "events_per_s": events / seconds if seconds > 0 else 0.0,
+        "device_allocs": 1,
+        "fragmentation": None,
+        "timeline": {"event": points, "allocated_bytes": live, "reserved_bytes": [result.arena_bytes] * len(points)},
+    }
+
+
+def _ordered_events(rows: Iterable[TraceRow]) -> List[Tuple[int, int, int, int]]:
+    """``(time, 0 for a free / 1 for an allocation, id, signed size)`` in replay order."""
+    events = []
+    for ident, lower, upper, size, _ in rows:
+        events.append((lower, 1, ident, size))
+        events.append((upper, 0, ident, -size))
+    events.sort()
+    return events
+
+
+def live_bytes_timeline(rows: Iterable[TraceRow], samples: int = SAMPLES) -> Tuple[List[int], List[int]]:
+    """Requested bytes live after evenly spaced event indices, as the replay samples them."""
+    events = _ordered_events(rows)
+    if not events or samples <= 0:
+        return [], []
+    stride = -(-len(events) // samples)
+    points = list(range(stride, len(events), stride)) + [len(events)]
+    live, out, at = 0, [], 0
+    for point in points:
+        for event in events[at:point]:
+            live += event[3]
+        at = point
+        out.append(live)
+    return points, out
+
+
+def recorded_reserved_timeline(trace: Trace) -> Tuple[List[int], List[int]]:
+    """What the recording allocator reserved, as ``(replay event index, bytes)`` steps: the
+    trace's times mapped onto the replay's event count (step markers make no events)."""
+    if not trace.reserved:
+        return [], []
+    made = [0]  # made[t]: replay events before trace time t
+    for e in trace.events:
+        made.append(made[-1] + (e.op != "step"))
+    return [made[min(t, len(made) - 1)] for t, _ in trace.reserved], [b for _, b in trace.reserved]
+
+
+def peak_segments(trace: TraceLike, strategy: str = "hybrid", conf: str = "") -> List[Dict[str, Any]]:
+    """The segments (as ``DevicePool.snapshot()`` gives them) of a pool that has replayed
+    ``trace`` up to its moment of most live bytes: the segment map at the peak."""
+    name = strategy_names(strategy)[0]
+    if name == PLAN:
+        raise ValueError("the plan has no segments: pick a pool strategy")
+    events = _ordered_events(load(trace).rows())
+    live = best = best_at = 0
+    for index, event in enumerate(events):
+        live += event[3]
+        if live > best:
+            best, best_at = live, index + 1
+    pool = _native.NativePool(1 << 48, pool_conf(name, conf), False)
+    buffers = {}
+    for _, is_alloc, ident, size in events[:best_at]:
+        if is_alloc:
+            buffers[ident] = pool.allocate(size)
+        else:
+            buffers.pop(ident).free()
+    segments = pool.snapshot()
+    pool.close()
+    return segments
+
+
+def summary(trace: TraceLike) -> Dict[str, Any]:
+    """A trace's figures: events, buffers, steps, peak live bytes, a size histogram by the
+    hybrid's tiers (and by power of two), and buffer lifetimes in events."""
+    loaded = load(trace)
+    rows = loaded.rows()
+    sizes = sorted(r[3] for r in rows)
+    lifetimes = sorted(r[2] - r[1] for r in rows)
+    tiers = {"slab (<= 1 MiB)": 0, "best_fit": 0, "buddy (>= 64 MiB)": 0}
+    tier_bytes = dict.fromkeys(tiers, 0)
+    powers: Dict[int, int] = {}
+    for size in sizes:
+        tier = "slab (<= 1 MiB)" if size <= SMALL_MAX else "buddy (>= 64 MiB)" if size >= LARGE_MIN else "best_fit"
+        tiers[tier] += 1
+        tier_bytes[tier] += size
+        powers[1 << (size - 1).bit_length()] = powers.get(1 << (size - 1).bit_length(), 0) + 1
+    steps = sum(e.op == "step" for e in loaded.events)
+
+    def quantile(q: float) -> int:
+        return lifetimes[min(len(lifetimes) - 1, int(q * len(lifetimes)))] if lifetimes else 0
+
+    step_times = [t for t, e in enumerate(loaded.events) if e.op == "step"]
+    across = sum(bisect.bisect_left(step_times, r[2]) > bisect.bisect_left(step_times, r[1]) for r in rows)
+    return {
+        "events": sum(e.op != "step" for e in loaded.events),
+        "buffers": len(rows),
+        "steps": steps,
+        "streams": len({r[4] for r in rows}),
+        "peak_live_bytes": loaded.peak_allocated_bytes(),
+        "recorded_reserved_bytes": loaded.peak_reserved_bytes(),
+        "total_bytes": sum(sizes),
+        "size_bytes": {"min": sizes[0] if sizes else 0, "median": int(statistics.median(sizes)) if sizes else 0, "max": sizes[-1] if sizes else 0},
+        "tiers": {name: {"buffers": tiers[name], "bytes": tier_bytes[name]} for name in tiers},
+        "size_histogram": {str(k): v for k, v in sorted(powers.items())},
+        "lifetime_events": {"median": quantile(0.5), "p90": quantile(0.9), "max": lifetimes[-1] if lifetimes else 0},
+        "buffers_across_steps": across,
+    }

@@ -60,6 +60,17 @@ pub enum TraceEvent {
     Free { id: u64 },
 }
 
+/// Timeline points a replay samples unless told otherwise (the plots' resolution).
+pub const DEFAULT_SAMPLES: usize = 1000;
+
+/// The pool's figures after the first `event` events of a replay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimelineSample {
+    pub event: usize,
+    pub allocated_bytes: u64,
+    pub reserved_bytes: u64,
+}
+
 /// What one strategy did with a trace.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReplayReport {
@@ -75,6 +86,11 @@ pub struct ReplayReport {
     pub events_per_s: f64,
     /// Segments the pool asked the device for.
     pub device_allocs: u64,
+    /// External fragmentation (1 - largest free block / free bytes) at the timeline sample with
+    /// the most bytes allocated: how scattered the spare memory is when memory is tightest.
+    pub fragmentation: f64,
+    /// Allocated and reserved bytes at evenly spaced event indices (the last one is the end).
+    pub timeline: Vec<TimelineSample>,
 }
 
 /// Why a trace could not be read or replayed. Bad input is an error, never a panic.
@@ -180,15 +196,38 @@ pub fn events_from_buffers(buffers: &[TraceBuffer]) -> Result<Vec<TraceEvent>, R
     Ok(keyed.into_iter().map(|(_, e)| e).collect())
 }
 
-/// A trace checked and lowered for the replay loop: ids mapped to dense slots.
-struct Prepared {
+/// A trace checked and lowered for the replay loop (ids mapped to dense slots), so that several
+/// configurations can replay it without checking it again.
+pub struct PreparedTrace {
     /// `(slot, size, stream)`; a size of 0 is a free.
     ops: Vec<(u32, u64, u64)>,
     slots: usize,
     lower_bound: u64,
 }
 
-fn prepare(events: &[TraceEvent]) -> Result<Prepared, ReplayError> {
+impl PreparedTrace {
+    /// Checks `events`: a free of an id that is not live, an id allocated twice and a zero-byte
+    /// allocation are errors.
+    pub fn new(events: &[TraceEvent]) -> Result<Self, ReplayError> {
+        prepare(events)
+    }
+
+    /// Allocations and frees.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// The most requested bytes live at once.
+    pub fn lower_bound_bytes(&self) -> u64 {
+        self.lower_bound
+    }
+}
+
+fn prepare(events: &[TraceEvent]) -> Result<PreparedTrace, ReplayError> {
     let mut live: HashMap<u64, (u32, u64)> = HashMap::new();
     let mut spare: Vec<u32> = Vec::new();
     let mut slots = 0u32;
@@ -219,32 +258,51 @@ fn prepare(events: &[TraceEvent]) -> Result<Prepared, ReplayError> {
             }
         }
     }
-    Ok(Prepared { ops, slots: slots as usize, lower_bound })
+    Ok(PreparedTrace { ops, slots: slots as usize, lower_bound })
 }
 
 /// Replays `events` through a new pool with `config` on an address-only simulated device of
-/// [`REPLAY_CAPACITY`] bytes. The trace is checked first (a free of an id that is not live, an id
-/// allocated twice, a zero-byte allocation are errors); events per second are measured over the
-/// replay loop alone.
+/// [`REPLAY_CAPACITY`] bytes, sampling [`DEFAULT_SAMPLES`] timeline points. The trace is checked
+/// first (see [`PreparedTrace::new`]); events per second are measured over the replay loop alone.
 pub fn replay(events: &[TraceEvent], config: PoolConfig) -> Result<ReplayReport, ReplayError> {
-    let prepared = prepare(events)?;
-    replay_prepared(&prepared, config)
+    replay_prepared(&PreparedTrace::new(events)?, config, DEFAULT_SAMPLES)
 }
 
 /// Replays `events` once per strategy of [`ALL_STRATEGIES`], each with `base` but its strategy.
 pub fn replay_all(events: &[TraceEvent], base: &PoolConfig) -> Result<Vec<ReplayReport>, ReplayError> {
-    let prepared = prepare(events)?;
+    let prepared = PreparedTrace::new(events)?;
     ALL_STRATEGIES
         .iter()
-        .map(|&strategy| replay_prepared(&prepared, PoolConfig { strategy, ..base.clone() }))
+        .map(|&strategy| replay_prepared(&prepared, PoolConfig { strategy, ..base.clone() }, DEFAULT_SAMPLES))
         .collect()
 }
 
-fn replay_prepared(prepared: &Prepared, config: PoolConfig) -> Result<ReplayReport, ReplayError> {
+/// Replays a prepared trace through a new pool with `config`, sampling the timeline at up to
+/// `samples` evenly spaced event indices (none for 0). The samples are read inside the timed loop,
+/// so events per second include their cost.
+pub fn replay_prepared(
+    prepared: &PreparedTrace,
+    config: PoolConfig,
+    samples: usize,
+) -> Result<ReplayReport, ReplayError> {
     let strategy = config.strategy;
     let device = Arc::new(SimDevice::new(REPLAY_CAPACITY, SimMode::AddressOnly));
     let pool = Pool::new(device, config).map_err(|source| ReplayError::Pool { index: 0, source })?;
+    let events = prepared.ops.len();
+    // ceil(events / samples) events apart: at most `samples` points, the last at the end.
+    let stride = if samples == 0 { usize::MAX } else { events.div_ceil(samples).max(1) };
+    let mut timeline = Vec::with_capacity(samples.min(events));
+    let (mut fragmentation, mut most_allocated) = (0.0, 0u64);
+    let mut sample = |event: usize| {
+        let stats = pool.stats();
+        let allocated_bytes = stats.allocated_bytes.current;
+        if allocated_bytes >= most_allocated {
+            (most_allocated, fragmentation) = (allocated_bytes, stats.fragmentation());
+        }
+        timeline.push(TimelineSample { event, allocated_bytes, reserved_bytes: stats.reserved_bytes.current });
+    };
     let mut addrs = vec![0u64; prepared.slots];
+    let mut until_sample = stride;
     let start = Instant::now();
     for (index, &(slot, size, stream)) in prepared.ops.iter().enumerate() {
         let result = if size > 0 {
@@ -253,10 +311,17 @@ fn replay_prepared(prepared: &Prepared, config: PoolConfig) -> Result<ReplayRepo
             pool.free(addrs[slot as usize], None, None)
         };
         result.map_err(|source| ReplayError::Pool { index, source })?;
+        until_sample -= 1;
+        if until_sample == 0 {
+            until_sample = stride;
+            sample(index + 1);
+        }
+    }
+    if samples > 0 && events % stride != 0 {
+        sample(events);
     }
     let seconds = start.elapsed().as_secs_f64();
     let stats = pool.stats();
-    let events = prepared.ops.len();
     Ok(ReplayReport {
         strategy,
         peak_reserved_bytes: stats.reserved_bytes.peak,
@@ -266,6 +331,8 @@ fn replay_prepared(prepared: &Prepared, config: PoolConfig) -> Result<ReplayRepo
         seconds,
         events_per_s: if seconds > 0.0 { events as f64 / seconds } else { 0.0 },
         device_allocs: stats.num_device_alloc,
+        fragmentation,
+        timeline,
     })
 }
 
@@ -367,6 +434,33 @@ mod tests {
         assert_eq!(replay(&reused, PoolConfig::default()).unwrap().lower_bound_bytes, 1024);
     }
 
+    #[test]
+    fn replay_timeline_is_evenly_spaced_and_ends_at_the_end() {
+        // 1000 buffers of 1 MiB, at most two live: 2000 events.
+        let buffers: Vec<_> = (0..1000).map(|i| TraceBuffer::new(i, i, i + 2, MIB)).collect();
+        let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap();
+        assert_eq!((prepared.len(), prepared.lower_bound_bytes()), (2000, 2 * MIB));
+        for (samples, expected) in [(0, 0), (1, 1), (7, 7), (1000, 1000), (3000, 2000)] {
+            let report = replay_prepared(&prepared, config(StrategyKind::BestFit), samples).unwrap();
+            let points: Vec<usize> = report.timeline.iter().map(|p| p.event).collect();
+            assert_eq!(points.len(), expected, "{samples} samples");
+            if let (Some(&first), Some(&last)) = (points.first(), points.last()) {
+                assert_eq!(last, 2000, "{samples} samples");
+                let stride = 2000usize.div_ceil(samples);
+                assert_eq!(first, stride.min(2000));
+                assert!(points.windows(2).all(|w| w[1] - w[0] == stride || w[1] == 2000), "{points:?}");
+            }
+            for p in &report.timeline {
+                assert!(p.allocated_bytes <= 2 * MIB && p.reserved_bytes >= p.allocated_bytes, "{p:?}");
+            }
+        }
+        // Mid-trace one or two buffers are live; at the end none is.
+        let report = replay_prepared(&prepared, config(StrategyKind::BestFit), 10).unwrap();
+        assert!(report.timeline[..9].iter().all(|p| p.allocated_bytes >= MIB), "{:?}", report.timeline);
+        assert_eq!(report.timeline[9].allocated_bytes, 0);
+        assert!((0.0..=1.0).contains(&report.fragmentation));
+    }
+
     fn shared_traces() -> Vec<(String, Vec<TraceEvent>)> {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces/static");
         let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -418,9 +512,20 @@ mod tests {
                 TraceEvent::Free { id } => TraceEvent::Free { id: id + round * 1_000_000 },
             }));
         }
+        let prepared = PreparedTrace::new(&long).unwrap();
         for strategy in ALL_STRATEGIES {
-            let best = (0..3).map(|_| replay(&long, config(strategy)).unwrap().events_per_s).fold(0.0, f64::max);
-            eprintln!("{:<8} {:>6.2} M events/s over {} events", strategy.name(), best / 1e6, long.len());
+            // With the plots' timeline and without: the sampling's cost shows as the difference.
+            let best = |samples| {
+                (0..3).map(|_| replay_prepared(&prepared, config(strategy), samples).unwrap().events_per_s).fold(0.0, f64::max)
+            };
+            let (sampled, bare) = (best(DEFAULT_SAMPLES), best(0));
+            eprintln!(
+                "{:<8} {:>6.2} M events/s with {DEFAULT_SAMPLES} samples, {:>6.2} M without, over {} events",
+                strategy.name(),
+                sampled / 1e6,
+                bare / 1e6,
+                long.len()
+            );
         }
     }
 }
