@@ -25,6 +25,7 @@ from vrampool._native import (
     WrongDeviceError,
     __version__,
 )
+from vrampool.planned import PlannedPool
 from vrampool.planner import PlanResult, plan
 from vrampool.pool import DeviceBuffer, DevicePool, set_shared_pool, shared_pool
 from vrampool.streams import stream_handle
@@ -37,6 +38,7 @@ __all__ = [
     "InvalidSizeError",
     "OutOfMemoryError",
     "PlanResult",
+    "PlannedPool",
     "PoolClosedError",
     "WrongDeviceError",
     "__version__",

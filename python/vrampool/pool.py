@@ -5,11 +5,14 @@ from __future__ import annotations
 import sys
 import threading
 import traceback
-from typing import Any, Dict, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
 from vrampool._native import InvalidFreeError, NativeBuffer, NativePool, PoolClosedError, WrongDeviceError
 from vrampool.streams import stream_handle
 from vrampool.summary import format_summary
+
+if TYPE_CHECKING:
+    from vrampool.planned import PlannedPool
 
 #: A block of device memory (the native class itself: its methods run in Rust, and a Python
 #: subclass would need the native allocate to build it).
@@ -332,6 +335,13 @@ class DevicePool:
         """``"device"`` (CUDA memory), ``"host"`` (host-backed simulated device) or ``"none"``
         (address-only simulated device: the pointers lead nowhere)."""
         return self._native.memory_kind
+
+    def planned(self, *, budget_ms: int = 10) -> "PlannedPool":
+        """A planned arena over this pool (static plan, dynamic fallback, plans per signature):
+        see :class:`vrampool.PlannedPool`."""
+        from vrampool.planned import PlannedPool
+
+        return PlannedPool(self, budget_ms=budget_ms)
 
     @property
     def native(self) -> NativePool:

@@ -4,6 +4,7 @@
 mod c_abi;
 mod errors;
 mod plan;
+mod planned;
 mod pool;
 mod replay;
 
@@ -18,5 +19,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     replay::register(m)?;
     m.add_class::<pool::NativePool>()?;
     m.add_class::<pool::NativeBuffer>()?;
+    m.add_class::<planned::NativePlannedPool>()?;
     Ok(())
 }
