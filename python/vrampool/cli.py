@@ -1,90 +1,143 @@
-"""The `vrampool` command."""
+"""The `vrampool` command: demo, capture, replay, summary, plan.
+
+Tables are for people and ``--json`` is for machines; progress bars go to stderr, and only when
+it is a terminal. Bad input gives one line on stderr and exit code 1, never a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
+import subprocess
 import sys
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, TypeVar
 
 from vrampool.planner import ALGORITHMS, plan
-from vrampool.pool import DevicePool
 
-STRATEGIES = ("slab", "best_fit", "buddy", "hybrid")
+T = TypeVar("T")
+MIB = 1 << 20
+#: The rows of the demo's table, in order.
+DEMO_STRATEGIES = ("buddy", "slab", "best_fit", "hybrid", "hybrid+vm", "plan")
+
+
+class CommandError(Exception):
+    """A message for stderr and exit code 1."""
 
 
 def _mib(n: float) -> str:
-    return f"{n / (1 << 20):,.1f} MiB"
+    return f"{n / MIB:,.1f} MiB"
 
 
-def _varying_batches(seed: int, steps: int) -> List[List[int]]:
-    """Each step's tensor sizes: a recommender-like loop whose batch size changes every step (the
-    course notes' story), with small bias/norm tensors beside large activations."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(steps):
-        batch = rng.choice([96, 128, 160, 200, 256])
-        sizes = []
-        for _layer in range(12):
-            sizes.append(batch * rng.choice([1024, 2048, 4096]) * 4)  # activations
-            sizes.append(rng.choice([512, 2048, 4096, 16384]))  # biases, norms
-            sizes.append(batch * 64 * 4)  # small per-row tensors
-        out.append(sizes)
-    return out
+def _progress(items: Iterable[T], total: int, desc: str, quiet: bool = False) -> Iterable[T]:
+    """``items`` under a tqdm bar on stderr, unless ``quiet`` or stderr is not a terminal."""
+    if quiet or not sys.stderr.isatty():
+        return items
+    from tqdm import tqdm
+
+    return tqdm(items, total=total, desc=desc, file=sys.stderr, leave=False)
 
 
-def demo(seed: int = 0, steps: int = 40) -> int:
-    """Runs the same varying-batch workload through each strategy on the simulated device and
-    prints what each reserved."""
-    workload = _varying_batches(seed, steps)
-    print(f"vrampool demo: {steps} steps of a varying-batch training loop on the simulated device\n")
-    header = f"{'strategy':<10} {'peak allocated':>16} {'peak reserved':>16} {'reserved/alloc':>15} {'device allocs':>14} {'fast-path hits':>15}"
-    print(header)
-    print("-" * len(header))
-    for strategy in STRATEGIES:
-        with DevicePool("sim", capacity=64 << 30, strategy=strategy, host_backed=False) as pool:
-            for sizes in workload:
-                live = [pool.allocate(s) for s in sizes]
-                # Activations die in reverse order (the backward pass), small tensors in between.
-                for buf in reversed(live):
-                    pool.deallocate(buf)
-            s = pool.stats()
-            ratio = s["reserved_bytes.all.peak"] / max(1, s["allocated_bytes.all.peak"])
-            print(
-                f"{strategy:<10} {_mib(s['allocated_bytes.all.peak']):>16} {_mib(s['reserved_bytes.all.peak']):>16} "
-                f"{ratio:>15.2f} {s['num_device_alloc']:>14} {s['fast_path_hits']:>15}"
-            )
+def format_reports(reports: Sequence[Mapping[str, Any]]) -> str:
+    """The replay table: what each strategy reserved beside the lower bound (and beside what
+    the recording allocator reserved, when the trace says)."""
+    bound = reports[0]["lower_bound_bytes"]
+    recorded = reports[0].get("recorded_reserved_bytes")
+    columns = f"{'strategy':<10} {'peak reserved':>14} {'reserved/bound':>15} {'peak allocated':>15} {'frag':>5} {'device allocs':>14} {'events/s':>12}"
+    if recorded:
+        columns += f" {'vs recorded':>12}"
+    lines = [columns, "-" * len(columns)]
+    for r in reports:
+        frag = "-" if r.get("fragmentation") is None else f"{r['fragmentation']:.2f}"
+        line = (
+            f"{r['strategy']:<10} {_mib(r['peak_reserved_bytes']):>14} {r['peak_reserved_bytes'] / bound if bound else 1.0:>14.3f}x "
+            f"{_mib(r['peak_allocated_bytes']):>15} {frag:>5} {r['device_allocs']:>14,} {r['events_per_s']:>12,.0f}"
+        )
+        if recorded:
+            line += f" {r['peak_reserved_bytes'] / recorded:>11.3f}x"
+        lines.append(line)
+    if recorded:
+        lines.append(f"{'recorded':<10} {_mib(recorded):>14} {recorded / bound if bound else 1.0:>14.3f}x   (what the recording allocator reserved)")
+    return "\n".join(lines)
+
+
+def _without_timeline(report: Mapping[str, Any]) -> Dict[str, Any]:
+    return {k: v for k, v in report.items() if k != "timeline"}
+
+
+def replay_command(args: argparse.Namespace) -> int:
+    """`vrampool replay`: a table of what each strategy reserved beside the lower bound, or JSON
+    (without the timelines, which ``--plot`` draws)."""
+    from vrampool.plot import memory_timeline_svg
+    from vrampool.trace import load, recorded_reserved_timeline, replay_each, strategy_names
+
+    try:
+        trace = load(args.trace)
+        names = strategy_names(args.strategy)
+        reports = list(_progress(replay_each(trace, names, args.conf), len(names), "replay", args.json))
+    except (OSError, ValueError) as e:
+        raise CommandError(f"{args.trace}: {e}") from None
+    if args.plot:
+        svg = memory_timeline_svg(reports, f"{Path(args.trace).name}: memory over the replay", recorded_reserved_timeline(trace))
+        _write(Path(args.plot), svg)
+    if args.json:
+        out = [_without_timeline(r) for r in reports]
+        print(json.dumps(out if args.strategy == "all" else out[0]))
+        return 0
+    print(f"{args.trace}: {reports[0]['events']:,} events, lower bound {_mib(reports[0]['lower_bound_bytes'])}\n")
+    print(format_reports(reports))
+    if args.plot:
+        print(f"\nplot: {args.plot}")
     return 0
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="vrampool", description="GPU memory pool tools.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_demo = sub.add_parser("demo", help="compare the strategies on a training-like workload")
-    p_demo.add_argument("--seed", type=int, default=0)
-    p_demo.add_argument("--steps", type=int, default=40)
-    p_plan = sub.add_parser("plan", help="plan buffer lifetimes (id,lower,upper,size CSV) into one arena")
-    p_plan.add_argument("--input", required=True, help="CSV in MiniMalloc's format")
-    p_plan.add_argument("--algorithm", default="auto", choices=ALGORITHMS)
-    p_plan.add_argument("--budget-ms", type=int, default=5000, help="time for the exact search")
-    p_plan.add_argument("--alignment", type=int, default=1)
-    p_plan.add_argument("--output", help="write the plan as id,lower,upper,size,offset CSV")
-    p_plan.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p_replay = sub.add_parser("replay", help="replay an allocation trace (id,lower,upper,size[,stream] CSV) through the strategies")
-    p_replay.add_argument("trace", help="trace CSV: one buffer a row, live on [lower, upper)")
-    p_replay.add_argument("--strategy", default="hybrid", choices=STRATEGIES + ("all",))
-    p_replay.add_argument("--conf", default="", help="other pool options, as in VRAMPOOL_CONF (e.g. round_up_divisions:4)")
-    p_replay.add_argument("--json", action="store_true", help="print JSON (a list when several strategies run)")
-    args = parser.parse_args(argv)
-    if args.command == "replay":
-        return replay_command(args)
-    if args.command == "demo":
-        return demo(args.seed, args.steps)
-    if args.command == "plan":
-        return plan_command(args)
-    return 2
+def _write(path: Path, text: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError as e:
+        raise CommandError(f"cannot write {path}: {e}") from None
+
+
+def capture_command(args: argparse.Namespace) -> int:
+    """`vrampool capture`: records a built-in model's CPU training steps as a trace file."""
+    from vrampool.workloads import capture_workload
+
+    output = Path(args.output or f"{args.model}-trace.jsonl")
+    trace = capture_workload(args.model, args.steps, args.seed, lambda b: _progress(b, args.steps, f"capture {args.model}", args.json))
+    try:
+        trace.write(output)
+    except OSError as e:
+        raise CommandError(f"cannot write {output}: {e}") from None
+    figures = {"model": args.model, "steps": args.steps, "output": str(output), "events": len(trace.events), "peak_live_bytes": trace.peak_allocated_bytes()}
+    if args.json:
+        print(json.dumps(figures))
+    else:
+        print(f"{output}: {args.steps} steps of {args.model}, {len(trace.rows()):,} buffers, peak live {_mib(figures['peak_live_bytes'])}")
+    return 0
+
+
+def summary_command(args: argparse.Namespace) -> int:
+    """`vrampool summary`: what a trace holds, before replaying it."""
+    from vrampool.trace import summary
+
+    try:
+        s = summary(args.trace)
+    except (OSError, ValueError) as e:
+        raise CommandError(f"{args.trace}: {e}") from None
+    if args.json:
+        print(json.dumps(s))
+        return 0
+    print(f"{args.trace}")
+    print(f"  events          {s['events']:,} ({s['buffers']:,} buffers, {s['steps']} steps, {s['streams']} streams)")
+    print(f"  peak live       {_mib(s['peak_live_bytes'])}" + (f"  (recorded allocator reserved {_mib(s['recorded_reserved_bytes'])})" if s["recorded_reserved_bytes"] else ""))
+    print(f"  sizes           min {s['size_bytes']['min']:,} B, median {s['size_bytes']['median']:,} B, max {_mib(s['size_bytes']['max'])}")
+    print(f"  lifetimes       median {s['lifetime_events']['median']:,} events, p90 {s['lifetime_events']['p90']:,}, max {s['lifetime_events']['max']:,}; {s['buffers_across_steps']:,} buffers live across a step")
+    print("  by tier         " + ", ".join(f"{tier}: {t['buffers']:,} buffers, {_mib(t['bytes'])}" for tier, t in s["tiers"].items()))
+    print("  by size (<= power of two)")
+    for size, count in s["size_histogram"].items():
+        print(f"    {int(size):>14,} B  {count:>7,}")
+    return 0
 
 
 def plan_command(args: argparse.Namespace) -> int:
@@ -92,10 +145,9 @@ def plan_command(args: argparse.Namespace) -> int:
     try:
         result = plan(args.input, algorithm=args.algorithm, budget_ms=args.budget_ms, alignment=args.alignment)
     except (OSError, ValueError) as e:
-        print(f"vrampool plan: {e}", file=sys.stderr)
-        return 1
+        raise CommandError(str(e)) from None
     if args.output:
-        Path(args.output).write_text(result.to_csv())
+        _write(Path(args.output), result.to_csv())
     if args.json:
         print(json.dumps(result.to_json()))
     else:
@@ -107,34 +159,124 @@ def plan_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def replay_command(args: argparse.Namespace) -> int:
-    """`vrampool replay`: a table of what each strategy reserved beside the lower bound, or JSON."""
-    from vrampool.trace import replay
+def demo_command(args: argparse.Namespace) -> int:
+    """`vrampool demo`: captures the small GPT's and the CNN's training on the CPU, replays each
+    through every strategy and the plan, prints the tables and writes the plots."""
+    import torch
 
+    # Small models gain little from intra-op threads, and on a shared machine extra threads only
+    # fight over cores: one keeps the demo's time steady.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
-        result = replay(args.trace, strategy=args.strategy, conf=args.conf)
-    except (OSError, ValueError) as e:
-        print(f"vrampool replay: {args.trace}: {e}", file=sys.stderr)
-        return 1
-    reports = result if isinstance(result, list) else [result]
-    if args.json:
-        print(json.dumps(result))
-        return 0
-    bound = reports[0]["lower_bound_bytes"]
-    print(f"{args.trace}: {reports[0]['events']:,} events, lower bound {_mib(bound)}\n")
-    header = (
-        f"{'strategy':<10} {'peak allocated':>16} {'peak reserved':>16} {'reserved/bound':>15} "
-        f"{'device allocs':>14} {'events/s':>14}"
-    )
-    print(header)
-    print("-" * len(header))
-    for r in reports:
-        ratio = r["peak_reserved_bytes"] / bound if bound else 1.0
-        print(
-            f"{r['strategy']:<10} {_mib(r['peak_allocated_bytes']):>16} {_mib(r['peak_reserved_bytes']):>16} "
-            f"{ratio:>15.3f} {r['device_allocs']:>14,} {r['events_per_s']:>14,.0f}"
-        )
+        _demo(args)
+    except ValueError as e:
+        raise CommandError(str(e)) from None
+    finally:
+        torch.set_num_threads(threads)
+    if torch.cuda.is_available():
+        gpu_comparison(args.steps)
     return 0
+
+
+def _demo(args: argparse.Namespace) -> None:
+    from vrampool.plot import memory_timeline_svg, segment_map_svg
+    from vrampool.trace import check_conf, peak_segments, replay_each
+    from vrampool.workloads import capture_workload
+
+    check_conf(args.conf)
+    out = Path(args.out)
+    print(f"vrampool demo: {args.steps} training steps of each model, captured on the CPU and replayed on the simulated device\n")
+    for model in ("gpt", "cnn"):
+        what = "a small GPT, sequence length varying per step" if model == "gpt" else "a small CNN, batch size varying per step"
+        trace = capture_workload(model, args.steps, args.seed, lambda b, m=model: _progress(b, args.steps, f"capture {m}"))
+        _write(out / f"{model}-trace.jsonl", trace.to_jsonl())
+        reports = list(_progress(replay_each(trace, DEMO_STRATEGIES, args.conf), len(DEMO_STRATEGIES), f"replay {model}"))
+        print(f"{model}: {what}: {len(trace.rows()):,} buffers, {reports[0]['events']:,} events, lower bound {_mib(reports[0]['lower_bound_bytes'])}")
+        print(format_reports(reports) + "\n")
+        _write(out / f"{model}-memory.svg", memory_timeline_svg(reports, f"{model}: memory over {args.steps} training steps"))
+        segments = peak_segments(trace, "hybrid+vm", args.conf)
+        _write(out / f"{model}-segments.svg", segment_map_svg(segments, f"{model}: hybrid+vm segments at the peak"))
+    print(f"plots and traces: {out}/ (<model>-memory.svg, <model>-segments.svg, <model>-trace.jsonl)")
+
+
+def gpu_comparison(steps: int) -> None:
+    """Trains each model on CUDA with PyTorch's allocator and with vrampool's, each in a fresh
+    process (an allocator is chosen before the first CUDA tensor), and prints both peaks."""
+    print("\nOn the GPU: the same training with each allocator\n")
+    print(f"{'model':<6} {'allocator':<10} {'peak reserved':>14} {'peak allocated':>15} {'seconds':>8}")
+    for model in ("gpt", "cnn"):
+        for allocator in ("pytorch", "vrampool"):
+            code = f"import json, vrampool.workloads as w; print(json.dumps(w.measure_cuda({model!r}, {allocator!r}, {steps})))"
+            done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+            if done.returncode != 0:
+                print(f"{model:<6} {allocator:<10} failed: {done.stderr.strip().splitlines()[-1:]}")
+                continue
+            r = json.loads(done.stdout.strip().splitlines()[-1])
+            print(f"{model:<6} {allocator:<10} {_mib(r['peak_reserved_bytes']):>14} {_mib(r['peak_allocated_bytes']):>15} {r['seconds']:>8.2f}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    from vrampool.trace import ALL, STRATEGIES, VM_SUFFIX
+    from vrampool.workloads import MODELS
+
+    parser = argparse.ArgumentParser(prog="vrampool", description="GPU memory pool tools.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    trace_help = "trace file: JSON lines, id,lower,upper,size[,stream] CSV, or a PyTorch memory snapshot pickle"
+
+    p = sub.add_parser("demo", help="capture a small GPT's and a CNN's training on the CPU and compare the strategies")
+    p.add_argument("--steps", type=int, default=12, help="training steps of each model")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="vrampool-demo", help="directory for the plots and traces")
+    p.add_argument("--conf", default="", help="pool options for every strategy, as in VRAMPOOL_CONF (e.g. small_max:16KB)")
+
+    p = sub.add_parser("capture", help="record a built-in model's CPU training steps as a trace")
+    p.add_argument("--model", required=True, choices=MODELS)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output", help="trace file (.jsonl, or .csv for rows); default <model>-trace.jsonl")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a line for people")
+
+    p = sub.add_parser("replay", help="replay a trace through the strategies and the static plan")
+    p.add_argument("trace", help=trace_help)
+    names = STRATEGIES + tuple(s + VM_SUFFIX for s in STRATEGIES) + ("plan", "all")
+    p.add_argument("--strategy", default="hybrid", choices=names, help=f"one row, or all ({', '.join(ALL)})")
+    p.add_argument("--conf", default="", help="other pool options, as in VRAMPOOL_CONF (e.g. round_up_divisions:4)")
+    p.add_argument("--json", action="store_true", help="print JSON (a list when several strategies run)")
+    p.add_argument("--plot", help="write an SVG of allocated and reserved bytes over the replay")
+
+    p = sub.add_parser("summary", help="what a trace holds: events, buffers, sizes by tier, lifetimes")
+    p.add_argument("trace", help=trace_help)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("plan", help="plan buffer lifetimes (id,lower,upper,size CSV) into one arena")
+    p.add_argument("--input", required=True, help="CSV in MiniMalloc's format")
+    p.add_argument("--algorithm", default="auto", choices=ALGORITHMS)
+    p.add_argument("--budget-ms", type=int, default=5000, help="time for the exact search")
+    p.add_argument("--alignment", type=int, default=1)
+    p.add_argument("--output", help="write the plan as id,lower,upper,size,offset CSV")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return parser
+
+
+COMMANDS = {"demo": demo_command, "capture": capture_command, "replay": replay_command, "summary": summary_command, "plan": plan_command}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    if getattr(args, "steps", 1) < 1:
+        print(f"vrampool {args.command}: --steps must be at least 1", file=sys.stderr)
+        return 1
+    try:
+        return COMMANDS[args.command](args)
+    except CommandError as e:
+        print(f"vrampool {args.command}: {e}", file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as e:
+        if e.name != "torch":
+            raise
+        print(f"vrampool {args.command}: needs PyTorch (pip install torch)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

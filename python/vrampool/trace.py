@@ -102,6 +102,11 @@ def pool_conf(name: str, conf: str = "") -> str:
     return f"strategy:{name.removesuffix(VM_SUFFIX)},expandable:{vm}" + (f",{conf}" if conf else "")
 
 
+def check_conf(conf: str) -> None:
+    """Raises ``ValueError`` if ``conf`` is no valid pool configuration (before long work)."""
+    _native.replay_trace([], [pool_conf("hybrid", conf)], 0)
+
+
 def replay_each(
     trace: TraceLike,
     strategy: Union[str, Sequence[str]] = "all",

@@ -1,0 +1,157 @@
+"""Small built-in training workloads whose allocation traces the demo and ``vrampool capture``
+record on the CPU: a GPT (token embedding, causal ``TransformerEncoder`` layers, LM head) fed
+sequences of a different length each step, and a CNN fed a different batch size each step, the
+two ways real training loops make an allocator's life hard.
+
+>>> from vrampool.workloads import capture_workload
+>>> trace = capture_workload("cnn", steps=2)
+>>> len(trace.steps()), trace.peak_allocated_bytes() > 0
+(2, True)
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Tuple
+
+from vrampool.capture import Trace, capture_training
+
+#: The built-in workloads, for ``--model``.
+MODELS = ("gpt", "cnn")
+#: Sequence lengths of the GPT's steps and batch sizes of the CNN's: drawn anew each step.
+GPT_SEQUENCE_LENGTHS = (32, 48, 64, 96, 128)
+CNN_BATCH_SIZES = (16, 24, 32, 48, 64)
+# Sized to capture a dozen steps in seconds on one CPU core, with a vocabulary large enough that
+# the logits are the big tensors they are in real language models.
+GPT_BATCH, GPT_VOCAB = 4, 4096
+
+
+def gpt_model(vocab: int = GPT_VOCAB, width: int = 128, layers: int = 2, heads: int = 4, max_len: int = 128) -> Any:
+    """A small decoder-only transformer: token and position embeddings, ``layers`` encoder
+    layers under a causal mask, and a linear LM head; ``forward(tokens) -> logits``."""
+    import torch
+    from torch import nn
+
+    class TinyGPT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tokens = nn.Embedding(vocab, width)
+            self.positions = nn.Embedding(max_len, width)
+            layer = nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0, batch_first=True, norm_first=True)
+            self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+            self.head = nn.Linear(width, vocab)
+
+        def forward(self, tokens: Any) -> Any:
+            length = tokens.shape[1]
+            x = self.tokens(tokens) + self.positions(torch.arange(length, device=tokens.device))
+            mask = nn.Transformer.generate_square_subsequent_mask(length, device=tokens.device)
+            return self.head(self.blocks(x, mask=mask, is_causal=True))
+
+    return TinyGPT()
+
+
+def gpt_batches(steps: int, seed: int = 0, vocab: int = GPT_VOCAB) -> Iterator[Tuple[Any, Any]]:
+    """``(tokens, next tokens)`` pairs of random text, ``GPT_BATCH`` sequences a step, each
+    step's length drawn from :data:`GPT_SEQUENCE_LENGTHS`. Tensors are made as the loop asks,
+    so a capture sees their allocation as a GPU run sees the copy to the device."""
+    import torch
+
+    rng = random.Random(seed)
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        text = torch.randint(vocab, (GPT_BATCH, rng.choice(GPT_SEQUENCE_LENGTHS) + 1), generator=generator)
+        yield text[:, :-1], text[:, 1:]
+
+
+def gpt_loss(logits: Any, target: Any) -> Any:
+    """Cross-entropy of every position's next token."""
+    import torch
+
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
+
+
+def cnn_model(classes: int = 10) -> Any:
+    """A small convolutional classifier for 3x32x32 images (conv, batch norm, ReLU, pooling)."""
+    from torch import nn
+
+    def block(cin: int, cout: int) -> nn.Sequential:
+        return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(), nn.MaxPool2d(2))
+
+    return nn.Sequential(block(3, 16), block(16, 32), block(32, 64), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, classes))
+
+
+def cnn_batches(steps: int, seed: int = 0, classes: int = 10) -> Iterator[Tuple[Any, Any]]:
+    """``(images, labels)`` pairs, each step's batch size drawn from :data:`CNN_BATCH_SIZES`."""
+    import torch
+
+    rng = random.Random(seed)
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        batch = rng.choice(CNN_BATCH_SIZES)
+        yield torch.randn(batch, 3, 32, 32, generator=generator), torch.randint(classes, (batch,), generator=generator)
+
+
+#: name -> (model builder, batches(steps, seed), loss)
+_WORKLOADS: Dict[str, Tuple[Callable[[], Any], Callable[[int, int], Iterator[Tuple[Any, Any]]], Optional[Callable[[Any, Any], Any]]]] = {
+    "gpt": (gpt_model, gpt_batches, gpt_loss),
+    "cnn": (cnn_model, cnn_batches, None),
+}
+
+
+def _workload(name: str) -> Tuple[Any, Any, Any]:
+    if name not in _WORKLOADS:
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+    return _WORKLOADS[name]
+
+
+def capture_workload(
+    name: str,
+    steps: int = 12,
+    seed: int = 0,
+    progress: Callable[[Iterable[Any]], Iterable[Any]] = lambda batches: batches,
+) -> Trace:
+    """The allocation trace of training model ``name`` (:data:`MODELS`) for ``steps`` steps on
+    the CPU with Adam; ``progress`` may wrap the batches (e.g. in ``tqdm``)."""
+    import torch
+
+    build, batches, loss = _workload(name)
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}")
+    torch.manual_seed(seed)
+    model = build()
+    return capture_training(model, progress(batches(steps, seed)), loss_fn=loss)
+
+
+def measure_cuda(name: str, allocator: str, steps: int = 12, seed: int = 0) -> Dict[str, Any]:
+    """Trains model ``name`` on CUDA device 0 with ``allocator`` (``"pytorch"`` or
+    ``"vrampool"``, which must be chosen before this process's first CUDA tensor) and returns
+    its peak reserved and allocated bytes and the seconds taken."""
+    import time
+
+    import torch
+
+    if allocator == "vrampool":
+        import vrampool.torch as stats
+
+        stats.install(strategy="hybrid")
+    elif allocator == "pytorch":
+        stats = torch.cuda
+    else:
+        raise ValueError(f"unknown allocator {allocator!r}; choose pytorch or vrampool")
+    build, batches, loss = _workload(name)
+    loss = loss or torch.nn.functional.cross_entropy
+    torch.manual_seed(seed)
+    model = build().cuda()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    start = time.perf_counter()
+    for inputs, target in batches(steps, seed):
+        loss(model(inputs.cuda()), target.cuda()).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    return {
+        "allocator": allocator,
+        "peak_reserved_bytes": stats.max_memory_reserved(),
+        "peak_allocated_bytes": stats.max_memory_allocated(),
+        "seconds": time.perf_counter() - start,
+    }

@@ -1,0 +1,148 @@
+"""The `vrampool` command: each subcommand through main([...]) and as a process."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from vrampool.cli import DEMO_STRATEGIES, main
+from vrampool.trace import ALL, REPORT_KEYS
+
+MIB = 1 << 20
+JSONL = "".join(
+    json.dumps(e) + "\n"
+    for e in [
+        {"op": "alloc", "id": 1, "size": 3 * MIB},
+        {"op": "alloc", "id": 2, "size": 4096},
+        {"op": "free", "id": 1},
+        {"op": "step"},
+        {"op": "alloc", "id": 3, "size": 2 * MIB, "stream": 1},
+        {"op": "free", "id": 2},
+        {"op": "free", "id": 3},
+    ]
+)
+
+
+@pytest.fixture
+def trace_file(tmp_path: Path) -> Path:
+    path = tmp_path / "t.jsonl"
+    path.write_text(JSONL)
+    return path
+
+
+def run(args: List[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vrampool.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_replay_all_prints_every_row_and_plots(trace_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plot = tmp_path / "plots" / "memory.svg"
+    assert main(["replay", str(trace_file), "--strategy", "all", "--plot", str(plot)]) == 0
+    out = capsys.readouterr().out
+    assert "5 events" not in out and "6 events" in out and "lower bound 3.0 MiB" in out
+    rows = [line.split()[0] for line in out.splitlines() if line.split() and line.split()[0] in ALL]
+    assert rows == list(ALL)
+    drawn = {e.get("data-strategy") for e in ET.parse(plot).getroot().iter() if e.get("class") == "series"}
+    assert drawn == set(ALL) | {"lower bound"}
+
+
+def test_replay_json_is_one_dict_or_a_list(trace_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", str(trace_file), "--strategy", "buddy+vm", "--json"]) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert one["strategy"] == "buddy+vm" and set(REPORT_KEYS) <= set(one) and "timeline" not in one
+    assert main(["replay", str(trace_file), "--strategy", "all", "--json", "--conf", "round_up_divisions:4"]) == 0
+    several = json.loads(capsys.readouterr().out)
+    assert [r["strategy"] for r in several] == list(ALL)
+    assert {r["lower_bound_bytes"] for r in several} == {3 * MIB + 4096}
+
+
+def test_summary_table_and_json(trace_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["summary", str(trace_file), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert (s["events"], s["buffers"], s["steps"], s["streams"]) == (6, 3, 1, 2)
+    assert s["peak_live_bytes"] == 3 * MIB + 4096
+    assert s["tiers"]["slab (<= 1 MiB)"] == {"buffers": 1, "bytes": 4096}
+    assert s["tiers"]["best_fit"] == {"buffers": 2, "bytes": 5 * MIB}
+    assert s["size_histogram"] == {"4096": 1, str(2 * MIB): 1, str(4 * MIB): 1}
+    # Lifetimes in events: 1 lives [0, 2), 2 [1, 5), 3 [4, 6); 2 outlives the step at 3.
+    assert s["lifetime_events"] == {"median": 2, "p90": 4, "max": 4}
+    assert s["buffers_across_steps"] == 1
+    assert main(["summary", str(trace_file)]) == 0
+    out = capsys.readouterr().out
+    assert "6 (3 buffers, 1 steps, 2 streams)" in out and "peak live       3.0 MiB" in out
+
+
+def test_plan_still_works(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    csv = tmp_path / "b.csv"
+    csv.write_text("id,lower,upper,size\n0,0,2,100\n1,1,3,50\n2,2,4,100\n")
+    assert main(["plan", "--input", str(csv), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["arena_bytes"] == 150
+
+
+def test_capture_writes_a_trace_that_replays(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    out = tmp_path / "cnn.jsonl"
+    assert main(["capture", "--model", "cnn", "--steps", "2", "--output", str(out), "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["model"] == "cnn" and figures["steps"] == 2 and figures["peak_live_bytes"] > MIB
+    assert main(["summary", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == 2
+    assert main(["replay", str(out), "--strategy", "hybrid", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["lower_bound_bytes"] == figures["peak_live_bytes"]
+
+
+def test_demo_prints_the_table_and_writes_the_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    assert main(["demo", "--steps", "1", "--out", str(tmp_path / "demo")]) == 0
+    out = capsys.readouterr().out
+    for model in ("gpt", "cnn"):
+        assert f"{model}: a small" in out
+        for name in ("memory.svg", "segments.svg", "trace.jsonl"):
+            assert (tmp_path / "demo" / f"{model}-{name}").stat().st_size > 0
+        drawn = {e.get("data-strategy") for e in ET.parse(tmp_path / "demo" / f"{model}-memory.svg").getroot().iter() if e.get("class") == "series"}
+        assert drawn == set(DEMO_STRATEGIES) | {"lower bound"}
+    assert out.count("reserved/bound") == 2
+    for strategy in DEMO_STRATEGIES:
+        assert out.count(f"\n{strategy} ") == 2, strategy
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["replay", "{missing}"], "missing.jsonl"),
+        (["replay", "{bad}"], "line 2"),
+        (["summary", "{bad}"], "line 2"),
+        (["replay", "{trace}", "--conf", "colour:blue"], "unknown pool setting `colour`"),
+        (["capture", "--model", "gpt", "--steps", "0"], "--steps must be at least 1"),
+        (["demo", "--steps", "1", "--out", "{tmp}/demo", "--conf", "small_max:1TB"], "small_max must lie between"),
+        (["replay", "{trace}", "--plot", "{trace}/x.svg"], "cannot write"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_1(args: List[str], message: str, trace_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"op": "alloc", "id": 1, "size": 10}\n{"op": "free", "id": 9}\n')
+    paths = {"missing": tmp_path / "missing.jsonl", "bad": bad, "trace": trace_file, "tmp": tmp_path}
+    assert main([a.format(**paths) for a in args]) == 1
+    captured = capsys.readouterr()
+    assert message in captured.err and captured.err.count("\n") == 1 and captured.err.startswith("vrampool ")
+    assert captured.out == ""
+
+
+def test_as_a_process(trace_file: Path, tmp_path: Path) -> None:
+    done = run(["replay", str(trace_file), "--strategy", "all", "--json"])
+    assert done.returncode == 0, done.stderr
+    assert [r["strategy"] for r in json.loads(done.stdout)] == list(ALL)
+    assert done.stderr == ""  # no progress bar without a terminal
+    snap = tmp_path / "snap.pickle"
+    snap.write_bytes(pickle.dumps({"device_traces": [[{"action": "alloc", "addr": 1 << 30, "size": "x"}]]}))
+    done = run(["summary", str(snap)])
+    assert done.returncode == 1 and "device_traces[0][0] (alloc): size" in done.stderr
+    assert "Traceback" not in done.stderr
+    done = run(["replay", str(trace_file), "--strategy", "fastest"])
+    assert done.returncode == 2 and "invalid choice" in done.stderr
