@@ -365,6 +365,13 @@ impl<B: Backing> PlannedPool<B> {
         self.lock().live.contains_key(&addr)
     }
 
+    /// Whether a free of `addr` is this pool's to answer: a live buffer of it, or an address inside its arena
+    /// (a double free there must not reach the pool, where the arena's own block would go).
+    pub fn claims(&self, addr: u64) -> bool {
+        let state = self.lock();
+        state.live.contains_key(&addr) || state.arena.as_ref().is_some_and(|a| a.base <= addr && addr < a.base + a.bytes)
+    }
+
     /// Ends the iteration and starts the next, whose signature is `key`. The iteration that ends is planned
     /// and its plan stored under its key when it had no plan or diverged from it; an iteration without
     /// allocations or frees leaves the plans as they are.

@@ -274,6 +274,15 @@ fn bad_frees_are_errors_not_panics() {
     assert!(not_allocated(h.planned.free(a, None, None)), "double free");
     assert!(matches!(h.planned.allocate(0, S0), Err(PoolError::InvalidSize { .. })));
     assert!(not_allocated(h.planned.record_stream(a, StreamId(2))));
+    assert!(!h.planned.claims(a), "a pool buffer, freed");
+    // Once served from an arena, a freed arena address stays the planned pool's to refuse.
+    let mut h = h;
+    h.planned.step(DEFAULT_KEY);
+    let ops = training_like(1);
+    h.iteration(&ops, DEFAULT_KEY);
+    let arena_addrs = h.iteration(&ops, DEFAULT_KEY);
+    assert!(arena_addrs.iter().all(|&addr| h.planned.claims(addr) && !h.planned.owns(addr)));
+    assert!(not_allocated(h.planned.free(arena_addrs[0], None, None)));
 }
 
 /// Iterations drawn from a few templates, some perturbed (a size changed, a free moved, an allocation left
