@@ -62,6 +62,13 @@ def test_replay_json_is_one_dict_or_a_list(trace_file: Path, capsys: pytest.Capt
     assert {r["lower_bound_bytes"] for r in several} == {3 * MIB + 4096}
 
 
+def test_replay_repeat_runs_the_trace_back_to_back(trace_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", str(trace_file), "--strategy", "best_fit", "--repeat", "50", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    # The copies follow one another, so the bound stays one copy's.
+    assert (r["events"], r["lower_bound_bytes"]) == (300, 3 * MIB + 4096)
+
+
 def test_summary_table_and_json(trace_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["summary", str(trace_file), "--json"]) == 0
     s = json.loads(capsys.readouterr().out)
@@ -120,6 +127,7 @@ def test_demo_prints_the_table_and_writes_the_plots(tmp_path: Path, capsys: pyte
         (["summary", "{bad}"], "line 2"),
         (["replay", "{trace}", "--conf", "colour:blue"], "unknown pool setting `colour`"),
         (["capture", "--model", "gpt", "--steps", "0"], "--steps must be at least 1"),
+        (["replay", "{trace}", "--repeat", "0"], "--repeat must be at least 1"),
         (["demo", "--steps", "1", "--out", "{tmp}/demo", "--conf", "small_max:1TB"], "small_max must lie between"),
         (["replay", "{trace}", "--plot", "{trace}/x.svg"], "cannot write"),
     ],

@@ -68,11 +68,14 @@ def _without_timeline(report: Mapping[str, Any]) -> Dict[str, Any]:
 def replay_command(args: argparse.Namespace) -> int:
     """`vrampool replay`: a table of what each strategy reserved beside the lower bound, or JSON
     (without the timelines, which ``--plot`` draws)."""
+    from vrampool.capture import Trace
     from vrampool.plot import memory_timeline_svg
-    from vrampool.trace import load, recorded_reserved_timeline, replay_each, strategy_names
+    from vrampool.trace import load, recorded_reserved_timeline, repeated, replay_each, strategy_names
 
     try:
         trace = load(args.trace)
+        if args.repeat > 1:
+            trace = Trace.from_rows(repeated(trace.rows(), args.repeat))
         names = strategy_names(args.strategy)
         reports = list(_progress(replay_each(trace, names, args.conf), len(names), "replay", args.json))
     except (OSError, ValueError) as e:
@@ -244,6 +247,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--conf", default="", help="other pool options, as in VRAMPOOL_CONF (e.g. round_up_divisions:4)")
     p.add_argument("--json", action="store_true", help="print JSON (a list when several strategies run)")
     p.add_argument("--plot", help="write an SVG of allocated and reserved bytes over the replay")
+    p.add_argument("--repeat", type=int, default=1, help="replay the trace this many times back to back (a warm pool, for events/s)")
 
     p = sub.add_parser("summary", help="what a trace holds: events, buffers, sizes by tier, lifetimes")
     p.add_argument("trace", help=trace_help)
@@ -264,9 +268,10 @@ COMMANDS = {"demo": demo_command, "capture": capture_command, "replay": replay_c
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
-    if getattr(args, "steps", 1) < 1:
-        print(f"vrampool {args.command}: --steps must be at least 1", file=sys.stderr)
-        return 1
+    for option in ("steps", "repeat"):
+        if getattr(args, option, 1) < 1:
+            print(f"vrampool {args.command}: --{option} must be at least 1", file=sys.stderr)
+            return 1
     try:
         return COMMANDS[args.command](args)
     except CommandError as e:

@@ -85,6 +85,16 @@ def _rows(trace: Iterable[Sequence[int]]) -> List[TraceRow]:
     return rows
 
 
+def repeated(rows: Sequence[TraceRow], times: int) -> List[TraceRow]:
+    """The rows ``times`` times over, each copy after the last with fresh ids: a long trace on
+    which a pool runs warm, for measuring events per second."""
+    if times < 1:
+        raise ValueError(f"times must be at least 1, got {times}")
+    span = max((r[2] for r in rows), default=0)
+    ids = max((r[0] for r in rows), default=0) + 1
+    return [(i + k * ids, lo + k * span, up + k * span, size, stream) for k in range(times) for i, lo, up, size, stream in rows]
+
+
 def strategy_names(strategy: Union[str, Sequence[str]]) -> List[str]:
     """The rows a ``strategy`` argument asks for: a name, ``"all"`` (:data:`ALL`) or a list."""
     names = list(ALL) if strategy == "all" else [strategy] if isinstance(strategy, str) else list(strategy)
