@@ -81,6 +81,8 @@ def plan(
                 raise ValueError(f"a buffer is (id, lower, upper, size) ints, got {row!r}")
             if any(v < 0 for v in row):
                 raise ValueError(f"negative value in buffer {row!r}")
+            if any(v >= 1 << 64 for v in row):
+                raise ValueError(f"value above 2**64 - 1 in buffer {row!r}")
             rows.append(tuple(row))
     result = _native.plan_buffers(rows, algorithm, budget_ms, alignment)
     return PlanResult(buffers=list(rows), **result)

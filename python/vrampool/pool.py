@@ -59,7 +59,8 @@ def _conf_text(strategy: str, options: Dict[str, Any]) -> str:
         if key in _SIZE_KEYS:
             parts.append(f"{key}:{_check_size(key, value)}")
         elif key == "limit":
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            # A float is a fraction; one above 1 would otherwise be read as a byte count.
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or (isinstance(value, float) and value > 1):
                 raise ValueError(f"limit must be a positive byte count or a fraction in (0, 1], got {value!r}")
             parts.append(f"limit:{value}")
         elif key == "round_up_divisions":

@@ -79,6 +79,8 @@ def _rows(trace: Iterable[Sequence[int]]) -> List[TraceRow]:
             raise ValueError(f"row {number}: expected (id, lower, upper, size[, stream]), got {len(row)} values")
         if min(row) < 0:
             raise ValueError(f"row {number}: negative value in {row}")
+        if max(row) >= 1 << 64:
+            raise ValueError(f"row {number}: value above 2**64 - 1 in {row}")
         if row[2] <= row[1]:
             raise ValueError(f"row {number}: upper ({row[2]}) must exceed lower ({row[1]})")
         rows.append(row)
