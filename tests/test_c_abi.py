@@ -15,7 +15,7 @@ import textwrap
 import threading
 from ctypes import POINTER, c_char_p, c_double, c_int, c_size_t, c_uint64, c_void_p
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 
@@ -47,6 +47,8 @@ def load_abi() -> ctypes.CDLL:
         "vrampool_release_pool": (None, [c_int, MempoolId]),
         "vrampool_configure": (c_int, [c_char_p]),
         "vrampool_last_error": (c_size_t, [c_char_p, c_size_t]),
+        "vrampool_planned_enable": (None, [c_int]),
+        "vrampool_planned_step": (None, [c_uint64]),
     }
     for name, (restype, argtypes) in sigs.items():
         fn = getattr(lib, name)
@@ -358,6 +360,73 @@ def test_private_pools_route_allocations_until_released(sim: ctypes.CDLL) -> Non
     assert "no such open pool" in _native.last_error()
     sim.vrampool_release_pool(0, MempoolId(5, 5))
     assert "no such pool" in _native.last_error()
+
+
+def planned_iteration(lib: ctypes.CDLL, sizes: List[int], key: int) -> List[int]:
+    """One iteration through the C ABI: allocate each size (a fill byte per buffer), freeing each
+    buffer after the next one is allocated and checking its fill first; then step to `key`."""
+    ptrs: List[int] = []
+    for i, size in enumerate(sizes):
+        p = lib.vrampool_malloc(size, 0, None)
+        ctypes.memset(p, i + 1, size)
+        ptrs.append(p)
+        if i > 0:
+            previous = sizes[i - 1]
+            assert ctypes.string_at(ptrs[i - 1], previous) == bytes([i]) * previous, "overwritten while live"
+            lib.vrampool_free(ptrs[i - 1], previous, 0, None)
+    assert ctypes.string_at(ptrs[-1], sizes[-1]) == bytes([len(sizes)]) * sizes[-1]
+    lib.vrampool_free(ptrs[-1], sizes[-1], 0, None)
+    lib.vrampool_planned_step(key)
+    return ptrs
+
+
+def test_planned_mode_serves_a_repeated_sequence_from_the_arena(sim: ctypes.CDLL) -> None:
+    sizes = [4096, 3 * MIB, 64 * 1024, 4096, 2 * MIB]
+    sim.vrampool_planned_enable(1)
+    assert _native.abi_planned()
+    sim.vrampool_planned_step(7)  # names the first iteration
+    recorded = planned_iteration(sim, sizes, 7)
+    allocations = stats()["allocation.all.allocated"]
+    replayed = planned_iteration(sim, sizes, 7)
+    planned = _native.abi_planned_stats(0)
+    assert planned is not None
+    assert (planned["planned_allocations"], planned["dynamic_allocations"], planned["fallbacks"]) == (5, 5, 0)
+    assert stats()["allocation.all.allocated"] - allocations == 1, "the arena is the replay's only pool allocation"
+    assert replayed != recorded and max(replayed) - min(replayed) < planned["arena_bytes"]
+    assert planned_iteration(sim, sizes, 7) == replayed, "the same sequence, the same offsets"
+    # Another size in the middle: the rest of the iteration falls back to the pool, and is planned.
+    changed = sizes[:2] + [128 * 1024] + sizes[3:]
+    planned_iteration(sim, changed, 7)
+    after = _native.abi_planned_stats(0)
+    assert after is not None and after["fallbacks"] == 1
+    assert after["planned_allocations"] - planned["planned_allocations"] == 5 + 2
+    planned_iteration(sim, changed, 7)
+    again = _native.abi_planned_stats(0)
+    assert again is not None and again["planned_allocations"] - after["planned_allocations"] == 5 and again["fallbacks"] == 1
+    # A pointer from before the mode is freed by the pool as usual; off, the idle arena goes back.
+    sim.vrampool_planned_enable(0)
+    assert not _native.abi_planned()
+    assert stats()["allocation.all.current"] == 0
+    assert counters()["refused_frees"] == 0 and _native.last_error() is None
+
+
+def test_planned_mode_from_vrampool_torch_and_pointers_from_before_it(sim: ctypes.CDLL) -> None:
+    import vrampool.torch as vt  # its planned-arena functions need neither torch nor a GPU
+
+    before = sim.vrampool_malloc(4096, 0, None)
+    with vt.planned():
+        assert _native.abi_planned()
+        for _ in range(3):
+            vt.step(key=(8, 3, 32, 32))
+            inside = sim.vrampool_malloc(4096, 0, None)
+            sim.vrampool_free(inside, 4096, 0, None)
+        sim.vrampool_free(before, 4096, 0, None)  # the pool's, freed by the pool
+        sim.vrampool_free(inside, 4096, 0, None)  # a double free is refused, not a crash
+    assert not _native.abi_planned()
+    assert counters()["refused_frees"] == 1 and "not a live block" in (_native.last_error() or "")
+    figures = vt.planned_stats(0)
+    assert figures is not None and (figures["planned_allocations"], figures["dynamic_allocations"]) == (2, 1)
+    assert stats()["allocation.all.current"] == 0
 
 
 def test_base_alloc_finds_the_segment(sim: ctypes.CDLL) -> None:

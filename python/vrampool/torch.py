@@ -17,6 +17,16 @@ optional hook PyTorch offers):
       with vrampool.torch.pool():
           activations = model(batch)
 
+Under :func:`install`, :func:`planned` turns on the planned arena: the first iteration of each
+signature is recorded, and later iterations that allocate the same sequence are served from one
+arena at planned offsets (falling back to the pool on divergence); :func:`step` marks the
+iterations::
+
+      with vrampool.torch.planned():
+          for x, y in loader:
+              vrampool.torch.step(key=x.shape)
+              train_step(x, y)
+
 PyTorch's own statistics do not work under a pluggable allocator, so this module mirrors them:
 :func:`memory_stats` (PyTorch's key names), :func:`memory_allocated`, :func:`memory_reserved`,
 :func:`max_memory_allocated`, :func:`max_memory_reserved`, :func:`reset_peak_memory_stats`,
@@ -77,8 +87,11 @@ __all__ = [
     "memory_snapshot",
     "memory_stats",
     "memory_summary",
+    "planned",
+    "planned_stats",
     "pool",
     "reset_peak_memory_stats",
+    "step",
 ]
 
 Device = Union[int, str, Any, None]  # an ordinal, "cuda:1", a torch.device, or None (current)
@@ -257,6 +270,38 @@ def pool(**conf: Any) -> Iterator[Any]:
     mem_pool = torch.cuda.MemPool(allocator().allocator())
     with torch.cuda.use_mem_pool(mem_pool):
         yield mem_pool
+
+
+# ---- the planned arena: a mode of the allocator ----
+
+
+@contextlib.contextmanager
+def planned() -> Iterator[None]:
+    """Serves the allocations inside the block through the planned arena of each device (see
+    :class:`vrampool.PlannedPool`): the first iteration of a signature runs on the pool and is
+    recorded, later ones that repeat its allocation sequence exactly come from one arena at the
+    planned offsets. Call :func:`step` between iterations. Meant for :func:`install`, where every
+    tensor comes from vrampool; tensors made inside may outlive the block."""
+    previous = _native.abi_planned()
+    _native.abi_planned(True)
+    try:
+        yield
+    finally:
+        _native.abi_planned(previous)
+
+
+def step(key: Any = None) -> None:
+    """An iteration boundary for the planned arena; ``key`` is the next iteration's signature
+    (e.g. its input shapes; hashed by ``repr``), and plans are kept per key."""
+    from vrampool.planned import signature_key
+
+    _native.abi_planned_step(signature_key(key))
+
+
+def planned_stats(device: Device = None) -> Optional[Dict[str, Any]]:
+    """The planned arena's figures on ``device`` (as :meth:`vrampool.PlannedPool.stats` gives
+    them), or None before its first planned allocation."""
+    return _native.abi_planned_stats(_device_index(device))
 
 
 # ---- statistics, mirrored under PyTorch's names ----

@@ -14,6 +14,8 @@
 //! void  vrampool_release_pool(int device, MempoolId_t id);
 //! int    vrampool_configure(const char* text);           // 0, or -1 with the reason in last_error
 //! size_t vrampool_last_error(char* buffer, size_t capacity);
+//! void  vrampool_planned_enable(int on);               // the planned arena: a mode of the allocator
+//! void  vrampool_planned_step(uint64_t key);           // an iteration boundary; `key` names the next one
 //! ```
 //!
 //! One pool per device, made on first use from the configuration (`VRAMPOOL_CONF`, then
@@ -38,8 +40,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use vrampool_core::config::parse_bytes;
 use vrampool_core::stats::CounterValues;
-use vrampool_core::{Device, Limit, OomReport, Pool, PoolConfig, PoolError, SimDevice, SimMode, Stats, StreamId};
+use vrampool_core::{Device, Limit, OomReport, Pool, PoolConfig, PoolCore, PoolError, SimDevice, SimMode, Stats, StreamId};
+use vrampool_plan::PlannedPool;
 
+use crate::planned::planned_stats_dict;
 use crate::pool::{segment_dict, stats_dict};
 
 /// Device ordinals served: PyTorch's `DeviceIndex` is an `int8_t`.
@@ -520,7 +524,8 @@ fn malloc_inner(size: usize, device: c_int, stream: *mut c_void) -> Result<u64, 
     let target = entry.target();
     let pool: &Pool = target.as_deref().unwrap_or(&entry.pool);
     let size = size as u64;
-    match pool.allocate(size, stream) {
+    let planned = (target.is_none() && PLANNED_ON.load(Relaxed)).then(|| planned_for(entry));
+    match planned.map_or_else(|| pool.allocate(size, stream), |p| p.allocate(size, stream)) {
         Ok(addr) => Ok(addr),
         Err(PoolError::OutOfMemory(report)) => Err(record_oom(entry, pool, stream, report, false)),
         Err(PoolError::InvalidSize { .. }) => {
@@ -719,8 +724,11 @@ pub extern "C" fn vrampool_free(ptr: *mut c_void, size: usize, device: c_int, st
     }
     guard("free", (), || {
         let size = (size != 0).then_some(size as u64);
+        let stream = canonical_stream(stream);
         let result = match existing(device) {
-            Some(entry) => entry.free(ptr as u64, size, canonical_stream(stream)).map_err(|e| e.to_string()),
+            Some(entry) => planned_free(entry, ptr as u64, size, stream)
+                .unwrap_or_else(|| entry.free(ptr as u64, size, stream))
+                .map_err(|e| e.to_string()),
             None => Err(format!("no vrampool pool on device {device}")),
         };
         if let Err(e) = result {
@@ -815,7 +823,8 @@ pub extern "C" fn vrampool_base_alloc(ptr: *mut c_void, size: *mut usize) -> *mu
 pub extern "C" fn vrampool_record_stream(ptr: *mut c_void, stream: *mut c_void) {
     guard("record_stream", (), || {
         let stream_id = canonical_stream(stream);
-        if !all_entries().iter().any(|e| e.record_stream(ptr as u64, stream_id)) {
+        let planned = planned_pools().into_iter().any(|(_, p)| p.record_stream(ptr as u64, stream_id).is_ok());
+        if !planned && !all_entries().iter().any(|e| e.record_stream(ptr as u64, stream_id)) {
             REFUSED_RECORD_STREAMS.fetch_add(1, Relaxed);
             record_error(format!("vrampool_record_stream({ptr:p}, {stream:p}): refused: not a live block of any vrampool pool"));
         }
@@ -896,6 +905,74 @@ pub unsafe extern "C" fn vrampool_last_error(buffer: *mut c_char, capacity: usiz
             }
         }
         message.len()
+    })
+}
+
+// ---- the planned arena: a mode of the allocator ----
+
+type DevicePlanned = PlannedPool<&'static PoolCore>;
+
+/// Whether `vrampool_malloc` serves the main pools' allocations through the planned arena.
+static PLANNED_ON: AtomicBool = AtomicBool::new(false);
+/// A planned arena per device, made on its first planned allocation and kept (its buffers may outlive the
+/// mode); `PLANNED_COUNT` lets frees skip them while there are none.
+static PLANNED: Mutex<Vec<(i32, Arc<DevicePlanned>)>> = Mutex::new(Vec::new());
+static PLANNED_COUNT: AtomicUsize = AtomicUsize::new(0);
+/// The key the last `vrampool_planned_step` named: a planned arena made later starts under it.
+static PLANNED_KEY: AtomicU64 = AtomicU64::new(vrampool_plan::DEFAULT_KEY);
+
+fn planned_for(entry: &'static DeviceEntry) -> Arc<DevicePlanned> {
+    let mut planned = lock(&PLANNED);
+    if let Some((_, p)) = planned.iter().find(|(ordinal, _)| *ordinal == entry.ordinal) {
+        return Arc::clone(p);
+    }
+    let core: &'static PoolCore = &entry.pool;
+    let p = Arc::new(PlannedPool::new(core));
+    p.step(PLANNED_KEY.load(Relaxed));
+    planned.push((entry.ordinal, Arc::clone(&p)));
+    PLANNED_COUNT.store(planned.len(), Relaxed);
+    p
+}
+
+fn planned_pools() -> Vec<(i32, Arc<DevicePlanned>)> {
+    if PLANNED_COUNT.load(Relaxed) == 0 {
+        return Vec::new();
+    }
+    lock(&PLANNED).clone()
+}
+
+/// Frees `addr` through `entry`'s planned arena if it is the arena's to answer; None if not.
+fn planned_free(entry: &DeviceEntry, addr: u64, size: Option<u64>, stream: StreamId) -> Option<Result<(), PoolError>> {
+    let (_, planned) = planned_pools().into_iter().find(|(ordinal, _)| *ordinal == entry.ordinal)?;
+    planned.claims(addr).then(|| planned.free(addr, size, Some(stream)))
+}
+
+fn set_planned(on: bool) {
+    PLANNED_ON.store(on, Relaxed);
+    if !on {
+        // Out of the mode the arena only waits for its last buffers: give it back once they are gone.
+        for (_, p) in planned_pools() {
+            let _ = p.release_idle_arena();
+        }
+    }
+}
+
+/// Turns the planned arena on (non-zero) or off for the main pools' allocations. On, each device's
+/// allocations are recorded per iteration (`vrampool_planned_step`) and, once an iteration's sequence has
+/// been seen, served from one arena at planned offsets, falling back to the pool on divergence.
+#[no_mangle]
+pub extern "C" fn vrampool_planned_enable(on: c_int) {
+    guard("planned_enable", (), || set_planned(on != 0))
+}
+
+/// An iteration boundary on every device's planned arena; `key` is the signature of the next iteration
+/// (e.g. a hash of the input shapes), whose plan is kept apart from other keys'.
+#[no_mangle]
+pub extern "C" fn vrampool_planned_step(key: u64) {
+    guard("planned_step", (), || {
+        let planned = lock(&PLANNED);
+        PLANNED_KEY.store(key, Relaxed);
+        planned.iter().for_each(|(_, p)| p.step(key));
     })
 }
 
@@ -1070,6 +1147,28 @@ fn abi_sim_control(device: i32, auto_complete: Option<bool>, complete_stream: Op
     Ok(())
 }
 
+/// Gets, and with `on` sets, whether allocations go through the planned arena.
+#[pyfunction]
+#[pyo3(signature = (on = None))]
+fn abi_planned(on: Option<bool>) -> bool {
+    if let Some(on) = on {
+        set_planned(on);
+    }
+    PLANNED_ON.load(Relaxed)
+}
+
+#[pyfunction]
+fn abi_planned_step(key: u64) {
+    vrampool_planned_step(key);
+}
+
+/// `device`'s planned-arena figures, or None where it has made no planned allocation.
+#[pyfunction]
+fn abi_planned_stats(py: Python<'_>, device: i32) -> PyResult<Option<Bound<'_, PyDict>>> {
+    let Some((_, planned)) = planned_pools().into_iter().find(|(ordinal, _)| *ordinal == device) else { return Ok(None) };
+    planned_stats_dict(py, &planned.stats()).map(Some)
+}
+
 /// For tests: closes and unhooks every pool (their memory stays reserved: blocks may be live),
 /// forgets the configuration, the errors and the counters, and turns `raise_on_failure` off.
 #[pyfunction]
@@ -1085,6 +1184,10 @@ fn _abi_reset() {
         }
     }
     *registry = None;
+    PLANNED_ON.store(false, Relaxed);
+    PLANNED_COUNT.store(0, Relaxed);
+    PLANNED_KEY.store(vrampool_plan::DEFAULT_KEY, Relaxed);
+    lock(&PLANNED).clear();
     clear_last_error();
     for counter in [&FAILED_MALLOCS, &REFUSED_FREES, &REFUSED_RECORD_STREAMS, &OTHER_ERRORS, &PANICS] {
         counter.store(0, Relaxed);
@@ -1113,6 +1216,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(abi_counters, m)?)?;
     m.add_function(wrap_pyfunction!(abi_raise_on_failure, m)?)?;
     m.add_function(wrap_pyfunction!(abi_sim_control, m)?)?;
+    m.add_function(wrap_pyfunction!(abi_planned, m)?)?;
+    m.add_function(wrap_pyfunction!(abi_planned_step, m)?)?;
+    m.add_function(wrap_pyfunction!(abi_planned_stats, m)?)?;
     m.add_function(wrap_pyfunction!(_abi_reset, m)?)?;
     m.add_function(wrap_pyfunction!(_abi_guard_selftest, m)?)?;
     let symbols: HashMap<&str, &str> = HashMap::from([
