@@ -113,13 +113,22 @@ impl Backing for Pool {
 /// One event of an iteration, as matched against the recording.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Event {
-    Alloc { size: u64, stream: StreamId },
+    Alloc {
+        size: u64,
+        stream: StreamId,
+    },
     /// The free of the iteration's `index`-th allocation, naming stream `on` (its own when the caller named none).
-    Free { index: usize, on: StreamId },
+    Free {
+        index: usize,
+        on: StreamId,
+    },
     /// The free of a buffer born in an earlier iteration (which one does not matter to this iteration's plan).
     FreeOlder,
     /// `record_stream` of the iteration's `index`-th allocation (None: an older buffer) on another stream.
-    UsedOn { index: Option<usize>, stream: StreamId },
+    UsedOn {
+        index: Option<usize>,
+        stream: StreamId,
+    },
 }
 
 /// A recorded sequence and where each of its allocations goes.
@@ -324,8 +333,11 @@ impl<B: Backing> PlannedPool<B> {
             }
         }
         state.live.remove(&addr);
-        let event =
-            if live.born_in == state.iteration.serial { Event::Free { index: live.index, on } } else { Event::FreeOlder };
+        let event = if live.born_in == state.iteration.serial {
+            Event::Free { index: live.index, on }
+        } else {
+            Event::FreeOlder
+        };
         let follows = state.iteration.follows(&event);
         record(&mut state.iteration, event, follows, &mut state.stats);
         Ok(())
@@ -369,7 +381,8 @@ impl<B: Backing> PlannedPool<B> {
     /// (a double free there must not reach the pool, where the arena's own block would go).
     pub fn claims(&self, addr: u64) -> bool {
         let state = self.lock();
-        state.live.contains_key(&addr) || state.arena.as_ref().is_some_and(|a| a.base <= addr && addr < a.base + a.bytes)
+        state.live.contains_key(&addr)
+            || state.arena.as_ref().is_some_and(|a| a.base <= addr && addr < a.base + a.bytes)
     }
 
     /// Ends the iteration and starts the next, whose signature is `key`. The iteration that ends is planned
@@ -446,7 +459,8 @@ impl<B: Backing> PlannedPool<B> {
     }
 
     fn store_plan(&self, state: &mut State, ended: &Iteration) {
-        let options = PlanOptions { algorithm: Algorithm::Auto, budget: self.budget, alignment: self.backing.alignment() };
+        let options =
+            PlanOptions { algorithm: Algorithm::Auto, budget: self.budget, alignment: self.backing.alignment() };
         // A sequence the planner refuses (sizes that overflow once aligned) stays unplanned: it runs on the pool.
         match plan_sequence(&ended.events, &options) {
             Some(plan) => state.plans.insert(ended.key, Arc::new(plan)),

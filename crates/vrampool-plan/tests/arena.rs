@@ -70,16 +70,16 @@ impl Harness {
 fn training_like(batch: u64) -> Vec<Op> {
     let k = 4096 * batch;
     vec![
-        Op::Alloc(k, S0),      // 0 activation 1
-        Op::Alloc(2 * k, S0),  // 1 temporary
-        Op::Alloc(k, S0),      // 2 activation 2
+        Op::Alloc(k, S0),     // 0 activation 1
+        Op::Alloc(2 * k, S0), // 1 temporary
+        Op::Alloc(k, S0),     // 2 activation 2
         Op::Free(1),
-        Op::Alloc(3 * k, S0),  // 3 output
-        Op::Alloc(k / 2, S0),  // 4 loss
+        Op::Alloc(3 * k, S0), // 3 output
+        Op::Alloc(k / 2, S0), // 4 loss
         Op::Free(3),
-        Op::Alloc(k, S0),      // 5 grad 2
+        Op::Alloc(k, S0), // 5 grad 2
         Op::Free(2),
-        Op::Alloc(k, S0),      // 6 grad 1
+        Op::Alloc(k, S0), // 6 grad 1
         Op::Free(5),
         Op::Free(0),
         Op::Free(6),
@@ -269,7 +269,10 @@ fn bad_frees_are_errors_not_panics() {
     assert!(not_allocated(h.planned.free(0xdead_0000, None, None)));
     let a = h.planned.allocate(1000, S0).unwrap();
     let wrong = h.planned.free(a, Some(999), None);
-    assert!(matches!(wrong, Err(PoolError::InvalidFree { reason: InvalidFreeReason::WrongSize { expected: 1000, given: 999 }, .. })));
+    assert!(matches!(
+        wrong,
+        Err(PoolError::InvalidFree { reason: InvalidFreeReason::WrongSize { expected: 1000, given: 999 }, .. })
+    ));
     h.planned.free(a, Some(1000), None).unwrap();
     assert!(not_allocated(h.planned.free(a, None, None)), "double free");
     assert!(matches!(h.planned.allocate(0, S0), Err(PoolError::InvalidSize { .. })));
