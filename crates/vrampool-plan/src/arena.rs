@@ -197,8 +197,9 @@ struct ArenaBlock {
     stream: StreamId,
     /// Streams other than `stream` that used arena bytes: the pool must wait for them when the block goes back.
     users: Vec<StreamId>,
-    /// An arena buffer was freed naming another stream than its own: its bytes may still be in use there, so
-    /// the block is not reused but replaced (the pool orders its reuse after that stream's work).
+    /// An arena buffer was used on another stream than its own (a free naming it, or `record_stream`): its bytes
+    /// may still be in use there, so the block is not reused but replaced (the pool orders its reuse after that
+    /// stream's work).
     retired: bool,
 }
 
@@ -214,8 +215,9 @@ struct Iteration {
 }
 
 impl Iteration {
-    fn new(serial: u64, key: u64, plan: Option<Arc<StoredPlan>>) -> Self {
-        Iteration { serial, key, matching: plan.is_some(), plan, events: Vec::new(), allocations: 0 }
+    /// An iteration without a plan yet: `step` looks its key's plan up once the ended iteration is stored.
+    fn new(serial: u64, key: u64) -> Self {
+        Iteration { serial, key, plan: None, matching: false, events: Vec::new(), allocations: 0 }
     }
 
     /// Whether `event`, as the next one, still follows the plan.
@@ -256,7 +258,7 @@ impl<B: Backing> PlannedPool<B> {
             live: HashMap::new(),
             arena_live: 0,
             stale_arena: 0,
-            iteration: Iteration::new(0, DEFAULT_KEY, None),
+            iteration: Iteration::new(0, DEFAULT_KEY),
             stats: PlannedStats::default(),
         };
         PlannedPool { backing, budget, state: Mutex::new(state) }
@@ -392,7 +394,7 @@ impl<B: Backing> PlannedPool<B> {
         let mut guard = self.lock();
         let state = &mut *guard;
         let serial = state.iteration.serial + 1;
-        let ended = std::mem::replace(&mut state.iteration, Iteration::new(serial, key, None));
+        let ended = std::mem::replace(&mut state.iteration, Iteration::new(serial, key));
         if !ended.events.is_empty() {
             match &ended.plan {
                 Some(plan) if ended.matching && ended.events.len() == plan.events.len() => {
