@@ -261,6 +261,21 @@ impl PoolCore {
             },
         };
         let owner = StreamId(block.stream);
+        if self.recorded_count.load(Relaxed) == 0 && stream.is_none_or(|s| s == owner) {
+            // Used on its own stream only: reusable there at once.
+            self.forget_birth(addr);
+            self.log(EventKind::Free, addr, block.size, owner);
+            self.give_back(addr, block, true);
+            return Ok(());
+        }
+        self.free_used_elsewhere(addr, block, stream)
+    }
+
+    /// The free of a block that other streams used too (`record_stream`, or a free naming
+    /// another stream): its reuse waits for an event on each of them.
+    #[cold]
+    fn free_used_elsewhere(&self, addr: u64, block: LiveBlock, stream: Option<StreamId>) -> Result<()> {
+        let owner = StreamId(block.stream);
         let recorded = self.take_recorded_streams(addr);
         let mut users = recorded.clone();
         if let Some(s) = stream.filter(|&s| s != owner && !users.contains(&s)) {
@@ -275,10 +290,7 @@ impl PoolCore {
                 return Err(e);
             }
         };
-        // Forgotten before the block can be reused, so a new birth at this address stays.
-        if let Some(births) = &self.births {
-            births.pin().remove(&addr);
-        }
+        self.forget_birth(addr);
         self.log(EventKind::Free, addr, block.size, stream.unwrap_or(owner));
         if events.is_empty() {
             self.give_back(addr, block, true);
@@ -287,6 +299,20 @@ impl PoolCore {
         self.count(&[(Fast::AllocatedOut, block.size), (Fast::RequestedOut, block.requested), (Fast::BlocksOut, 1)], 0);
         self.defer_free(addr, block, events);
         Ok(())
+    }
+
+    /// Forgets a freed block's birth time, before the block can be reused, so that a new birth at
+    /// this address stays.
+    #[inline(always)]
+    fn forget_birth(&self, addr: u64) {
+        if let Some(births) = &self.births {
+            Self::forget_birth_in(births, addr);
+        }
+    }
+
+    #[cold]
+    fn forget_birth_in(births: &FastMap<u64, u64>, addr: u64) {
+        births.pin().remove(&addr);
     }
 
     /// Marks the live block at `addr` as used by `stream` too: when freed, it is not reused until
@@ -663,10 +689,10 @@ impl PoolCore {
 
     /// Enters a handed-out block in the live table (or its overflow map), the event log, and
     /// (when leaks are tracked) the birth times.
+    #[inline(always)]
     fn record_live(&self, addr: u64, block: LiveBlock) -> u64 {
-        self.log(EventKind::Alloc, addr, block.size, StreamId(block.stream));
-        if let Some(births) = &self.births {
-            births.pin().insert(addr, self.now_ns());
+        if self.log.is_some() || self.births.is_some() {
+            self.record_birth(addr, block);
         }
         if !self.live.insert(addr, block) {
             self.overflow.pin().insert(addr, block);
@@ -674,11 +700,20 @@ impl PoolCore {
         addr
     }
 
+    #[cold]
+    fn record_birth(&self, addr: u64, block: LiveBlock) {
+        self.log(EventKind::Alloc, addr, block.size, StreamId(block.stream));
+        if let Some(births) = &self.births {
+            births.pin().insert(addr, self.now_ns());
+        }
+    }
+
     /// Makes a freed block reusable on its own stream: into this thread's cache, a magazine, or
     /// back to its strategy. `just_freed` counts the free itself too (else `free` counted it when
     /// it deferred the block).
     /// With `scrub: on_free` the block is zero-filled first; one the device fails to fill is
     /// never handed out again (it stays taken in its strategy until the pool is dropped).
+    #[inline]
     fn give_back(&self, addr: u64, block: LiveBlock, just_freed: bool) {
         let counts = [
             (Fast::ActiveOut, block.size),
@@ -965,10 +1000,16 @@ impl PoolCore {
         }
     }
 
+    #[inline(always)]
     fn log(&self, kind: EventKind, addr: u64, size: u64, stream: StreamId) {
         if let Some(log) = &self.log {
-            log.push(kind, addr, size, stream);
+            Self::log_in(log, kind, addr, size, stream);
         }
+    }
+
+    #[cold]
+    fn log_in(log: &EventLog, kind: EventKind, addr: u64, size: u64, stream: StreamId) {
+        log.push(kind, addr, size, stream);
     }
 }
 

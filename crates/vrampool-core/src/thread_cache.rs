@@ -7,7 +7,7 @@
 //! shared magazines. A trim raises the pool's flush epoch: each thread empties its lists into the
 //! pool at its next call, and a thread that exits gives its lists back at once.
 
-use std::cell::RefCell;
+use std::cell::{Cell, UnsafeCell};
 use std::sync::{Arc, Weak};
 
 use crate::stats::{Fast, LocalCounters};
@@ -52,6 +52,7 @@ impl PoolCache {
         out
     }
 
+    #[inline]
     fn stream(&mut self, stream: u64) -> &mut StreamCache {
         // Most threads use one stream: check the first before searching.
         if self.streams.first().is_some_and(|s| s.stream == stream) {
@@ -91,8 +92,43 @@ impl Drop for PoolCache {
     }
 }
 
+/// This thread's caches, one per pool it used. Boxed, so that `CURRENT` may point into one.
+#[derive(Default)]
+struct Caches(Vec<Box<PoolCache>>);
+
+impl Drop for Caches {
+    fn drop(&mut self) {
+        // The pointer must not outlive the box; later calls (other thread-local destructors that
+        // free blocks) then find no cache and count into the pool's shared counters.
+        CURRENT.set(std::ptr::null_mut());
+    }
+}
+
 thread_local! {
-    static CACHES: RefCell<Vec<PoolCache>> = const { RefCell::new(Vec::new()) };
+    static CACHES: UnsafeCell<Caches> = const { UnsafeCell::new(Caches(Vec::new())) };
+    // These two have no destructor, so they stay readable while the thread's other storage is
+    // torn down. CURRENT is the cache used last (null when none); BUSY is set while a call uses
+    // a cache.
+    static CURRENT: Cell<*mut PoolCache> = const { Cell::new(std::ptr::null_mut()) };
+    static BUSY: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Clears `BUSY` when the call that set it ends, even by a panic.
+struct Busy;
+
+impl Busy {
+    #[inline]
+    fn enter() -> Busy {
+        BUSY.set(true);
+        Busy
+    }
+}
+
+impl Drop for Busy {
+    #[inline]
+    fn drop(&mut self) {
+        BUSY.set(false);
+    }
 }
 
 /// What `with_pool_cache` needs to make a cache for a pool this thread has not used yet.
@@ -104,63 +140,82 @@ pub struct PoolHandle<'a> {
 }
 
 /// Runs `f` on this thread's cache for the pool; None when thread-local storage is gone (the
-/// thread is exiting). `f` must not call back into the pool. When the pool's flush epoch moved on
-/// since the last call, the cached blocks go back to the pool first (after `f`, outside the
-/// borrow, so the pool may use this thread's cache again meanwhile).
+/// thread is exiting) or when called from inside another call's `f` (which must not happen: `f`
+/// must not call back into the pool). When the pool's flush epoch moved on since the last call,
+/// the cached blocks go back to the pool first (after `f`, outside the call, so the pool may use
+/// this thread's cache again meanwhile).
+#[inline]
 pub fn with_pool_cache<R>(pool: &PoolHandle<'_>, f: impl FnOnce(&mut PoolCache) -> R) -> Option<R> {
-    let mut stale = Vec::new();
-    let result = CACHES
-        .try_with(|caches| {
-            let mut caches = caches.try_borrow_mut().ok()?;
-            // The pool used last sits at the end, so the common case is one comparison.
-            let last = caches.len().wrapping_sub(1);
-            let found = match caches.get(last) {
-                Some(c) if c.pool_id == pool.id => Some(last),
-                _ => caches.iter().position(|c| c.pool_id == pool.id).map(|i| {
-                    let cache = caches.remove(i);
-                    caches.push(cache);
-                    last
-                }),
-            };
-            let index = match found {
-                Some(i) => i,
-                None => {
-                    // Forget caches of pools that are gone, then make this one.
-                    caches.retain(|c| c.owner.strong_count() > 0);
-                    caches.push(PoolCache {
-                        pool_id: pool.id,
-                        owner: pool.owner.clone(),
-                        epoch: pool.epoch,
-                        counters: (pool.register)(),
-                        since_checkpoint: 0,
-                        streams: Vec::new(),
-                    });
-                    caches.len() - 1
-                }
-            };
-            let cache = &mut caches[index];
-            if cache.epoch != pool.epoch {
-                cache.epoch = pool.epoch;
-                stale = cache.take_all();
-            }
-            Some(f(cache))
-        })
-        .ok()
-        .flatten();
+    if BUSY.get() {
+        return None;
+    }
+    let current = CURRENT.get();
+    // SAFETY: a non-null `CURRENT` points into a box that `CACHES` owns: boxes are dropped only
+    // by `find_or_make` (whose caller sets `CURRENT` again before it returns) and by the
+    // destructor of `CACHES` (which nulls `CURRENT` first). `BUSY` makes this the only reference
+    // to it until `f` returns, and `find_or_make` runs only when nothing is busy.
+    if let Some(cache) = unsafe { current.as_mut() } {
+        if cache.pool_id == pool.id && cache.epoch == pool.epoch {
+            let _busy = Busy::enter();
+            return Some(f(cache));
+        }
+    }
+    with_pool_cache_slow(pool, f)
+}
+
+#[cold]
+fn with_pool_cache_slow<R>(pool: &PoolHandle<'_>, f: impl FnOnce(&mut PoolCache) -> R) -> Option<R> {
+    let cache = CACHES.try_with(|caches| find_or_make(caches.get(), pool)).ok()?;
+    CURRENT.set(cache);
+    // SAFETY: as in `with_pool_cache`: `cache` was just found in `CACHES`, nothing is busy.
+    let cache = unsafe { &mut *cache };
+    let stale = if cache.epoch != pool.epoch {
+        cache.epoch = pool.epoch;
+        cache.take_all()
+    } else {
+        Vec::new()
+    };
+    let result = {
+        let _busy = Busy::enter();
+        f(cache)
+    };
     if !stale.is_empty() {
         if let Some(owner) = pool.owner.upgrade() {
             owner.adopt(stale);
         }
     }
-    result
+    Some(result)
+}
+
+/// This thread's cache for the pool, made if the thread has none yet.
+fn find_or_make(caches: *mut Caches, pool: &PoolHandle<'_>) -> *mut PoolCache {
+    // SAFETY: only this thread reaches its `CACHES`, and no reference into it is alive: callers
+    // run this only when no call is busy, and boxes (not the vector) are what `CURRENT` points at.
+    let caches = unsafe { &mut (*caches).0 };
+    if let Some(cache) = caches.iter_mut().find(|c| c.pool_id == pool.id) {
+        return &mut **cache;
+    }
+    // Forget caches of pools that are gone, then make this one.
+    caches.retain(|c| c.owner.strong_count() > 0);
+    caches.push(Box::new(PoolCache {
+        pool_id: pool.id,
+        owner: pool.owner.clone(),
+        epoch: pool.epoch,
+        counters: (pool.register)(),
+        since_checkpoint: 0,
+        streams: Vec::new(),
+    }));
+    &mut **caches.last_mut().expect("just pushed")
 }
 
 /// Pops a cached block of class `index` for `stream`.
+#[inline]
 pub fn pop(cache: &mut PoolCache, stream: u64, index: usize) -> Option<u64> {
     cache.stream(stream).classes.get_mut(index)?.pop()
 }
 
 /// Caches a block of class `index` (of `class_size` bytes) for `stream`; false when full.
+#[inline]
 pub fn push(cache: &mut PoolCache, stream: u64, index: usize, class_size: u64, addr: u64) -> bool {
     let sc = cache.stream(stream);
     if sc.classes.len() <= index {
