@@ -214,6 +214,7 @@ impl PoolCore {
         Ok(addr)
     }
 
+    #[inline(always)]
     fn allocate_block(&self, size: u64, stream: StreamId) -> Result<u64> {
         self.ensure_open()?;
         let rounded = self.round_request(size)?;
@@ -713,7 +714,7 @@ impl PoolCore {
     /// it deferred the block).
     /// With `scrub: on_free` the block is zero-filled first; one the device fails to fill is
     /// never handed out again (it stays taken in its strategy until the pool is dropped).
-    #[inline]
+    #[inline(always)]
     fn give_back(&self, addr: u64, block: LiveBlock, just_freed: bool) {
         let counts = [
             (Fast::ActiveOut, block.size),
