@@ -155,7 +155,8 @@ def test_scaled_down_models_plan_within_one_percent_of_the_bound(make, example) 
 
 def test_gpt_attention_matrices_live_until_their_backward_use() -> None:
     batch, heads, seq = 2, 4, 64
-    gm = trace_training_step(gpt(layers=1, d_model=64, heads=heads, seq_len=seq, vocab=128), (torch.randint(0, 128, (batch, seq)),))
+    model = gpt(layers=1, d_model=64, heads=heads, seq_len=seq, vocab=128)
+    gm = trace_training_step(model, (torch.randint(0, 128, (batch, seq)),))
     live = from_graph(gm)
     softmax = next(i for i in live.intervals if i.name.startswith("_softmax"))
     assert softmax.size == batch * heads * seq * seq * 4

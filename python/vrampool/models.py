@@ -7,6 +7,8 @@ build scaled-down versions of the same graphs.
 >>> from vrampool.models import gpt, resnet
 >>> gpt(layers=1, d_model=32, heads=2, seq_len=8, vocab=50)(torch.zeros(2, 8, dtype=torch.long)).shape
 torch.Size([2, 8, 50])
+>>> resnet([1, 1], num_classes=10, width=8)(torch.zeros(2, 3, 32, 32)).shape
+torch.Size([2, 10])
 """
 
 from __future__ import annotations
@@ -14,17 +16,12 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 
-def _torch() -> Any:
-    import torch
-
-    return torch
-
-
 def gpt(layers: int, d_model: int, heads: int, seq_len: int, vocab: int) -> Any:
     """A GPT-2 decoder: token and position embeddings, ``layers`` pre-norm blocks (causal
     self-attention and a 4x GELU MLP), a final norm and a head tied to the token embedding.
     Takes ``(batch, seq)`` token ids, returns ``(batch, seq, vocab)`` logits."""
-    torch = _torch()
+    import torch  # here, so that importing this module doesn't import torch
+
     nn, F = torch.nn, torch.nn.functional
 
     class Block(nn.Module):
@@ -32,7 +29,9 @@ def gpt(layers: int, d_model: int, heads: int, seq_len: int, vocab: int) -> Any:
             super().__init__()
             self.ln_1, self.ln_2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
             self.c_attn, self.c_proj = nn.Linear(d_model, 3 * d_model), nn.Linear(d_model, d_model)
-            self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(approximate="tanh"), nn.Linear(4 * d_model, d_model))
+            self.mlp = nn.Sequential(
+                nn.Linear(d_model, 4 * d_model), nn.GELU(approximate="tanh"), nn.Linear(4 * d_model, d_model)
+            )
 
         def forward(self, x: Any) -> Any:
             b, t, c = x.shape
@@ -74,7 +73,8 @@ def resnet(blocks: Sequence[int], num_classes: int = 1000, width: int = 64) -> A
     """A ResNet of bottleneck blocks (1x1, 3x3, 1x1 convolutions with batch norm, expansion 4),
     ``blocks[i]`` of them in stage ``i``; stage ``i`` has ``width * 2**i`` channels inside its
     blocks. Takes ``(batch, 3, H, W)`` images."""
-    torch = _torch()
+    import torch
+
     nn = torch.nn
 
     class Bottleneck(nn.Module):
