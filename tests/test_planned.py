@@ -190,3 +190,37 @@ def test_signature_keys_are_stable_and_distinct() -> None:
     keys = [signature_key(s) for s in shapes]
     assert keys[0] == 0 and len(set(keys)) == len(keys)
     assert signature_key((8, 3)) == keys[1]
+
+
+def test_threads_share_a_planned_pool_without_deadlock() -> None:
+    # The planned pool's lock is taken with the GIL released and its pool calls take the GIL:
+    # threads that allocate, free and step at once must neither deadlock nor overlap.
+    import threading
+
+    pool = DevicePool("sim", capacity=CAPACITY)
+    planned = pool.planned()
+    errors: List[str] = []
+
+    def worker(t: int) -> None:
+        try:
+            for i in range(150):
+                size = 512 * (1 + (i + t) % 7)
+                ptr = planned.allocate(size)
+                pool.native.sim_write(ptr, pattern(t, size))
+                if pool.native.sim_read(ptr, size) != pattern(t, size):
+                    errors.append(f"thread {t}: overwritten")
+                planned.deallocate(ptr)
+                if t == 0 and i % 10 == 0:
+                    planned.step()
+        except Exception as e:  # noqa: BLE001 - collected for the assertion below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads), "deadlock"
+    assert errors == []
+    stats = planned.stats()
+    assert stats["planned_allocations"] + stats["dynamic_allocations"] == 600 and stats["arena_live"] == 0

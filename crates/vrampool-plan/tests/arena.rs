@@ -334,3 +334,29 @@ proptest! {
         prop_assert_eq!(h.stats().arena_live, 0);
     }
 }
+
+#[test]
+fn threads_share_one_planned_pool() {
+    fn send_sync<T: Send + Sync>(_: &T) {}
+    let h = Harness::new();
+    send_sync(&h.planned);
+    let (sim, planned) = (&h.sim, &h.planned);
+    std::thread::scope(|scope| {
+        for t in 0..4u8 {
+            scope.spawn(move || {
+                for i in 0..200u64 {
+                    let size = 512 * (1 + (i + t as u64) % 5);
+                    let addr = planned.allocate(size, StreamId(t as u64 % 2)).unwrap();
+                    sim.write(addr, &vec![t + 1; size as usize]).unwrap();
+                    assert!(sim.read(addr, size).unwrap().iter().all(|&b| b == t + 1), "overlap across threads");
+                    planned.free(addr, Some(size), None).unwrap();
+                    if t == 0 && i % 10 == 0 {
+                        planned.step(DEFAULT_KEY);
+                    }
+                }
+            });
+        }
+    });
+    let stats = planned.stats();
+    assert_eq!((stats.planned_allocations + stats.dynamic_allocations, stats.arena_live), (800, 0));
+}
