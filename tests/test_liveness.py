@@ -129,6 +129,17 @@ def test_trace_rows_may_reuse_an_id_once_it_is_freed() -> None:
             from_trace(bad)
 
 
+def test_trace_files_keep_their_times(tmp_path) -> None:
+    trace = capture_training(mlp(), [(torch.randn(8, 16), torch.randint(0, 8, (8,)))])
+    jsonl, csv = tmp_path / "step.jsonl", tmp_path / "minimalloc.csv"
+    trace.write(jsonl)
+    csv.write_text("id,lower,upper,size\n0,10,30,100\n1,20,40,50\n2,30,50,100\n")
+    assert [(i.lower, i.upper, i.size) for i in from_trace(jsonl).intervals] == [r[1:4] for r in trace.rows()]
+    live = from_trace(csv)
+    assert [(i.lower, i.upper) for i in live.intervals] == [(10, 30), (20, 40), (30, 50)]
+    assert live.steps == 50 and live.lower_bound_bytes() == live.plan().arena_bytes == 150
+
+
 def test_full_size_structures_have_the_published_parameter_counts() -> None:
     with torch.device("meta"):  # no memory: the benchmark traces these, the tests count them
         assert sum(p.numel() for p in gpt2_small().parameters()) == 124_439_808

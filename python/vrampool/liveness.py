@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from vrampool.planner import PlanResult, Row, plan
 
@@ -165,14 +166,21 @@ def from_graph(graph: Any, *, inputs: str = "exclude", outputs: str = "pin") -> 
     return Liveness(intervals, steps)
 
 
-def from_trace(trace: Any) -> Liveness:
-    """Lifetimes from a recorded allocation trace: a ``vrampool.capture.Trace`` or its rows
-    ``(id, lower, upper, size[, stream])``, so a captured run plans like a graph.
+def from_trace(trace: Union[str, Path, Any]) -> Liveness:
+    """Lifetimes from a recorded allocation trace, so a captured run plans like a graph: a
+    ``vrampool.capture.Trace``, its rows ``(id, lower, upper, size[, stream])``, or a trace file
+    (JSON lines, or the ``id,lower,upper,size[,stream]`` CSV, MiniMalloc's format, times kept).
 
     Every buffer is an ``intermediate`` interval named after its trace id; interval ids are the
     rows' positions, since a trace may reuse an id once it is freed. Streams are not kept apart:
-    the plan follows the trace's one order of events. ``steps`` is the trace's length in events.
+    the plan follows the trace's one order of events. ``steps`` is the trace's length in events
+    (for rows and files, the latest end). A trace of several iterations is planned as one run;
+    ``Trace.steps()`` cuts it into iterations.
     """
+    if isinstance(trace, (str, Path)):
+        from vrampool.trace import read_trace
+
+        trace = read_trace(trace)
     rows = trace.rows() if hasattr(trace, "rows") else list(trace)
     intervals = []
     for position, row in enumerate(rows):
