@@ -102,6 +102,8 @@ def test_capture_writes_a_trace_that_replays(tmp_path: Path, capsys: pytest.Capt
     assert json.loads(capsys.readouterr().out)["steps"] == 2
     assert main(["replay", str(out), "--strategy", "hybrid", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["lower_bound_bytes"] == figures["peak_live_bytes"]
+    assert main(["capture", "--model", "cnn", "--steps", "2", "--scale", "2", "--output", str(tmp_path / "big.jsonl"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["peak_live_bytes"] > figures["peak_live_bytes"]
 
 
 def test_demo_prints_the_table_and_writes_the_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

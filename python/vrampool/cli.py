@@ -107,12 +107,12 @@ def capture_command(args: argparse.Namespace) -> int:
     from vrampool.workloads import capture_workload
 
     output = Path(args.output or f"{args.model}-trace.jsonl")
-    trace = capture_workload(args.model, args.steps, args.seed, lambda b: _progress(b, args.steps, f"capture {args.model}", args.json))
+    trace = capture_workload(args.model, args.steps, args.seed, lambda b: _progress(b, args.steps, f"capture {args.model}", args.json), args.scale)
     try:
         trace.write(output)
     except OSError as e:
         raise CommandError(f"cannot write {output}: {e}") from None
-    figures = {"model": args.model, "steps": args.steps, "output": str(output), "events": len(trace.events), "peak_live_bytes": trace.peak_allocated_bytes()}
+    figures = {"model": args.model, "steps": args.steps, "scale": args.scale, "output": str(output), "events": len(trace.events), "peak_live_bytes": trace.peak_allocated_bytes()}
     if args.json:
         print(json.dumps(figures))
     else:
@@ -237,6 +237,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, choices=MODELS)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scale", type=int, default=1, help="batches this many times the usual (more memory, more CPU time)")
     p.add_argument("--output", help="trace file (.jsonl, or .csv for rows); default <model>-trace.jsonl")
     p.add_argument("--json", action="store_true", help="print JSON instead of a line for people")
 
@@ -268,7 +269,7 @@ COMMANDS = {"demo": demo_command, "capture": capture_command, "replay": replay_c
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
-    for option in ("steps", "repeat"):
+    for option in ("steps", "repeat", "scale"):
         if getattr(args, option, 1) < 1:
             print(f"vrampool {args.command}: --{option} must be at least 1", file=sys.stderr)
             return 1

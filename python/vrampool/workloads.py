@@ -50,16 +50,16 @@ def gpt_model(vocab: int = GPT_VOCAB, width: int = 128, layers: int = 2, heads: 
     return TinyGPT()
 
 
-def gpt_batches(steps: int, seed: int = 0, vocab: int = GPT_VOCAB) -> Iterator[Tuple[Any, Any]]:
-    """``(tokens, next tokens)`` pairs of random text, ``GPT_BATCH`` sequences a step, each
-    step's length drawn from :data:`GPT_SEQUENCE_LENGTHS`. Tensors are made as the loop asks,
+def gpt_batches(steps: int, seed: int = 0, scale: int = 1, vocab: int = GPT_VOCAB) -> Iterator[Tuple[Any, Any]]:
+    """``(tokens, next tokens)`` pairs of random text, ``scale * GPT_BATCH`` sequences a step,
+    each step's length drawn from :data:`GPT_SEQUENCE_LENGTHS`. Tensors are made as the loop asks,
     so a capture sees their allocation as a GPU run sees the copy to the device."""
     import torch
 
     rng = random.Random(seed)
     generator = torch.Generator().manual_seed(seed)
     for _ in range(steps):
-        text = torch.randint(vocab, (GPT_BATCH, rng.choice(GPT_SEQUENCE_LENGTHS) + 1), generator=generator)
+        text = torch.randint(vocab, (scale * GPT_BATCH, rng.choice(GPT_SEQUENCE_LENGTHS) + 1), generator=generator)
         yield text[:, :-1], text[:, 1:]
 
 
@@ -80,19 +80,20 @@ def cnn_model(classes: int = 10) -> Any:
     return nn.Sequential(block(3, 16), block(16, 32), block(32, 64), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, classes))
 
 
-def cnn_batches(steps: int, seed: int = 0, classes: int = 10) -> Iterator[Tuple[Any, Any]]:
-    """``(images, labels)`` pairs, each step's batch size drawn from :data:`CNN_BATCH_SIZES`."""
+def cnn_batches(steps: int, seed: int = 0, scale: int = 1, classes: int = 10) -> Iterator[Tuple[Any, Any]]:
+    """``(images, labels)`` pairs, each step's batch size drawn from :data:`CNN_BATCH_SIZES`
+    (times ``scale``)."""
     import torch
 
     rng = random.Random(seed)
     generator = torch.Generator().manual_seed(seed)
     for _ in range(steps):
-        batch = rng.choice(CNN_BATCH_SIZES)
+        batch = scale * rng.choice(CNN_BATCH_SIZES)
         yield torch.randn(batch, 3, 32, 32, generator=generator), torch.randint(classes, (batch,), generator=generator)
 
 
-#: name -> (model builder, batches(steps, seed), loss)
-_WORKLOADS: Dict[str, Tuple[Callable[[], Any], Callable[[int, int], Iterator[Tuple[Any, Any]]], Optional[Callable[[Any, Any], Any]]]] = {
+#: name -> (model builder, batches(steps, seed, scale), loss)
+_WORKLOADS: Dict[str, Tuple[Callable[[], Any], Callable[[int, int, int], Iterator[Tuple[Any, Any]]], Optional[Callable[[Any, Any], Any]]]] = {
     "gpt": (gpt_model, gpt_batches, gpt_loss),
     "cnn": (cnn_model, cnn_batches, None),
 }
@@ -109,17 +110,19 @@ def capture_workload(
     steps: int = 12,
     seed: int = 0,
     progress: Callable[[Iterable[Any]], Iterable[Any]] = lambda batches: batches,
+    scale: int = 1,
 ) -> Trace:
     """The allocation trace of training model ``name`` (:data:`MODELS`) for ``steps`` steps on
-    the CPU with Adam; ``progress`` may wrap the batches (e.g. in ``tqdm``)."""
+    the CPU with Adam, its batches ``scale`` times the usual; ``progress`` may wrap the batches
+    (e.g. in ``tqdm``)."""
     import torch
 
     build, batches, loss = _workload(name)
-    if steps < 1:
-        raise ValueError(f"steps must be at least 1, got {steps}")
+    if steps < 1 or scale < 1:
+        raise ValueError(f"steps and scale must be at least 1, got {steps} and {scale}")
     torch.manual_seed(seed)
     model = build()
-    return capture_training(model, progress(batches(steps, seed)), loss_fn=loss)
+    return capture_training(model, progress(batches(steps, seed, scale)), loss_fn=loss)
 
 
 def measure_cuda(name: str, allocator: str, steps: int = 12, seed: int = 0) -> Dict[str, Any]:
@@ -144,7 +147,7 @@ def measure_cuda(name: str, allocator: str, steps: int = 12, seed: int = 0) -> D
     model = build().cuda()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     start = time.perf_counter()
-    for inputs, target in batches(steps, seed):
+    for inputs, target in batches(steps, seed, 1):
         loss(model(inputs.cuda()), target.cuda()).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
