@@ -186,10 +186,11 @@ def test_direct_use_and_errors() -> None:
 
 
 def test_signature_keys_are_stable_and_distinct() -> None:
-    shapes: List[Optional[Any]] = [None, (8, 3), (16, 3), torch.Size([8, 3]), "x"]
+    shapes: List[Optional[Any]] = [None, (8, 3), (16, 3), ((8, 3), (8,)), "x"]
     keys = [signature_key(s) for s in shapes]
     assert keys[0] == 0 and len(set(keys)) == len(keys)
-    assert signature_key((8, 3)) == keys[1]
+    assert signature_key(torch.Size([8, 3])) == signature_key([8, 3]) == keys[1]
+    assert signature_key((torch.Size([8, 3]), torch.Size([8]))) == keys[3]
 
 
 def test_threads_share_a_planned_pool_without_deadlock() -> None:

@@ -39,18 +39,24 @@ DEFAULT_KEY = 0
 
 def signature_key(key: Optional[Hashable]) -> int:
     """A stable 64-bit key for ``key`` (the same in every process): ``None`` is the default key;
-    anything else is hashed by its ``repr``, so pass shapes (``x.shape``, a tuple of them), not
-    tensors.
+    anything else is hashed by its ``repr``, with tuples and lists (``torch.Size`` is a tuple)
+    read as plain tuples, so pass shapes (``x.shape``, a tuple of them), not tensors.
 
     >>> signature_key(None)
     0
-    >>> signature_key((8, 3, 32, 32)) == signature_key((8, 3, 32, 32)) != signature_key((16, 3, 32, 32))
+    >>> signature_key((8, 3, 32, 32)) == signature_key([8, 3, 32, 32]) != signature_key((16, 3, 32, 32))
     True
     """
     if key is None:
         return DEFAULT_KEY
-    digest = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
+    digest = hashlib.blake2b(repr(_plain(key)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") or 1
+
+
+def _plain(key: Any) -> Any:
+    if isinstance(key, (tuple, list)):
+        return tuple(_plain(k) for k in key)
+    return key
 
 
 class PlannedPool:
