@@ -92,8 +92,10 @@ impl Drop for PoolCache {
     }
 }
 
-/// This thread's caches, one per pool it used. Boxed, so that `CURRENT` may point into one.
+/// This thread's caches, one per pool it used. Boxed, so that `CURRENT` may point into one
+/// while the vector grows.
 #[derive(Default)]
+#[allow(clippy::vec_box)]
 struct Caches(Vec<Box<PoolCache>>);
 
 impl Drop for Caches {
