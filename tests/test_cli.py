@@ -156,3 +156,23 @@ def test_as_a_process(trace_file: Path, tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
     done = run(["replay", str(trace_file), "--strategy", "fastest"])
     assert done.returncode == 2 and "invalid choice" in done.stderr
+
+
+def test_gpu_comparison_prints_both_allocators(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # No GPU here: the child processes are stood in for, so only the table and the failure path are checked.
+    from vrampool import cli
+
+    def fake_run(argv: List[str], **_: object) -> subprocess.CompletedProcess:
+        if "'vrampool'" in argv[-1]:
+            return subprocess.CompletedProcess(argv, 1, "", "Traceback ...\nRuntimeError: no CUDA driver\n")
+        figures = {"allocator": "pytorch", "peak_reserved_bytes": 96 * MIB, "peak_allocated_bytes": 80 * MIB, "seconds": 1.5}
+        return subprocess.CompletedProcess(argv, 0, json.dumps(figures) + "\n", "")
+
+    monkeypatch.setattr(cli.subprocess, "run", fake_run)
+    cli.gpu_comparison(steps=3)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[:2] for line in lines if line.startswith(("gpt", "cnn"))] == [
+        ["gpt", "pytorch"], ["gpt", "vrampool"], ["cnn", "pytorch"], ["cnn", "vrampool"],
+    ]
+    assert any("96.0 MiB" in line and "80.0 MiB" in line for line in lines)
+    assert any(line.endswith("failed: RuntimeError: no CUDA driver") for line in lines)

@@ -213,7 +213,8 @@ def gpu_comparison(steps: int) -> None:
             code = f"import json, vrampool.workloads as w; print(json.dumps(w.measure_cuda({model!r}, {allocator!r}, {steps})))"
             done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
             if done.returncode != 0:
-                print(f"{model:<6} {allocator:<10} failed: {done.stderr.strip().splitlines()[-1:]}")
+                last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+                print(f"{model:<6} {allocator:<10} failed: {last}")
                 continue
             r = json.loads(done.stdout.strip().splitlines()[-1])
             print(f"{model:<6} {allocator:<10} {_mib(r['peak_reserved_bytes']):>14} {_mib(r['peak_allocated_bytes']):>15} {r['seconds']:>8.2f}")
