@@ -4,7 +4,7 @@
 //! the invariants are checked after every operation.
 //!
 //! The seeds in `tests/fuzz-corpus/*.txt` are replayed first, then `VRAMPOOL_FUZZ_CASES`
-//! random sequences per strategy (default 16: a few seconds in a debug build).
+//! random sequences per strategy (default 32: a few seconds in a debug build).
 //! `cargo test --release -p vrampool-core --test fuzz -- --nocapture` prints the figures.
 
 use std::cell::Cell;
@@ -146,6 +146,8 @@ mod harness {
     #[derive(Debug, Clone)]
     struct Live {
         requested: u64,
+        /// The block's real size, as the pool reported it when handing it out.
+        size: u64,
         stream: u64,
         tag: u64,
         /// Other streams that used it (`record_stream`).
@@ -263,7 +265,7 @@ mod harness {
                 Op::Alloc { size, stream } => self.alloc(size, stream)?,
                 Op::Free { nth, by } => {
                     let Some((addr, block)) = self.nth_live(nth) else { return Ok(()) };
-                    let size = self.block_size(addr);
+                    let size = block.size;
                     let tag = block.tag.to_le_bytes();
                     for at in [addr, addr + size.max(8) - 8] {
                         ensure!(self.dev.read(at, 8).map_err(|e| TestCaseError::fail(e.to_string()))? == tag, "block {addr:#x} ({size} B) was overwritten while live");
@@ -288,7 +290,7 @@ mod harness {
                 }
                 Op::FreeWrongSize { nth } => {
                     let Some((addr, block)) = self.nth_live(nth) else { return Ok(()) };
-                    let wrong = self.block_size(addr) + 1;
+                    let wrong = block.size + 1;
                     let before = self.observe();
                     match self.pool.free(addr, Some(wrong), None) {
                         Err(PoolError::InvalidFree { reason: InvalidFreeReason::WrongSize { expected, given }, .. }) => {
@@ -299,8 +301,8 @@ mod harness {
                     ensure!(self.observe() == before, "a wrong-size free changed the pool");
                 }
                 Op::FreeInterior { nth, offset } => {
-                    let Some((addr, _)) = self.nth_live(nth) else { return Ok(()) };
-                    let inside = addr + offset % self.block_size(addr).max(2).saturating_sub(1) + 1;
+                    let Some((addr, block)) = self.nth_live(nth) else { return Ok(()) };
+                    let inside = addr + offset % block.size.max(2).saturating_sub(1) + 1;
                     self.refused("interior free", |p| p.free(inside, None, None))?;
                     self.refused("interior record_stream", |p| p.record_stream(inside, StreamId(1)))?;
                 }
@@ -349,7 +351,7 @@ mod harness {
                     for at in [addr, end] {
                         self.dev.write(at, &tag.to_le_bytes()).map_err(|e| TestCaseError::fail(format!("block {addr:#x} is not device memory: {e}")))?;
                     }
-                    self.live.insert(addr, Live { requested: size, stream, tag, users: Vec::new() });
+                    self.live.insert(addr, Live { requested: size, size: block_size, stream, tag, users: Vec::new() });
                     self.recently_freed.retain(|&a| a != addr);
                 }
                 Err(PoolError::InvalidSize { .. }) => ensure!(size == 0 || size > CAPACITY, "{size} B refused as invalid"),
@@ -370,7 +372,7 @@ mod harness {
             let mut end = 0;
             for b in &blocks {
                 let Some(mine) = self.live.get(&b.addr) else { return Err(TestCaseError::fail(format!("{:#x} is live but was not handed out", b.addr))) };
-                ensure!(b.requested == mine.requested && b.size >= b.requested, "block {:#x}: {} B for {} requested", b.addr, b.size, b.requested);
+                ensure!(b.requested == mine.requested && b.size == mine.size && b.size >= b.requested, "block {:#x}: {} B for {} requested", b.addr, b.size, b.requested);
                 ensure!(b.addr >= end, "block {:#x} overlaps the one before (ending at {end:#x})", b.addr);
                 end = b.addr + b.size;
             }
@@ -408,7 +410,7 @@ use harness::Harness;
 use op::Op;
 
 fn cases() -> u32 {
-    std::env::var("VRAMPOOL_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(16)
+    std::env::var("VRAMPOOL_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(32)
 }
 
 fn corpus() -> Vec<(String, Vec<Op>)> {
