@@ -177,3 +177,16 @@ def test_gpu_comparison_prints_both_allocators(monkeypatch: pytest.MonkeyPatch, 
     ]
     assert any("96.0 MiB" in line and "80.0 MiB" in line for line in lines)
     assert any(line.endswith("failed: RuntimeError: no CUDA driver") for line in lines)
+
+
+def test_progress_bars_only_on_a_terminal_and_never_with_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tqdm import tqdm
+
+    from vrampool import cli
+
+    items = [1, 2, 3]
+    assert cli._progress(items, 3, "replay") is items  # pytest's stderr is no terminal
+    monkeypatch.setattr(cli.sys.stderr, "isatty", lambda: True)
+    bar = cli._progress(items, 3, "replay")
+    assert isinstance(bar, tqdm) and list(bar) == items
+    assert cli._progress(items, 3, "replay", quiet=True) is items
