@@ -76,6 +76,43 @@ def test_snapshot_reserved_ends_at_the_segments_total() -> None:
     assert Trace([Event("alloc", 1, 10)]).peak_reserved_bytes() is None
 
 
+def test_snapshot_blocks_without_addresses_lie_back_to_back() -> None:
+    # Snapshots torch builds from a profile give blocks no address: E is 4 MiB into its segment.
+    snap = hand_made_snapshot()
+    blocks = snap["segments"][0]["blocks"]
+    snap["segments"][0]["blocks"] = [
+        {"size": 512, "state": "active_allocated"},
+        {"size": 2 * MIB - 512, "state": "inactive"},
+        {"size": MIB, "state": "active_allocated"},
+        {"size": MIB, "state": "inactive"},
+        {"size": 8192, "state": "active_pending_free"},
+        {"size": 16 * MIB - 8192, "state": "inactive"},
+    ]
+    assert [(e.op, e.size) for e in from_snapshot(snap).events] == [(e.op, e.size) for e in from_snapshot({**snap, "segments": [{**snap["segments"][0], "blocks": blocks}]}).events]
+    snap["segments"][0]["blocks"][3] = {"size": "1 MiB", "state": "inactive"}
+    with pytest.raises(ValueError, match=r"segments\[0\]: blocks\[3\]: size"):
+        from_snapshot(snap)
+
+
+def test_snapshot_made_by_pytorch_from_a_cpu_profile() -> None:
+    # torch's memory viz builds a snapshot (device_traces, segments) from a profile; on the CPU
+    # that is the closest to a real one this machine can make.
+    torch = pytest.importorskip("torch")
+    to_snapshot = pytest.importorskip("torch.cuda._memory_viz")._profile_to_snapshot
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+    with torch.profiler.profile(profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        for batch in (16, 48):
+            model(torch.randn(batch, 64)).sum().backward()
+    snapshot = to_snapshot(prof)
+    trace = from_snapshot(snapshot)
+    allocs = [e for e in trace.events if e.op == "alloc"]
+    assert len(allocs) >= 10 and len({e.id for e in allocs}) == len(allocs)
+    # The largest activation: 48 rows of 256 floats.
+    assert max(e.size for e in allocs) >= 48 * 256 * 4
+    assert trace.peak_reserved_bytes() is None  # a profile records no segments
+    assert Trace.from_jsonl(trace.to_jsonl()).rows() == trace.rows()
+
+
 def test_snapshot_device_choice() -> None:
     snap = hand_made_snapshot()
     snap["device_traces"] = [[entry("alloc", SEG, 512)], snap["device_traces"][0]]

@@ -331,7 +331,9 @@ def from_snapshot(snapshot: Union[Dict[str, Any], str, Path], device: Optional[i
 
 
 def _snapshot_segments(segments: Any, device: int) -> Tuple[List[Tuple[int, int, int]], Optional[int]]:
-    """Active ``(addr, size, stream)`` blocks and the reserved total of ``device``'s segments."""
+    """Active ``(addr, size, stream)`` blocks and the reserved total of ``device``'s segments.
+    Blocks lie back to back from the segment's ``address``: GPU snapshots give each block its
+    ``address`` too, but those torch builds from a memory profile give only sizes."""
     if segments is None:
         return [], None
     if not isinstance(segments, list):
@@ -344,10 +346,17 @@ def _snapshot_segments(segments: Any, device: int) -> Tuple[List[Tuple[int, int,
             continue
         try:
             total += _natural(seg, "total_size")
-            stream = _natural(seg, "stream", 0)
-            for b, block in enumerate(seg.get("blocks", [])):
-                if isinstance(block, dict) and str(block.get("state", "")).startswith("active"):
-                    live.append((_natural(block, "address"), _natural(block, "size"), stream))
+            stream, addr = _natural(seg, "stream", 0), _natural(seg, "address", 0)
+            for number, block in enumerate(seg.get("blocks", [])):
+                if not isinstance(block, dict):
+                    raise ValueError(f"blocks[{number}]: expected a dict, got {type(block).__name__}")
+                try:
+                    addr, size = _natural(block, "address", addr), _natural(block, "size")
+                except ValueError as e:
+                    raise ValueError(f"blocks[{number}]: {e}") from None
+                if str(block.get("state", "")).startswith("active"):
+                    live.append((addr, size, stream))
+                addr += size
         except ValueError as e:
             raise ValueError(f"segments[{index}]: {e}") from None
     return live, total
