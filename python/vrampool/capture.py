@@ -18,7 +18,9 @@ rows (a buffer never freed lives to the end of the trace).
 Converters build the same ``Trace`` from a PyTorch GPU memory snapshot
 (``torch.cuda.memory._snapshot()``, or its pickle: :func:`from_snapshot`) and from vrampool's own
 event log (:func:`from_event_log`); :func:`read` takes any of JSON lines, the CSV and a snapshot
-pickle.
+pickle. The profiler's memory events convert through the snapshot torch builds from them:
+``from_snapshot(torch.cuda._memory_viz._profile_to_snapshot(prof))`` (a private torch function)
+for a ``torch.profiler.profile(profile_memory=True, record_shapes=True, with_stack=True)``.
 
 >>> import torch
 >>> from vrampool.capture import capture
