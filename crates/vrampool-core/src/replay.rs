@@ -87,7 +87,8 @@ pub struct ReplayReport {
     /// Segments the pool asked the device for.
     pub device_allocs: u64,
     /// External fragmentation (1 - largest free block / free bytes) at the timeline sample with
-    /// the most bytes allocated: how scattered the spare memory is when memory is tightest.
+    /// the most bytes allocated: how scattered the spare memory is when memory is tightest (0
+    /// when the replay samples no timeline).
     pub fragmentation: f64,
     /// Allocated and reserved bytes at evenly spaced event indices (the last one is the end).
     pub timeline: Vec<TimelineSample>,
