@@ -11,7 +11,7 @@ import pytest
 import vrampool
 from vrampool.capture import from_snapshot
 from vrampool.cli import main
-from vrampool.trace import ALL, REPORT_KEYS, STRATEGIES, live_bytes_timeline, read_trace, recorded_reserved_timeline, replay
+from vrampool.trace import ALL, REPORT_KEYS, STRATEGIES, live_bytes_timeline, read_trace, recorded_reserved_timeline, replay, summary
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "static"
 needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason="../shared/traces/static is not beside the repo")
@@ -112,6 +112,7 @@ def test_what_if_reports_what_pytorch_reserved(tmp_path: Path, capsys: pytest.Ca
     assert {r["recorded_reserved_bytes"] for r in reports} == {20 * MIB}
     assert recorded_reserved_timeline(trace) == ([0, 0], [0, 20 * MIB])
     assert "recorded_reserved_bytes" not in replay(SMALL)
+    assert summary(trace)["recorded_reserved_bytes"] == 20 * MIB and summary(trace)["peak_live_bytes"] == 6 * MIB
     path = tmp_path / "snap.pickle"
     path.write_bytes(pickle.dumps(snapshot))
     assert main(["replay", str(path), "--strategy", "all"]) == 0
