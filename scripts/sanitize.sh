@@ -41,7 +41,9 @@ else
 fi
 
 echo "== ThreadSanitizer: stress test (informational: std is not instrumented)"
-if TSAN_OPTIONS="halt_on_error=0" sanitized thread -Cunsafe-allow-abi-mismatch=sanitizer -- --test stress 2>&1 | tee "$CARGO_TARGET_DIR/tsan.log" | tail -3; then
-    echo "ThreadSanitizer: $(grep -c 'WARNING: ThreadSanitizer' "$CARGO_TARGET_DIR/tsan.log" || true) warnings (see $CARGO_TARGET_DIR/tsan.log)"
-fi
+tsan_log="$CARGO_TARGET_DIR/tsan.log"
+TSAN_OPTIONS="halt_on_error=0" sanitized thread -Cunsafe-allow-abi-mismatch=sanitizer -- --test stress >"$tsan_log" 2>&1 || true
+grep "test result" "$tsan_log" || echo "ThreadSanitizer: the stress test did not finish (see $tsan_log)"
+echo "ThreadSanitizer: $(grep -c 'WARNING: ThreadSanitizer' "$tsan_log" || true) warnings; where the racing accesses are reported:"
+grep "SUMMARY: ThreadSanitizer" "$tsan_log" | sed 's/.* in //; s/::{closure.*//' | sort | uniq -c | sort -rn | head -12 || true
 exit $status
