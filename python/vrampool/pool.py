@@ -71,7 +71,7 @@ def _conf_text(strategy: str, options: Dict[str, Any]) -> str:
             if value not in _SCRUB_MODES:
                 raise ValueError(f"scrub must be one of {', '.join(_SCRUB_MODES)}, got {value!r}")
             parts.append(f"scrub:{value}")
-        elif key in ("record_events", "expandable", "track_leaks"):
+        elif key in ("record_events", "expandable", "reclaim", "track_leaks"):
             if not isinstance(value, bool):
                 raise TypeError(f"{key} must be a bool, not {type(value).__name__}")
             parts.append(f"{key}:{value}")
@@ -94,6 +94,10 @@ class DevicePool:
     before it is handed out; ``"off"`` (the default) fills nothing. ``track_leaks`` records when
     (and from which Python stack, for blocks from :meth:`allocate`) each live block was
     allocated, for :meth:`leak_report`; off by default, so allocation pays nothing for it.
+    ``reclaim`` (on by default) gives segments and expandable chunks that no block uses back to
+    the device before the pool grows, so one tier's or one step's cached memory does not stay
+    reserved beside another's growth; ``reclaim=False`` keeps every cached segment, as PyTorch's
+    caching allocator does, at the price of a higher peak.
 
     >>> with DevicePool("sim", capacity=1 << 30, strategy="best_fit") as pool:
     ...     buf = pool.allocate(1 << 20)
@@ -116,6 +120,7 @@ class DevicePool:
         limit: Optional[Union[int, float]] = None,
         record_events: bool = False,
         expandable: Optional[bool] = None,
+        reclaim: Optional[bool] = None,
         scrub: str = "off",
         track_leaks: bool = False,
     ) -> None:
@@ -129,6 +134,7 @@ class DevicePool:
                 "limit": limit,
                 "record_events": record_events or None,
                 "expandable": expandable,
+                "reclaim": reclaim,
                 "scrub": None if scrub == "off" else scrub,
                 "track_leaks": track_leaks or None,
             },

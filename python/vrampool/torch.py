@@ -38,7 +38,7 @@ Configuration: ``VRAMPOOL_CONF`` (``strategy:hybrid,limit:0.9,small_max:1MB``, i
 ``PYTORCH_CUDA_ALLOC_CONF``), then the keyword arguments of :func:`install`, :func:`pool` or
 :func:`configure`, which must come before the first allocation. Keys: ``strategy`` (hybrid, slab,
 best_fit, buddy), ``small_max``, ``large_min``, ``alignment``, ``round_up_divisions``, ``limit``
-(bytes, or a fraction of the device), ``record_events``, ``expandable``, and ``device`` (``cuda``,
+(bytes, or a fraction of the device), ``record_events``, ``expandable``, ``reclaim``, and ``device`` (``cuda``,
 or ``sim`` for the simulated device: tests only) with ``sim_capacity``.
 
 An allocation that fails raises ``RuntimeError("CUDA out of memory. ...")`` under :func:`install`
@@ -106,6 +106,7 @@ OPTIONS = (
     "limit",
     "record_events",
     "expandable",
+    "reclaim",
     "device",
     "sim_capacity",
 )

@@ -66,6 +66,12 @@ pub struct PoolConfig {
     /// `expandable_segments`). Takes effect only where the device supports virtual-memory
     /// growth; elsewhere the tier uses plain segments.
     pub expandable: bool,
+    /// Before asking the device for more memory, give back the segments (and unmap the
+    /// expandable chunks) that no block uses, in every tier and stream: one tier's cache then
+    /// never stays reserved beside another tier's growth, nor a step's stale sizes beside the
+    /// next step's. Only growth pays for it (a steady loop never grows); thread caches and
+    /// magazines keep their blocks. On by default.
+    pub reclaim: bool,
     /// Zero-fill blocks on free or on allocation (off by default).
     pub scrub: Scrub,
     /// Record each live block's allocation time, for the ages in leak reports (`live_blocks`).
@@ -84,6 +90,7 @@ impl Default for PoolConfig {
             limit: None,
             record_events: false,
             expandable: true,
+            reclaim: true,
             scrub: Scrub::Off,
             track_leaks: false,
         }
@@ -115,7 +122,7 @@ impl PoolConfig {
     /// Applies `key:value` pairs separated by commas over this configuration. Keys: `strategy`,
     /// `small_max`, `large_min`, `alignment`, `round_up_divisions`, `limit` (bytes with an optional
     /// unit, or a fraction <= 1), `record_events`, `expandable` (or `expandable_segments`),
-    /// `scrub` (`off`, `on_free`, `on_alloc`), `track_leaks`.
+    /// `scrub` (`off`, `on_free`, `on_alloc`), `track_leaks`, `reclaim`.
     /// Unknown keys are errors, so typos don't pass silently; keys other layers own (e.g.
     /// `device`) are returned for them.
     pub fn apply_text(&mut self, text: &str) -> Result<Vec<(String, String)>, PoolError> {
@@ -148,6 +155,7 @@ impl PoolConfig {
                         .ok_or_else(|| PoolError::InvalidConfig(format!("unknown scrub mode `{value}` (off, on_free, on_alloc)")))?
                 }
                 "track_leaks" => self.track_leaks = parse_bool(value)?,
+                "reclaim" => self.reclaim = parse_bool(value)?,
                 _ => others.push((key.to_string(), value.to_string())),
             }
         }

@@ -426,6 +426,15 @@ impl PoolCore {
 
     fn allocate_slow(&self, arena: &Arena, size: u64, rounded: u64, stream: StreamId) -> Result<u64> {
         let tier = self.tier_of(rounded);
+        if self.config.reclaim {
+            // Bound first: the guard must be gone before `hand_out` (see below).
+            let cached = arena.tiers[tier as usize].lock().allocate(rounded);
+            if let Some(block) = cached {
+                return Ok(self.hand_out(block.addr, LiveBlock { size: block.size, requested: size, stream: stream.0, tier }, false));
+            }
+            // Growth ahead: best effort, as a failed give-back only leaves memory reserved.
+            let _ = self.release_free(Some((arena.stream, tier)));
+        }
         for attempt in 0..2 {
             if let Some(block) = self.allocate_in(arena, tier, rounded)? {
                 // Handed out after the strategy's lock is released: counting may give a thread
@@ -435,7 +444,7 @@ impl PoolCore {
             if attempt == 0 {
                 // Out of memory: give back every cached segment (all streams) and try once more.
                 self.counters.num_alloc_retries.fetch_add(1, Relaxed);
-                self.release_cached()?;
+                self.release_free(None)?;
             }
         }
         self.counters.num_ooms.fetch_add(1, Relaxed);
@@ -851,20 +860,35 @@ impl PoolCore {
     /// Empties the caches into their strategies and gives every wholly free segment back. Other
     /// threads' caches are emptied at their next call (or exit), this thread's at once.
     fn release_cached(&self) -> Result<u64> {
+        self.release_free(None)
+    }
+
+    /// Gives every wholly free segment back (and unmaps every wholly free expandable chunk).
+    /// Before the growth of `growing` (a stream's tier), the caches keep their blocks and that
+    /// tier's expandable segment stays mapped (its growth plans over its free chunks); else the
+    /// thread caches and magazines are emptied into their strategies first, so that more
+    /// segments are free.
+    fn release_free(&self, growing: Option<(StreamId, u8)>) -> Result<u64> {
+        let flush_caches = growing.is_none();
         self.complete_deferred_frees();
-        self.flush_epoch.fetch_add(1, Relaxed);
-        self.with_thread_cache(|_| ());
+        if flush_caches {
+            self.flush_epoch.fetch_add(1, Relaxed);
+            self.with_thread_cache(|_| ());
+        }
         let mut released = Vec::new();
         let (mut bytes, mut first_error) = (0, None);
         self.for_each_arena(|arena| {
-            arena.magazines.drain(|addr| {
-                // Magazines hold only blocks of at most `small_max` bytes: the first tier's.
-                let freed = arena.tiers[0].lock().free(addr);
-                debug_assert!(freed.is_some(), "a cached block belongs to its arena's first tier");
-            });
+            if flush_caches {
+                arena.magazines.drain(|addr| {
+                    // Magazines hold only blocks of at most `small_max` bytes: the first tier's.
+                    let freed = arena.tiers[0].lock().free(addr);
+                    debug_assert!(freed.is_some(), "a cached block belongs to its arena's first tier");
+                });
+            }
             for (index, tier) in arena.tiers.iter().enumerate() {
                 let mut strategy = tier.lock();
-                if let Some(vm) = self.vm.as_ref().filter(|vm| vm.tier as usize == index) {
+                let grows = growing == Some((arena.stream, index as u8));
+                if let Some(vm) = self.vm.as_ref().filter(|vm| vm.tier as usize == index && !grows) {
                     let (unmapped, error) = self.shrink_expandable(vm, &mut **strategy, arena.stream);
                     bytes += unmapped;
                     if let Some(e) = error {

@@ -285,7 +285,10 @@ fn a_failed_map_at_any_point_leaves_the_pool_consistent_and_leaks_nothing() {
 #[test]
 fn the_out_of_memory_path_unmaps_free_chunks_of_other_streams_and_retries() {
     let dev = Arc::new(SimDevice::new(GIB, SimMode::AddressOnly));
-    let pool = pool_with(&dev, StrategyKind::Hybrid, true, Some(64 * MIB));
+    // Without `reclaim`, which would give stream 1's free chunks back before growing, so that
+    // the out-of-memory path is never reached.
+    let config = PoolConfig { strategy: StrategyKind::Hybrid, limit: Some(Limit::Bytes(64 * MIB)), reclaim: false, ..PoolConfig::default() };
+    let pool = Pool::new(dev.clone() as Arc<dyn Device>, config).unwrap();
     let other = pool.allocate(40 * MIB, S1).unwrap();
     let keep = pool.allocate(2 * MIB, S1).unwrap();
     pool.free(other, None, None).unwrap();

@@ -99,9 +99,10 @@ fn bad_input_is_refused_and_changes_nothing() {
 
 #[test]
 fn out_of_memory_releases_the_cache_retries_and_then_explains() {
-    // Plain segments: with expandable ones the cached tail would simply grow in place.
+    // Plain segments: with expandable ones the cached tail would simply grow in place. Without
+    // `reclaim`, which would give most of the cache back before growing, without a retry.
     let dev = Arc::new(SimDevice::new(64 * MIB, SimMode::HostBacked));
-    let config = PoolConfig { strategy: StrategyKind::BestFit, expandable: false, ..PoolConfig::default() };
+    let config = PoolConfig { strategy: StrategyKind::BestFit, expandable: false, reclaim: false, ..PoolConfig::default() };
     let pool = Pool::new(dev.clone() as Arc<dyn Device>, config).unwrap();
     // Fill the device with cached small segments, then ask for a large block: the pool must give
     // its cache back and retry.
@@ -160,7 +161,11 @@ fn device_faults_surface_as_errors_and_leave_the_pool_consistent() {
 
 #[test]
 fn a_block_freed_on_its_stream_is_reused_there_and_not_elsewhere() {
-    let (pool, dev) = pool_on(GIB, StrategyKind::Hybrid);
+    // Without `reclaim`: it would give s1's idle memory back to the device (which synchronises
+    // first) before s2 grows, and the device may then hand s2 the same addresses.
+    let dev = Arc::new(SimDevice::new(GIB, SimMode::HostBacked));
+    let config = PoolConfig { reclaim: false, ..PoolConfig::default() };
+    let pool = Pool::new(dev.clone() as Arc<dyn Device>, config).unwrap();
     let (s1, s2) = (StreamId(1), StreamId(2));
     for size in [4096, 8 * MIB, 100 * MIB] {
         let a = pool.allocate(size, s1).unwrap();
@@ -346,4 +351,43 @@ fn counters_from_many_threads_add_up_and_peaks_stay_within_the_slack() {
     // slack of updating peaks every 64 KiB, and at most all four together.
     let peak = stats.allocated_bytes.peak;
     assert!(peak + 64 * KIB >= 1000 * KIB && peak <= 4000 * KIB, "peak {peak}");
+}
+
+/// The peak reserved while one step's freed sizes sit cached and the next step asks for others.
+fn peak_reserved_over_steps(reclaim: bool, steps: &[u64]) -> u64 {
+    let dev = Arc::new(SimDevice::new(4 * GIB, SimMode::AddressOnly));
+    let config = PoolConfig { reclaim, expandable: false, ..PoolConfig::default() };
+    let pool = Pool::new(dev as Arc<dyn Device>, config).unwrap();
+    for &size in steps {
+        let a = pool.allocate(size, S0).unwrap();
+        pool.free(a, None, None).unwrap();
+    }
+    pool.stats().reserved_bytes.peak
+}
+
+#[test]
+fn growth_first_gives_back_segments_no_block_uses() {
+    // A 30 MiB and then a 40 MiB block (best-fit, a segment each), then a 100 MiB one (buddy, a
+    // 128 MiB segment), then 20 MiB again: with `reclaim`, each growth first returns the idle
+    // segments, in its own tier and the others.
+    let steps = [30 * MIB, 40 * MIB, 100 * MIB, 50 * MIB];
+    assert_eq!(peak_reserved_over_steps(true, &steps), 128 * MIB);
+    assert_eq!(peak_reserved_over_steps(false, &steps), 30 * MIB + 40 * MIB + 128 * MIB + 50 * MIB);
+    assert!(PoolConfig::default().reclaim, "on by default");
+}
+
+#[test]
+fn growth_keeps_segments_that_hold_live_blocks() {
+    let dev = Arc::new(SimDevice::new(4 * GIB, SimMode::HostBacked));
+    let pool = Pool::new(dev.clone() as Arc<dyn Device>, PoolConfig { expandable: false, ..PoolConfig::default() }).unwrap();
+    let kept = pool.allocate(30 * MIB, S0).unwrap();
+    dev.write(kept, b"kept").unwrap();
+    let idle = pool.allocate(40 * MIB, S0).unwrap();
+    pool.free(idle, None, None).unwrap();
+    let grown = pool.allocate(50 * MIB, S0).unwrap();
+    assert_eq!(pool.stats().reserved_bytes.current, 80 * MIB, "the idle 40 MiB segment went back, the live one stayed");
+    assert_eq!(dev.read(kept, 4).unwrap(), b"kept");
+    for b in [kept, grown] {
+        pool.free(b, None, None).unwrap();
+    }
 }
