@@ -108,7 +108,7 @@ def test_capture_writes_a_trace_that_replays(tmp_path: Path, capsys: pytest.Capt
 
 def test_demo_prints_the_table_and_writes_the_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("torch")
-    assert main(["demo", "--steps", "1", "--out", str(tmp_path / "demo")]) == 0
+    assert main(["demo", "--steps", "1", "--scale", "1", "--out", str(tmp_path / "demo")]) == 0
     out = capsys.readouterr().out
     for model in ("gpt", "cnn"):
         assert f"{model}: a small" in out
@@ -117,7 +117,7 @@ def test_demo_prints_the_table_and_writes_the_plots(tmp_path: Path, capsys: pyte
         drawn = {e.get("data-strategy") for e in ET.parse(tmp_path / "demo" / f"{model}-memory.svg").getroot().iter() if e.get("class") == "series"}
         assert drawn == set(DEMO_STRATEGIES) | {TUNED[0], "lower bound"}
     assert out.count("reserved/bound") == 2
-    assert out.count(f"\n{TUNED[0]} ") == 2 and out.count(f"{TUNED[0]}: hybrid+vm with small_max:16KB") == 2
+    assert out.count(f"\n{TUNED[0]} ") == 2 and out.count(f"{TUNED[0]}: {TUNED[1]} with {TUNED[2]}") == 2
     for strategy in DEMO_STRATEGIES:
         assert out.count(f"\n{strategy} ") == 2, strategy
 
