@@ -93,6 +93,18 @@ def test_device_fault_is_reported_and_pool_recovers() -> None:
     assert pool.allocate(MIB).size == MIB
 
 
+def test_a_free_the_device_refuses_leaves_the_buffer_live_to_free_again() -> None:
+    pool = DevicePool("sim", capacity=1 << 30)
+    buf = pool.allocate(MIB, stream=1)
+    pool.native.sim_fail_record_in(1)
+    with pytest.raises(vrampool.DeviceError, match="injected"):
+        pool.deallocate(buf, stream=2)  # another stream used it last: the free records an event
+    assert not buf.freed
+    assert pool.stats()["allocated_bytes.all.current"] == MIB
+    pool.deallocate(buf, stream=2)
+    assert buf.freed and pool.stats()["allocated_bytes.all.current"] == 0
+
+
 def test_buffers_are_freed_once_when_collected() -> None:
     pool = DevicePool("sim", capacity=1 << 30)
     buf = pool.allocate(10_000)

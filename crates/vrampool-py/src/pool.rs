@@ -159,6 +159,12 @@ impl NativePool {
         Ok(())
     }
 
+    /// Makes the `n`-th event recording from now fail (a cross-stream free needs one).
+    fn sim_fail_record_in(&self, n: u64) -> PyResult<()> {
+        self.sim()?.fail_record_in(n);
+        Ok(())
+    }
+
     fn sim_set_auto_complete(&self, on: bool) -> PyResult<()> {
         self.sim()?.set_auto_complete(on);
         Ok(())
@@ -270,7 +276,13 @@ impl NativeBuffer {
             }
         }
         let (pool, ptr, size) = (&self.shared.pool, self.ptr, self.size);
-        py.detach(|| pool.free(ptr, Some(size), stream.map(StreamId))).map_err(to_py)
+        let freed = py.detach(|| pool.free(ptr, Some(size), stream.map(StreamId)));
+        if freed.is_err() {
+            // The pool refused (an event it could not record, or a pool closed meanwhile): the
+            // block is still live, so the buffer is too and may be freed again.
+            self.life().freed = false;
+        }
+        freed.map_err(to_py)
     }
 
     /// `free`, under the name file-like objects use.
