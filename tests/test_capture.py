@@ -189,6 +189,26 @@ def test_event_log_converts_dicts_and_tuples() -> None:
     assert trace.reserved[-1] == (5, 0)
 
 
+def test_a_pools_own_event_log_becomes_a_trace() -> None:
+    from vrampool import DevicePool
+
+    with DevicePool("sim", capacity=1 << 30, host_backed=False, record_events=True) as pool:
+        a = pool.allocate(3 * MIB)
+        b = pool.allocate(4096, stream=7)
+        pool.deallocate(a)
+        c = pool.allocate(MIB)  # live when the events are taken
+        events = pool.take_events()
+        assert pool.take_events() == [], "taken once"
+        pool.deallocate(b)
+        pool.deallocate(c)
+    kinds = [e[1] for e in events]
+    assert kinds.count("alloc") == 3 and kinds.count("free") == 1 and "segment_alloc" in kinds
+    trace = from_event_log(events)
+    assert [(e.op, e.size) for e in trace.events if e.op != "step"] == [("alloc", 3 * MIB), ("alloc", 4096), ("free", 3 * MIB), ("alloc", MIB)]
+    assert trace.peak_allocated_bytes() == 3 * MIB + 4096
+    assert trace.peak_reserved_bytes() >= trace.peak_allocated_bytes()
+
+
 @pytest.mark.parametrize(
     "bad, message",
     [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import traceback
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 from vrampool._native import InvalidFreeError, NativeBuffer, NativePool, PoolClosedError, WrongDeviceError
 from vrampool.streams import stream_handle
@@ -283,6 +283,13 @@ class DevicePool:
         return self._native.trim()
 
     empty_cache = trim
+
+    def take_events(self) -> List[Tuple[int, str, int, int, int]]:
+        """The allocations, frees and segment calls recorded since the last call, for a pool
+        made with ``record_events=True``, as ``(time_ns, kind, addr, size, stream)`` tuples
+        (``kind``: ``alloc``, ``free``, ``segment_alloc``, ``segment_free``);
+        :func:`vrampool.capture.from_event_log` turns them into a trace."""
+        return self._native.take_events()
 
     def leak_report(self) -> List[Dict[str, Any]]:
         """The blocks still live, by address: dicts with ``ptr``, ``size`` (the block's),

@@ -7,7 +7,7 @@ use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
-use vrampool_core::{BlockState, Device, Pool, PoolConfig, SegmentSnapshot, SimDevice, SimMode, Stats, StreamId};
+use vrampool_core::{BlockState, Device, EventKind, Pool, PoolConfig, SegmentSnapshot, SimDevice, SimMode, Stats, StreamId};
 
 use crate::errors::to_py;
 
@@ -95,6 +95,19 @@ impl NativePool {
     /// since the allocation) is None unless the pool tracks leaks (`track_leaks:true`).
     fn live_blocks(&self) -> Vec<LiveTuple> {
         self.shared.pool.live_blocks().iter().map(live_tuple).collect()
+    }
+
+    /// Takes the events recorded since the last call (pools made with `record_events:true`) as
+    /// (time_ns, kind, addr, size, stream) tuples, kind one of alloc, free, segment_alloc,
+    /// segment_free: what `vrampool.capture.from_event_log` reads.
+    fn take_events(&self) -> Vec<(u64, &'static str, u64, u64, u64)> {
+        let kind = |k: EventKind| match k {
+            EventKind::Alloc => "alloc",
+            EventKind::Free => "free",
+            EventKind::SegmentAlloc => "segment_alloc",
+            EventKind::SegmentFree => "segment_free",
+        };
+        self.shared.pool.take_events().into_iter().map(|e| (e.time_ns, kind(e.kind), e.addr, e.size, e.stream.0)).collect()
     }
 
     /// Closes the pool; returns the blocks still live, as `live_blocks` does.
