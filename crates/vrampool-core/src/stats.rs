@@ -146,9 +146,12 @@ impl FastCounters {
 
     fn totals(&self) -> [u64; FAST] {
         let threads = self.threads.read();
-        let mut totals = [0u64; FAST];
-        for (i, total) in totals.iter_mut().enumerate() {
-            *total = threads.iter().map(|c| c.get(i)).fold(self.shared.get(i), u64::wrapping_add);
+        // Thread by thread: each thread's counters share its cache line.
+        let mut totals: [u64; FAST] = std::array::from_fn(|i| self.shared.get(i));
+        for counters in threads.iter() {
+            for (i, total) in totals.iter_mut().enumerate() {
+                *total = total.wrapping_add(counters.get(i));
+            }
         }
         totals
     }
@@ -161,7 +164,11 @@ impl FastCounters {
     pub fn checkpoint(&self) -> [u64; FAST] {
         let totals = self.totals();
         for (peak, current) in self.peaks.iter().zip(Self::currents(&totals)) {
-            peak.fetch_max(current, Relaxed);
+            // A plain load first: no locked read-modify-write (nor a stolen cache line) unless
+            // this is a new peak, which it rarely is.
+            if current > peak.load(Relaxed) {
+                peak.fetch_max(current, Relaxed);
+            }
         }
         totals
     }
