@@ -47,6 +47,7 @@ pub(crate) struct Expandable {
     /// The size of an arena's first reservation, and the most any one may be.
     pub first_reservation: u64,
     pub max_reservation: u64,
+    /// Pinned with owned guards, as the pool's maps are (see `PoolCore::arenas`).
     arenas: papaya::HashMap<StreamId, Mutex<VmArena>, FixedState>,
 }
 
@@ -95,7 +96,7 @@ impl Expandable {
     /// Runs `f` on the expandable segments of `stream`'s arena (made on first use). Callers hold
     /// the arena's tier lock, so this lock is never contended.
     pub fn with_arena<R>(&self, stream: StreamId, f: impl FnOnce(&mut VmArena) -> R) -> R {
-        let arenas = self.arenas.pin();
+        let arenas = self.arenas.pin_owned();
         let cell = arenas.get_or_insert_with(stream, || Mutex::new(VmArena::default()));
         let mut arena = cell.lock();
         f(&mut arena)
@@ -112,7 +113,7 @@ impl Expandable {
 
     /// Every arena's reservations as (stream, base, size).
     pub fn reservations(&self) -> Vec<(StreamId, u64, u64)> {
-        let arenas = self.arenas.pin();
+        let arenas = self.arenas.pin_owned();
         let mut out: Vec<_> = arenas
             .iter()
             .flat_map(|(&stream, cell)| cell.lock().reservations.iter().map(|r| (stream, r.base, r.size)).collect::<Vec<_>>())
@@ -123,7 +124,7 @@ impl Expandable {
 
     /// Takes every reservation out (for the pool's drop).
     pub fn take_all(&self) -> Vec<Reservation> {
-        let arenas = self.arenas.pin();
+        let arenas = self.arenas.pin_owned();
         arenas.iter().flat_map(|(_, cell)| std::mem::take(&mut cell.lock().reservations)).collect()
     }
 }

@@ -96,6 +96,9 @@ pub struct PoolCore {
     vm: Option<Expandable>,
     /// The default stream's arena, reached without a map lookup.
     default_arena: Arena,
+    // Every papaya map here is pinned with an owned guard (`pin_owned`): a thread's exit may
+    // give its cache back, or drop the pool, from a thread-local destructor, when the state
+    // behind papaya's thread-local guards is already gone (pinning then panics, which aborts).
     arenas: FastMap<StreamId, Arena>,
     /// Live blocks: the lock-free direct-mapped table, and the map for blocks whose slot was taken.
     live: LiveTable,
@@ -255,7 +258,7 @@ impl PoolCore {
         let block = match self.live.remove_if(addr, agree) {
             Ok(block) => block,
             Err(Removal::Refused(block)) => return Err(wrong_size(&block)),
-            Err(Removal::Absent) => match self.overflow.pin().remove_if(&addr, |_, b| agree(b)) {
+            Err(Removal::Absent) => match self.overflow.pin_owned().remove_if(&addr, |_, b| agree(b)) {
                 Ok(Some((_, block))) => *block,
                 Ok(None) => return Err(PoolError::InvalidFree { ptr: addr, reason: InvalidFreeReason::NotAllocated }),
                 Err((_, block)) => return Err(wrong_size(block)),
@@ -313,7 +316,7 @@ impl PoolCore {
 
     #[cold]
     fn forget_birth_in(births: &FastMap<u64, u64>, addr: u64) {
-        births.pin().remove(&addr);
+        births.pin_owned().remove(&addr);
     }
 
     /// Marks the live block at `addr` as used by `stream` too: when freed, it is not reused until
@@ -387,8 +390,8 @@ impl PoolCore {
 
     /// Every live block (for leak reports), by address; with its age when `track_leaks` is on.
     pub fn live_blocks(&self) -> Vec<LiveBlockInfo> {
-        let overflow = self.overflow.pin();
-        let births = self.births.as_ref().map(|b| b.pin());
+        let overflow = self.overflow.pin_owned();
+        let births = self.births.as_ref().map(|b| b.pin_owned());
         let now = self.now_ns();
         let mut blocks: Vec<_> = self
             .live
@@ -705,7 +708,7 @@ impl PoolCore {
             self.record_birth(addr, block);
         }
         if !self.live.insert(addr, block) {
-            self.overflow.pin().insert(addr, block);
+            self.overflow.pin_owned().insert(addr, block);
         }
         addr
     }
@@ -714,7 +717,7 @@ impl PoolCore {
     fn record_birth(&self, addr: u64, block: LiveBlock) {
         self.log(EventKind::Alloc, addr, block.size, StreamId(block.stream));
         if let Some(births) = &self.births {
-            births.pin().insert(addr, self.now_ns());
+            births.pin_owned().insert(addr, self.now_ns());
         }
     }
 
@@ -774,7 +777,7 @@ impl PoolCore {
     #[cold]
     fn restore_live(&self, addr: u64, block: LiveBlock, recorded: Vec<StreamId>) {
         if !self.live.insert(addr, block) {
-            self.overflow.pin().insert(addr, block);
+            self.overflow.pin_owned().insert(addr, block);
         }
         if !recorded.is_empty() {
             let mut map = self.recorded.lock();
@@ -844,7 +847,7 @@ impl PoolCore {
     }
 
     fn live_block(&self, addr: u64) -> Option<LiveBlock> {
-        self.live.get(addr).or_else(|| self.overflow.pin().get(&addr).copied())
+        self.live.get(addr).or_else(|| self.overflow.pin_owned().get(&addr).copied())
     }
 
     fn take_recorded_streams(&self, addr: u64) -> Vec<StreamId> {
@@ -1020,7 +1023,7 @@ impl PoolCore {
 
     fn for_each_arena(&self, mut f: impl FnMut(&Arena)) {
         f(&self.default_arena);
-        for (_, arena) in self.arenas.pin().iter() {
+        for (_, arena) in self.arenas.pin_owned().iter() {
             f(arena);
         }
     }

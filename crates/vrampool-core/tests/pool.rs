@@ -391,3 +391,33 @@ fn growth_keeps_segments_that_hold_live_blocks() {
         pool.free(b, None, None).unwrap();
     }
 }
+
+thread_local! {
+    static HELD: std::cell::RefCell<Option<Arc<Pool>>> = const { std::cell::RefCell::new(None) };
+}
+
+#[test]
+fn a_pool_dropped_by_a_thread_local_destructor_at_thread_exit_does_not_abort() {
+    // HELD is set first, so it is destroyed last at the thread's exit: after the thread's block
+    // cache (given back to the pool) and after papaya's thread-local state. Its drop is then the
+    // pool's last owner going: everything the pool's drop pins must not need that state.
+    let dev = Arc::new(SimDevice::new(GIB, SimMode::HostBacked));
+    let pool = Arc::new(Pool::new(dev.clone() as Arc<dyn Device>, PoolConfig::default()).unwrap());
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let worker = {
+        let pool = Arc::clone(&pool);
+        std::thread::spawn(move || {
+            HELD.with(|h| *h.borrow_mut() = Some(Arc::clone(&pool)));
+            for stream in [S0, StreamId(1)] {
+                let a = pool.allocate(4096, stream).unwrap();
+                pool.free(a, None, None).unwrap(); // kept in this thread's cache
+            }
+            drop(pool);
+            wait.recv().unwrap();
+        })
+    };
+    drop(pool);
+    go.send(()).unwrap();
+    worker.join().unwrap();
+    assert_eq!(dev.counters().live_segments, 0, "the pool was dropped, by the worker's exit");
+}
