@@ -18,6 +18,8 @@ torch = pytest.importorskip("torch")
 capture = pytest.importorskip("vrampool.capture")
 
 CAPACITY = 1 << 30
+#: The segment size of the small tiers: what a plain pool rounds reserved memory to.
+SEGMENT = 2 << 20
 
 
 def pattern(ident: int, size: int) -> bytes:
@@ -144,7 +146,9 @@ def test_keyed_training_loop_plans_per_batch_shape(name: str) -> None:
     assert len(final["plans"]) == 2
     assert final["arena_bytes"] == max(p["arena_bytes"] for p in final["plans"])
     assert all(p["arena_bytes"] >= p["lower_bound_bytes"] for p in final["plans"])
-    assert driver.pool.stats()["reserved_bytes.all.peak"] <= dynamic_peak_reserved(driver.trace)
+    # The arena is one more block beside what the first, recorded iterations left cached: on
+    # loops this small (a few MiB) that costs at most one 2 MiB segment over the plain pool.
+    assert driver.pool.stats()["reserved_bytes.all.peak"] <= dynamic_peak_reserved(driver.trace) + SEGMENT
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

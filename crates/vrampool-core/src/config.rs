@@ -66,11 +66,11 @@ pub struct PoolConfig {
     /// `expandable_segments`). Takes effect only where the device supports virtual-memory
     /// growth; elsewhere the tier uses plain segments.
     pub expandable: bool,
-    /// Before asking the device for more memory, give back the segments (and unmap the
-    /// expandable chunks) that no block uses, in every tier and stream: one tier's cache then
-    /// never stays reserved beside another tier's growth, nor a step's stale sizes beside the
-    /// next step's. Only growth pays for it (a steady loop never grows); thread caches and
-    /// magazines keep their blocks. On by default.
+    /// Before asking the device for more memory, empty the block caches into their strategies
+    /// and give back the segments (and unmap the expandable chunks) that no block uses, in every
+    /// tier and stream: one tier's cache then never stays reserved beside another tier's growth,
+    /// nor a step's stale sizes beside the next step's. Only growth pays for it (a steady loop
+    /// never grows). On by default.
     pub reclaim: bool,
     /// Zero-fill blocks on free or on allocation (off by default).
     pub scrub: Scrub,
