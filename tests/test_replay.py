@@ -84,12 +84,12 @@ def test_timeline_follows_the_live_bytes() -> None:
 
 
 def test_virtual_memory_growth_reserves_less_for_middle_sizes() -> None:
-    # Five 3 MiB buffers live at once: plain segments for 1-10 MiB requests are 20 MiB (as
-    # PyTorch's), growth by mapping reserves what is used, in 2 MiB chunks.
+    # Five 3 MiB buffers live at once: a plain segment for a 1-10 MiB request has room for two
+    # (6 MiB here), growth by mapping reserves what is used, in 2 MiB chunks.
     rows = [(i, i, 10, 3 * MIB) for i in range(5)]
     plain, grown = replay(rows, strategy=["best_fit", "best_fit+vm"])
-    assert plain["peak_reserved_bytes"] == 20 * MIB
-    assert 15 * MIB <= grown["peak_reserved_bytes"] < 20 * MIB
+    assert plain["peak_reserved_bytes"] == 18 * MIB
+    assert 15 * MIB <= grown["peak_reserved_bytes"] < 18 * MIB
     with pytest.raises(ValueError, match="unknown strategy"):
         replay(rows, strategy="plan+vm")
 

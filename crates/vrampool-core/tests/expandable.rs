@@ -75,15 +75,15 @@ fn growth_maps_chunks_into_one_reservation_instead_of_new_segments() {
     assert_eq!(dev.counters().map_calls, 14);
     check_consistent(&pool, &dev);
 
-    // The same with expandable segments off: plain 20 MiB segments.
+    // The same with expandable segments off: plain segments of 6 MiB (room for two blocks).
     let dev = Arc::new(SimDevice::new(4 * GIB, SimMode::AddressOnly));
     let pool = pool_with(&dev, StrategyKind::Hybrid, false, None);
     for _ in 0..8 {
         pool.allocate(3 * MIB, S0).unwrap();
     }
-    assert_eq!((dev.counters().alloc_calls, dev.counters().map_calls), (2, 0));
+    assert_eq!((dev.counters().alloc_calls, dev.counters().map_calls), (4, 0));
     assert!(expandable_runs(&pool).is_empty());
-    assert_eq!(pool.stats().reserved_bytes.current, 40 * MIB);
+    assert_eq!(pool.stats().reserved_bytes.current, 24 * MIB);
 }
 
 #[test]
@@ -192,8 +192,8 @@ fn expandable_segments_strand_less_memory_than_plain_segments() {
     let expandable = fragmentation_pattern(true, limit);
     eprintln!("limit {} MiB: plain segments reserved {} MiB after the pattern, served {} blocks of 40 MiB, reserved {} MiB at the end", limit / MIB, plain.0 / MIB, plain.1, plain.2 / MIB);
     eprintln!("limit {} MiB: expandable reserved {} MiB after the pattern, served {} blocks of 40 MiB, reserved {} MiB at the end", limit / MIB, expandable.0 / MIB, expandable.1, expandable.2 / MIB);
-    assert_eq!(plain.0, 300 * MIB, "15 segments of 20 MiB, each half free");
-    assert_eq!(plain.1, 0, "every segment holds a live block: nothing to release");
+    assert_eq!(plain.0, 270 * MIB, "15 segments of 18 MiB (room for two blocks), each half free");
+    assert_eq!(plain.1, 1, "the 50 MiB left under the limit takes one; every segment holds a live block");
     assert_eq!(expandable.0, 270 * MIB, "exactly the 30 blocks");
     assert_eq!(expandable.1, 4, "the free 9 MiB ranges give back 8 MiB each");
     assert!(expandable.2 <= limit);
@@ -213,7 +213,7 @@ fn expandable_segments_strand_less_memory_than_plain_segments() {
     };
     let (plain, expandable) = (unlimited(false), unlimited(true));
     eprintln!("no limit, trim, 4 blocks of 40 MiB: plain segments reserve {} MiB, expandable {} MiB", plain / MIB, expandable / MIB);
-    assert_eq!(plain, 460 * MIB, "15 half-free segments of 20 MiB and 4 of 40 MiB");
+    assert_eq!(plain, 430 * MIB, "15 half-free segments of 18 MiB and 4 of 40 MiB");
     // 135 MiB live, 15 MiB of partial chunks around the holes, 160 MiB for the new blocks.
     assert_eq!(expandable, 310 * MIB);
 }
@@ -344,7 +344,7 @@ fn without_vm_or_when_turned_off_the_tier_keeps_plain_segments() {
             let blocks: Vec<u64> = [3 * MIB, 9 * MIB, 30 * MIB].iter().map(|&s| pool.allocate(s, S0).unwrap()).collect();
             assert_eq!(dev.counters().map_calls, 0);
             assert!(expandable_runs(&pool).is_empty());
-            assert_eq!(pool.stats().segment.current, 2, "a 20 MiB segment and a 30 MiB one");
+            assert_eq!(pool.stats().segment.current, 3, "segments of 6, 18 and 30 MiB");
             blocks.iter().for_each(|&b| pool.free(b, None, None).unwrap());
             check_consistent(&pool, &dev);
             pool.trim().unwrap();

@@ -268,12 +268,14 @@ impl Strategy for BestFit {
     }
 
     fn segment_size_for(&self, size: u64) -> u64 {
-        // PyTorch's choice: small blocks share 2 MiB segments, mid-size ones 20 MiB segments,
-        // large ones get a segment of their own size (rounded to 2 MiB, the usual granularity).
+        // Small blocks share 2 MiB segments (PyTorch's choice); a mid-size block gets room for one
+        // more of its size, not PyTorch's 20 MiB, so that a segment left partly used at the peak
+        // strands less; large ones get a segment of their own size (rounded to 2 MiB, the usual
+        // granularity).
         if size <= MIB {
             2 * MIB
         } else if size < 10 * MIB {
-            20 * MIB
+            round_up(2 * size, 2 * MIB).unwrap_or(20 * MIB)
         } else {
             round_up(size, 2 * MIB).unwrap_or(!(2 * MIB - 1))
         }
@@ -692,11 +694,12 @@ mod tests {
     }
 
     #[test]
-    fn segment_sizes_follow_pytorch() {
+    fn segment_sizes() {
         let b = BestFit::default();
         assert_eq!(b.segment_size_for(512), 2 * MIB);
         assert_eq!(b.segment_size_for(MIB), 2 * MIB);
-        assert_eq!(b.segment_size_for(MIB + 512), 20 * MIB);
+        assert_eq!(b.segment_size_for(MIB + 512), 4 * MIB, "room for two, in 2 MiB units");
+        assert_eq!(b.segment_size_for(3 * MIB), 6 * MIB);
         assert_eq!(b.segment_size_for(10 * MIB - 512), 20 * MIB);
         assert_eq!(b.segment_size_for(10 * MIB), 10 * MIB);
         assert_eq!(b.segment_size_for(10 * MIB + 512), 12 * MIB);
