@@ -342,7 +342,7 @@ impl PoolCore {
     /// bytes given back.
     pub fn trim(&self) -> Result<u64> {
         self.ensure_open()?;
-        self.release_cached()
+        self.release_free(None)
     }
 
     /// Alias of `trim`, under PyTorch's name.
@@ -417,7 +417,7 @@ impl PoolCore {
         if self.closed.swap(true, Relaxed) {
             return Vec::new();
         }
-        let _ = self.release_cached();
+        let _ = self.release_free(None);
         self.live_blocks()
     }
 
@@ -429,20 +429,22 @@ impl PoolCore {
 
     fn allocate_slow(&self, arena: &Arena, size: u64, rounded: u64, stream: StreamId) -> Result<u64> {
         let tier = self.tier_of(rounded);
+        // Handed out after the strategy's lock is released: counting may give a thread cache's
+        // blocks back, which takes that lock.
+        let hand_out = |block: Block| self.hand_out(block.addr, LiveBlock { size: block.size, requested: size, stream: stream.0, tier }, false);
         if self.config.reclaim {
-            // Bound first: the guard must be gone before `hand_out` (see below).
+            // Bound first, so that the guard is gone before `hand_out`.
             let cached = arena.tiers[tier as usize].lock().allocate(rounded);
             if let Some(block) = cached {
-                return Ok(self.hand_out(block.addr, LiveBlock { size: block.size, requested: size, stream: stream.0, tier }, false));
+                return Ok(hand_out(block));
             }
-            // Growth ahead: best effort, as a failed give-back only leaves memory reserved.
+            // Growth ahead: best effort, as a failed give-back only leaves memory reserved. The
+            // emptied caches may make room in this tier: `allocate_in` tries it again first.
             let _ = self.release_free(Some((arena.stream, tier)));
         }
         for attempt in 0..2 {
             if let Some(block) = self.allocate_in(arena, tier, rounded)? {
-                // Handed out after the strategy's lock is released: counting may give a thread
-                // cache's blocks back, which takes that lock.
-                return Ok(self.hand_out(block.addr, LiveBlock { size: block.size, requested: size, stream: stream.0, tier }, false));
+                return Ok(hand_out(block));
             }
             if attempt == 0 {
                 // Out of memory: give back every cached segment (all streams) and try once more.
@@ -707,10 +709,16 @@ impl PoolCore {
         if self.log.is_some() || self.births.is_some() {
             self.record_birth(addr, block);
         }
+        self.insert_live(addr, block);
+        addr
+    }
+
+    /// Enters a live block in the table, or in the overflow map when its slot is taken.
+    #[inline(always)]
+    fn insert_live(&self, addr: u64, block: LiveBlock) {
         if !self.live.insert(addr, block) {
             self.overflow.pin_owned().insert(addr, block);
         }
-        addr
     }
 
     #[cold]
@@ -776,9 +784,7 @@ impl PoolCore {
     /// Undoes the removal of a block whose free failed: live again, with its recorded streams.
     #[cold]
     fn restore_live(&self, addr: u64, block: LiveBlock, recorded: Vec<StreamId>) {
-        if !self.live.insert(addr, block) {
-            self.overflow.pin_owned().insert(addr, block);
-        }
+        self.insert_live(addr, block);
         if !recorded.is_empty() {
             let mut map = self.recorded.lock();
             map.insert(addr, recorded);
@@ -858,12 +864,6 @@ impl PoolCore {
         let users = recorded.remove(&addr).unwrap_or_default();
         self.recorded_count.store(recorded.len(), Relaxed);
         users
-    }
-
-    /// Empties the caches into their strategies and gives every wholly free segment back. Other
-    /// threads' caches are emptied at their next call (or exit), this thread's at once.
-    fn release_cached(&self) -> Result<u64> {
-        self.release_free(None)
     }
 
     /// Empties the thread caches and magazines into their strategies (other threads' at their
