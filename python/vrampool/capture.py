@@ -259,6 +259,19 @@ class _AddressTrace:
     def reserve(self, delta: int) -> None:
         self.changes.append((len(self.events), delta))
 
+    def apply(self, op: str, entry: Dict[str, Any]) -> None:
+        """One event, its ``addr``, ``size`` and ``stream`` read from ``entry``: ``op`` is
+        ``alloc``, ``free`` or a segment action of ``_SEGMENT_GROWTH``."""
+        addr, size, stream = _natural(entry, "addr"), _natural(entry, "size"), _natural(entry, "stream", 0)
+        if op == "alloc":
+            if size == 0:
+                raise ValueError("size must be at least 1 byte")
+            self.alloc(addr, size, stream)
+        elif op == "free":
+            self.free(addr, size, stream)
+        else:
+            self.reserve(_SEGMENT_GROWTH[op] * size)
+
     def finish(self, still_live: Iterable[Tuple[int, int, int]] = (), reserved_at_end: Optional[int] = None) -> Trace:
         """The trace; ``still_live`` are ``(addr, size, stream)`` blocks live at the end (those
         never seen allocated are added at the start), ``reserved_at_end`` what the allocator
@@ -316,16 +329,7 @@ def from_snapshot(snapshot: Union[Dict[str, Any], str, Path], device: Optional[i
         if action not in ("alloc", "free_completed") and action not in _SEGMENT_GROWTH:
             continue
         try:
-            addr, size = _natural(entry, "addr"), _natural(entry, "size")
-            stream = _natural(entry, "stream", 0)
-            if action == "alloc":
-                if size == 0:
-                    raise ValueError("size must be at least 1 byte")
-                builder.alloc(addr, size, stream)
-            elif action == "free_completed":
-                builder.free(addr, size, stream)
-            else:
-                builder.reserve(_SEGMENT_GROWTH[action] * size)
+            builder.apply("free" if action == "free_completed" else action, entry)
         except ValueError as e:
             raise ValueError(f"{where} ({action}): {e}") from None
     live, total = _snapshot_segments(snapshot.get("segments"), device)
@@ -385,15 +389,7 @@ def from_event_log(events: Iterable[Union[Sequence[Any], Dict[str, Any]]]) -> Tr
             kind = entry.get("kind")
             if kind not in EVENT_LOG_KINDS:
                 raise ValueError(f"kind must be one of {EVENT_LOG_KINDS}, got {kind!r}")
-            addr, size, stream = _natural(entry, "addr"), _natural(entry, "size"), _natural(entry, "stream", 0)
-            if kind == "alloc":
-                if size == 0:
-                    raise ValueError("size must be at least 1 byte")
-                builder.alloc(addr, size, stream)
-            elif kind == "free":
-                builder.free(addr, size, stream)
-            else:
-                builder.reserve(size if kind == "segment_alloc" else -size)
+            builder.apply(kind, entry)
         except ValueError as e:
             raise ValueError(f"event {index}: {e}") from None
     return builder.finish()
