@@ -646,18 +646,22 @@ impl PoolCore {
 
     /// Gives back the wholly free chunks of the arena's expandable segments: cuts them off their
     /// ends, unmaps the ones inside (they become holes), and unreserves a range when nothing is
-    /// mapped in it any more. Runs under the tier's strategy lock, device calls included: a
-    /// growth could otherwise take a chunk as mapped while it is being unmapped.
-    fn shrink_expandable(&self, vm: &Expandable, strategy: &mut dyn Strategy, stream: StreamId) -> (u64, Option<DeviceError>) {
+    /// mapped in it any more. When the tier is about to grow, the newest range keeps its free
+    /// tail, which the growth extends (unmapping it would only map it again). Runs under the
+    /// tier's strategy lock, device calls included: a growth could otherwise take a chunk as
+    /// mapped while it is being unmapped.
+    fn shrink_expandable(&self, vm: &Expandable, strategy: &mut dyn Strategy, stream: StreamId, grows: bool) -> (u64, Option<DeviceError>) {
         let unit = vm.unit;
         vm.with_arena(stream, |arena| {
             let (mut bytes, mut first_error) = (0, None);
+            let newest = arena.reservations.last().map(|r| r.base);
             arena.reservations.retain_mut(|r| {
-                let moved = strategy.shrink_free_tail(r.base, unit);
+                let keep_tail = grows && newest == Some(r.base);
+                let moved = if keep_tail { 0 } else { strategy.shrink_free_tail(r.base, unit) };
                 r.extent = r.extent.saturating_sub(moved);
                 // Everything mapped past the end (also chunks an earlier unmap failed to give back).
                 let mut chunks = r.mapped_chunks(r.base + r.extent, r.base + r.size);
-                for hole in strategy.unmap_free_chunks(r.base, unit) {
+                for hole in strategy.unmap_free_chunks(r.base, unit, keep_tail) {
                     chunks.extend(r.mapped_chunks(hole.base, hole.base + hole.size));
                 }
                 let (unmapped, error) = self.unmap_chunks(r, chunks, unit, stream);
@@ -887,8 +891,8 @@ impl PoolCore {
             for (index, tier) in arena.tiers.iter().enumerate() {
                 let mut strategy = tier.lock();
                 let grows = growing == Some((arena.stream, index as u8));
-                if let Some(vm) = self.vm.as_ref().filter(|vm| vm.tier as usize == index && !grows) {
-                    let (unmapped, error) = self.shrink_expandable(vm, &mut **strategy, arena.stream);
+                if let Some(vm) = self.vm.as_ref().filter(|vm| vm.tier as usize == index) {
+                    let (unmapped, error) = self.shrink_expandable(vm, &mut **strategy, arena.stream, grows);
                     bytes += unmapped;
                     if let Some(e) = error {
                         first_error.get_or_insert(e);

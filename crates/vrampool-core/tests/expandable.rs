@@ -454,6 +454,43 @@ fn cached_memory_at_the_end_grows_in_place_without_a_release_and_retry() {
     assert_eq!(dev.counters().used, 0);
 }
 
+#[test]
+fn before_growing_the_tier_unmaps_its_own_free_chunks_inside_but_keeps_its_free_tail() {
+    let dev = Arc::new(SimDevice::new(GIB, SimMode::AddressOnly));
+    let pool = pool_with(&dev, StrategyKind::BestFit, true, None);
+    // [a 6 MiB | b 2 MiB | c 2 MiB | d 2 MiB]: six chunks mapped.
+    let [a, b, c, d] = [6, 2, 2, 2].map(|mib| pool.allocate(mib * MIB, S0).unwrap());
+    let base = a;
+    assert_eq!((b, c, d), (base + 6 * MIB, base + 8 * MIB, base + 10 * MIB));
+    pool.free(a, None, None).unwrap();
+    pool.free(d, None, None).unwrap();
+    assert_eq!(dev.counters().map_calls, 6);
+    // 8 MiB fits neither the 6 MiB free inside nor the 2 MiB free at the end: the tier grows.
+    // First its three free chunks inside are unmapped (they become a hole); the free tail stays
+    // mapped and the growth extends it by three chunks, so the block starts where d was.
+    let big = pool.allocate(8 * MIB, S0).unwrap();
+    assert_eq!(big, base + 10 * MIB);
+    let counters = dev.counters();
+    assert_eq!((counters.unmap_calls, counters.map_calls), (3, 9), "the tail was not unmapped and mapped again");
+    assert_eq!(pool.stats().reserved_bytes.current, 12 * MIB, "b, c and the new block; not the 6 MiB hole");
+    check_consistent(&pool, &dev);
+    // The hole maps again when a block needs it.
+    let again = pool.allocate(6 * MIB, S0).unwrap();
+    assert_eq!(again, base);
+    assert_eq!(pool.stats().reserved_bytes.current, 18 * MIB);
+    check_consistent(&pool, &dev);
+
+    // Without `reclaim` the tier keeps its free chunks and grows beside them.
+    let dev = Arc::new(SimDevice::new(GIB, SimMode::AddressOnly));
+    let config = PoolConfig { strategy: StrategyKind::BestFit, expandable: true, reclaim: false, ..PoolConfig::default() };
+    let pool = Pool::new(dev.clone() as Arc<dyn Device>, config).unwrap();
+    let [a, _, _, d] = [6, 2, 2, 2].map(|mib| pool.allocate(mib * MIB, S0).unwrap());
+    pool.free(a, None, None).unwrap();
+    pool.free(d, None, None).unwrap();
+    pool.allocate(8 * MIB, S0).unwrap();
+    assert_eq!((dev.counters().unmap_calls, pool.stats().reserved_bytes.current), (0, 18 * MIB));
+}
+
 mod random {
     use super::*;
     use proptest::prelude::*;

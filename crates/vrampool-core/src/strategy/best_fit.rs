@@ -464,7 +464,7 @@ impl Strategy for BestFit {
         old_size - (end - base)
     }
 
-    fn unmap_free_chunks(&mut self, base: u64, unit: u64) -> Vec<Segment> {
+    fn unmap_free_chunks(&mut self, base: u64, unit: u64, keep_tail: bool) -> Vec<Segment> {
         let (Some(&marker), Some(&(_, head))) = (self.ends.get(&base), self.segments.get(&base)) else { return Vec::new() };
         let mut holes = Vec::new();
         if unit == 0 {
@@ -476,7 +476,7 @@ impl Strategy for BestFit {
             let end = addr + size;
             let lo = base + (addr - base).div_ceil(unit) * unit;
             let hi = base + (end - base) / unit * unit;
-            if allocated || lo >= hi {
+            if allocated || lo >= hi || (keep_tail && next == marker) {
                 i = next;
                 continue;
             }
@@ -907,8 +907,8 @@ mod tests {
         let c = b.allocate(MIB).unwrap();
         b.free(hole_block.addr).unwrap();
         assert_eq!(b.shrink_free_tail(0, U), 2 * MIB, "the free [8, 10) MiB tail");
-        assert_eq!(b.unmap_free_chunks(0, U), vec![seg(2 * MIB, 4 * MIB)]);
-        assert_eq!(b.unmap_free_chunks(0, U), vec![], "nothing whole left");
+        assert_eq!(b.unmap_free_chunks(0, U, false), vec![seg(2 * MIB, 4 * MIB)]);
+        assert_eq!(b.unmap_free_chunks(0, U, false), vec![], "nothing whole left");
         assert_eq!(
             b.snapshot(),
             vec![
@@ -945,19 +945,19 @@ mod tests {
         }
         let e = b.allocate(512).unwrap();
         assert_eq!(e.addr, 0);
-        assert_eq!(b.unmap_free_chunks(0, U), vec![seg(2 * MIB, 6 * MIB)]);
+        assert_eq!(b.unmap_free_chunks(0, U, false), vec![seg(2 * MIB, 6 * MIB)]);
         check_invariants(&b);
         assert_eq!(b.shrink_free_tail(0, U), 6 * MIB, "the hole is the tail now");
         assert_eq!(b.snapshot(), vec![(seg(0, 2 * MIB), vec![info(0, 512, true), info(512, 2 * MIB - 512, false)])]);
         b.free(e.addr).unwrap();
-        assert_eq!(b.unmap_free_chunks(0, U), vec![seg(0, 2 * MIB)], "the head can be a hole too");
+        assert_eq!(b.unmap_free_chunks(0, U, false), vec![seg(0, 2 * MIB)], "the head can be a hole too");
         assert!(b.snapshot().is_empty());
         assert_eq!(b.usage().reserved, 0);
         assert!(b.map_hole(seg(0, 2 * MIB)));
         assert_eq!(b.allocate(2 * MIB).unwrap().addr, 0);
-        assert!(b.unmap_free_chunks(0, U).is_empty());
+        assert!(b.unmap_free_chunks(0, U, false).is_empty());
         b.free(0).unwrap();
-        assert_eq!(b.unmap_free_chunks(0, U), vec![seg(0, 2 * MIB)]);
+        assert_eq!(b.unmap_free_chunks(0, U, false), vec![seg(0, 2 * MIB)]);
         assert_eq!(b.shrink_free_tail(0, U), 2 * MIB, "only a hole left: the segment goes");
         assert_eq!(b.usage(), Usage::default());
         assert_eq!(b.nodes.len(), b.spare.len(), "every node slot is back");
@@ -1013,10 +1013,10 @@ mod tests {
                         let moved = b.shrink_free_tail(base, U);
                         assert!(moved % U == 0, "round {round}: moved {moved}");
                         tails_cut += u64::from(moved > 0);
-                        let holes: u64 = b.unmap_free_chunks(base, U).iter().map(|h| h.size).sum();
+                        let holes: u64 = b.unmap_free_chunks(base, U, false).iter().map(|h| h.size).sum();
                         holes_made += u64::from(holes > 0);
                         assert!(b.usage().reserved <= before - holes);
-                        assert!(b.unmap_free_chunks(base, U).is_empty());
+                        assert!(b.unmap_free_chunks(base, U, false).is_empty());
                     }
                     _ => {}
                 }

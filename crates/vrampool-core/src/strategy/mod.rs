@@ -114,8 +114,9 @@ pub trait Strategy: Send {
     }
 
     /// Turns every whole unit of free space inside the expandable segment at `base` into an
-    /// unmapped hole that no block is cut from, and returns the new holes (to unmap).
-    fn unmap_free_chunks(&mut self, _base: u64, _unit: u64) -> Vec<Segment> {
+    /// unmapped hole that no block is cut from, and returns the new holes (to unmap). With
+    /// `keep_tail`, the free range at the segment's end stays as it is (a growth extends it).
+    fn unmap_free_chunks(&mut self, _base: u64, _unit: u64, _keep_tail: bool) -> Vec<Segment> {
         Vec::new()
     }
 
