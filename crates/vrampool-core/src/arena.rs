@@ -1,11 +1,11 @@
 //! One stream's memory: a strategy instance per tier, each behind its own lock, and the lock-free
-//! magazines of cached small blocks in front of them.
+//! magazines of cached blocks in front of them.
 //!
 //! Blocks belong to the stream they were allocated on and go back to that stream's arena, so a
 //! block freed on a stream is reusable at once on that stream and on no other (PyTorch's
 //! per-stream pools). Memory moves between streams only as whole segments given back to the device.
 
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::{AcqRel, Relaxed, Release}};
 use std::sync::OnceLock;
 
 use parking_lot::Mutex;
@@ -21,6 +21,10 @@ const SHARDS: usize = 8;
 /// Each magazine ring holds about this many bytes of blocks (at least two blocks).
 const MAGAZINE_BYTES: u64 = MIB;
 const MAGAZINE_MAX_DEPTH: u64 = 64;
+/// Blocks up to this size are cached, in every tier: a training loop asks for the same sizes each
+/// step, and a cached block comes back without the tier's lock. Larger blocks are rare enough
+/// that the lock costs nothing beside their use.
+pub const CACHED_MAX: u64 = 1 << 30;
 
 fn shard_of_this_thread() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
@@ -71,12 +75,13 @@ impl Magazines {
         self.rings(shard_of_this_thread())[index].push(addr)
     }
 
-    /// Takes every cached block out, calling `f(addr)` for each.
-    pub fn drain(&self, mut f: impl FnMut(u64)) {
+    /// Takes out every cached block of the classes `wanted` selects, calling `f(index, addr)` for
+    /// each.
+    pub fn drain(&self, wanted: impl Fn(usize) -> bool, mut f: impl FnMut(usize, u64)) {
         for rings in self.shards.iter().filter_map(OnceLock::get) {
-            for ring in rings.iter() {
+            for (index, ring) in rings.iter().enumerate().filter(|&(index, _)| wanted(index)) {
                 while let Some(addr) = ring.pop() {
-                    f(addr);
+                    f(index, addr);
                 }
             }
         }
@@ -87,10 +92,29 @@ pub struct Arena {
     pub stream: StreamId,
     pub tiers: Box<[Mutex<Box<dyn Strategy>>]>,
     pub magazines: Magazines,
+    /// Per tier: the magazines may hold some of its large blocks (set after a push, cleared by
+    /// the drain that files them back), so that a tier with none skips the scan.
+    large_cached: Box<[AtomicBool]>,
 }
 
 impl Arena {
-    pub fn new(stream: StreamId, tiers: Vec<Box<dyn Strategy>>, cache_max: u64) -> Self {
-        Self { stream, tiers: tiers.into_iter().map(Mutex::new).collect(), magazines: Magazines::new(cache_max) }
+    pub fn new(stream: StreamId, tiers: Vec<Box<dyn Strategy>>) -> Self {
+        let large_cached = tiers.iter().map(|_| AtomicBool::new(false)).collect();
+        Self { stream, tiers: tiers.into_iter().map(Mutex::new).collect(), magazines: Magazines::new(CACHED_MAX), large_cached }
+    }
+
+    /// Notes that a large block of `tier` was just cached (after the push, so that a drain that
+    /// clears the mark sees the block).
+    pub fn note_large_cached(&self, tier: u8) {
+        let mark = &self.large_cached[tier as usize];
+        // A plain load first: the line stays shared while the mark is already set.
+        if !mark.load(Relaxed) {
+            mark.store(true, Release);
+        }
+    }
+
+    /// Clears the mark of `tier`; true if it was set (some large blocks may be cached).
+    pub fn take_large_cached(&self, tier: u8) -> bool {
+        self.large_cached[tier as usize].swap(false, AcqRel)
     }
 }

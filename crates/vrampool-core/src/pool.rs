@@ -1,9 +1,10 @@
 //! The pool: routes each request to a strategy, caches freed memory, grows and shrinks through
 //! the device, orders reuse across streams, and keeps the counters.
 //!
-//! Fast path (no lock): a small request whose size class has a cached block in the calling
-//! stream's magazines, and the matching free. Everything else takes the lock of one strategy
-//! instance (one per stream and tier), never a pool-wide lock.
+//! Fast path (no lock): a request whose block would be exactly a size class (up to 1 GiB, in any
+//! tier) and finds one cached, in the calling thread's cache (small blocks) or the stream's
+//! magazines, and the matching free. Everything else takes the lock of one strategy instance (one
+//! per stream and tier), never a pool-wide lock.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -20,7 +21,7 @@ use crate::live_table::{BlockMeta, LiveTable, Removal};
 use crate::error::{DeviceError, InvalidFreeReason, OomReport, PoolError, Result};
 use crate::expandable::{Expandable, Reservation};
 use crate::event_log::{EventKind, EventLog, LogEvent};
-use crate::sizes::{round_up, size_class_of, MIN_BLOCK};
+use crate::sizes::{class_size, round_up, size_class_index, size_class_of, MIN_BLOCK};
 use crate::stats::{Counters, Fast, LocalCounters, Stats};
 use crate::thread_cache::{self, CacheOwner, PoolCache, PoolHandle};
 use crate::strategy::{BestFit, BestFitConfig, Block, BlockInfo, Buddy, BuddyConfig, Segment, Slab, SlabConfig, Strategy, StrategyKind};
@@ -96,6 +97,10 @@ pub struct PoolCore {
     vm: Option<Expandable>,
     /// The default stream's arena, reached without a map lookup.
     default_arena: Arena,
+    /// Thread caches hold the classes below this index: the first tier's blocks of at most
+    /// `small_max` bytes. Larger cached blocks go to the magazines only, which a trim or a growth
+    /// empties at once (a thread's cache only at that thread's next call).
+    thread_classes: usize,
     // Every papaya map here is pinned with an owned guard (`pin_owned`): a thread's exit may
     // give its cache back, or drop the pool, from a thread-local destructor, when the state
     // behind papaya's thread-local guards is already gone (pinning then panics, which aborts).
@@ -123,6 +128,8 @@ impl Pool {
         let device_total = device.mem_info()?.total;
         let cap = cap_for(config.limit, device_total);
         let default_arena = new_arena(&config, StreamId(0));
+        let top = size_class_of(config.small_max);
+        let thread_classes = size_class_index(top) + usize::from(top == config.small_max);
         let vm = Expandable::new(&config, device.as_ref(), device_total);
         let log = config.record_events.then(EventLog::new);
         let births = config.track_leaks.then(FastMap::default);
@@ -137,6 +144,7 @@ impl Pool {
             committed: AtomicU64::new(0),
             vm,
             default_arena,
+            thread_classes,
             arenas: FastMap::default(),
             live: LiveTable::new(LIVE_TABLE_BITS),
             overflow: FastMap::default(),
@@ -164,7 +172,7 @@ impl std::ops::Deref for Pool {
 impl CacheOwner for PoolCore {
     fn adopt(&self, blocks: Vec<(u64, u64)>) {
         for (stream, addr) in blocks {
-            // Thread caches hold only blocks of at most `small_max` bytes: the first tier's.
+            // Thread caches hold only the first tier's blocks (`thread_classes`).
             let freed = self.arena(StreamId(stream)).tiers[0].lock().free(addr);
             debug_assert!(freed.is_some(), "a cached block belongs to its arena's first tier");
         }
@@ -224,19 +232,22 @@ impl PoolCore {
         self.complete_deferred_frees();
         // Fast path: a cached block of the size the strategy would hand out, from this thread's
         // cache, else from the shared magazines; no lock either way.
-        let block_size = self.block_size_for(rounded);
-        if let Some(index) = self.cache_class(block_size) {
-            let block = LiveBlock { size: block_size, requested: size, stream: stream.0, tier: 0 };
-            let from_thread = self.with_thread_cache(|c| {
-                let addr = thread_cache::pop(c, stream.0, index)?;
-                Self::count_alloc(c, &block, true);
-                Some((addr, c.note_allocated(block.size)))
-            });
-            if let Some(Some((addr, checkpoint_due))) = from_thread {
-                if checkpoint_due {
-                    self.counters.fast.checkpoint();
+        let tier = self.tier_of(rounded);
+        let block_size = self.block_size_for(rounded, tier);
+        if let Some(index) = self.cache_class(block_size, tier) {
+            let block = LiveBlock { size: block_size, requested: size, stream: stream.0, tier };
+            if index < self.thread_classes {
+                let from_thread = self.with_thread_cache(|c| {
+                    let addr = thread_cache::pop(c, stream.0, index)?;
+                    Self::count_alloc(c, &block, true);
+                    Some((addr, c.note_allocated(block.size)))
+                });
+                if let Some(Some((addr, checkpoint_due))) = from_thread {
+                    if checkpoint_due {
+                        self.counters.fast.checkpoint();
+                    }
+                    return Ok(self.record_live(addr, block));
                 }
-                return Ok(self.record_live(addr, block));
             }
             if let Some(addr) = self.arena(stream).magazines.pop(index) {
                 return Ok(self.hand_out(addr, block, true));
@@ -434,7 +445,7 @@ impl PoolCore {
         let hand_out = |block: Block| self.hand_out(block.addr, LiveBlock { size: block.size, requested: size, stream: stream.0, tier }, false);
         if self.config.reclaim {
             // Bound first, so that the guard is gone before `hand_out`.
-            let cached = arena.tiers[tier as usize].lock().allocate(rounded);
+            let cached = self.allocate_filed(arena, tier, &mut **arena.tiers[tier as usize].lock(), rounded);
             if let Some(block) = cached {
                 return Ok(hand_out(block));
             }
@@ -460,7 +471,7 @@ impl PoolCore {
     /// (or the cap) has no room.
     fn allocate_in(&self, arena: &Arena, tier: u8, rounded: u64) -> Result<Option<Block>> {
         let mut strategy = arena.tiers[tier as usize].lock();
-        if let Some(block) = strategy.allocate(rounded) {
+        if let Some(block) = self.allocate_filed(arena, tier, &mut **strategy, rounded) {
             return Ok(Some(block));
         }
         if let Some(vm) = self.vm.as_ref().filter(|vm| vm.tier == tier) {
@@ -491,6 +502,23 @@ impl PoolCore {
             Err(PoolError::Device(DeviceError::OutOfMemory)) => Ok(None),
             Err(other) => Err(other),
         }
+    }
+
+    /// A block from the tier's strategy, after filing back into it the tier's large blocks
+    /// cached in the arena's magazines. The cache serves only requests for exactly a cached
+    /// block's class; every other request is placed with all the tier's free memory merged (small
+    /// blocks stay cached: the slab places each class on its own). Called under the tier's lock.
+    fn allocate_filed(&self, arena: &Arena, tier: u8, strategy: &mut dyn Strategy, rounded: u64) -> Option<Block> {
+        if arena.take_large_cached(tier) {
+            arena.magazines.drain(
+                |index| index >= self.thread_classes && self.tier_of(class_size(index)) == tier,
+                |_, addr| {
+                    let freed = strategy.free(addr);
+                    debug_assert!(freed.is_some(), "a cached block belongs to the tier of its size");
+                },
+            );
+        }
+        strategy.allocate(rounded)
     }
 
     /// A new segment of `size` bytes from the device, within the cap.
@@ -750,10 +778,10 @@ impl PoolCore {
             self.count(&counts, 0);
             return;
         }
-        let class = self.cache_class(block.size);
+        let class = self.cache_class(block.size, block.tier);
         let cached = self.with_thread_cache(|c| {
             counts.iter().for_each(|&(which, n)| c.bump(which, n));
-            class.is_some_and(|index| thread_cache::push(c, block.stream, index, block.size, addr))
+            class.is_some_and(|index| index < self.thread_classes && thread_cache::push(c, block.stream, index, block.size, addr))
         });
         match cached {
             Some(true) => return,
@@ -763,6 +791,9 @@ impl PoolCore {
         let arena = self.arena(StreamId(block.stream));
         if let Some(index) = class {
             if arena.magazines.push(index, addr) {
+                if index >= self.thread_classes {
+                    arena.note_large_cached(block.tier);
+                }
                 return;
             }
         }
@@ -851,9 +882,12 @@ impl PoolCore {
         }
     }
 
-    /// The magazine class of a block of `size` bytes, if blocks of that size are cached.
-    fn cache_class(&self, size: u64) -> Option<usize> {
-        self.default_arena.magazines.class_of_block(size)
+    /// The class a block of `size` bytes from `tier` is cached under, if any: its size must be
+    /// exactly a class, and one that this tier hands out (a class just above `small_max` is the
+    /// slab's for some requests and best-fit's for others; only best-fit's blocks are cached).
+    fn cache_class(&self, size: u64, tier: u8) -> Option<usize> {
+        let index = self.default_arena.magazines.class_of_block(size)?;
+        (self.tier_of(size) == tier).then_some(index)
     }
 
     fn live_block(&self, addr: u64) -> Option<LiveBlock> {
@@ -883,11 +917,13 @@ impl PoolCore {
         let mut released = Vec::new();
         let (mut bytes, mut first_error) = (0, None);
         self.for_each_arena(|arena| {
-            arena.magazines.drain(|addr| {
-                // Magazines hold only blocks of at most `small_max` bytes: the first tier's.
-                let freed = arena.tiers[0].lock().free(addr);
-                debug_assert!(freed.is_some(), "a cached block belongs to its arena's first tier");
-            });
+            arena.magazines.drain(
+                |_| true,
+                |index, addr| {
+                    let freed = arena.tiers[self.tier_of(class_size(index)) as usize].lock().free(addr);
+                    debug_assert!(freed.is_some(), "a cached block belongs to the tier of its size");
+                },
+            );
             for (index, tier) in arena.tiers.iter().enumerate() {
                 let mut strategy = tier.lock();
                 let grows = growing == Some((arena.stream, index as u8));
@@ -989,13 +1025,13 @@ impl PoolCore {
         Ok(rounded)
     }
 
-    /// The real size the first tier's strategy hands out for a request of `rounded` bytes, which
-    /// is the size class its cached blocks are kept under.
-    fn block_size_for(&self, rounded: u64) -> u64 {
-        match self.config.strategy {
-            StrategyKind::Hybrid | StrategyKind::Slab => size_class_of(rounded),
-            StrategyKind::Buddy => rounded.next_power_of_two(),
-            StrategyKind::BestFit => rounded,
+    /// The real size `tier`'s strategy hands out for a request of `rounded` bytes, which is the
+    /// size class its cached blocks are kept under.
+    fn block_size_for(&self, rounded: u64, tier: u8) -> u64 {
+        match (self.config.strategy, tier) {
+            (StrategyKind::Slab, _) | (StrategyKind::Hybrid, 0) => size_class_of(rounded),
+            (StrategyKind::Buddy, _) | (StrategyKind::Hybrid, 2) => rounded.next_power_of_two(),
+            _ => rounded,
         }
     }
 
@@ -1106,6 +1142,6 @@ fn new_arena(config: &PoolConfig, stream: StreamId) -> Arena {
         StrategyKind::BestFit => vec![best_fit()],
         StrategyKind::Buddy => vec![buddy()],
     };
-    Arena::new(stream, tiers, config.small_max)
+    Arena::new(stream, tiers)
 }
 

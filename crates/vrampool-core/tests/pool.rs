@@ -73,6 +73,69 @@ fn small_blocks_come_back_through_the_lock_free_fast_path() {
 }
 
 #[test]
+fn blocks_of_a_class_size_come_back_without_a_lock_in_every_tier() {
+    // Hybrid: 512 B (slab), 4 MiB (best-fit), 64 MiB (buddy); and the single strategies.
+    for strategy in ALL {
+        let (pool, _) = pool_on(GIB, strategy);
+        let mut last = 0;
+        for (k, size) in [512, 4 * MIB, 64 * MIB].into_iter().enumerate() {
+            let a = pool.allocate(size, S0).unwrap();
+            pool.free(a, None, None).unwrap();
+            let b = pool.allocate(size, S0).unwrap();
+            assert_eq!(a, b, "{strategy:?} {size}");
+            assert_eq!(pool.stats().fast_path_hits, k as u64 + 1, "{strategy:?} {size}: a cache hit");
+            pool.free(b, None, None).unwrap();
+            last = b;
+        }
+        // A cached block is cached, not free, until its strategy needs it back.
+        let state = pool.snapshot().iter().flat_map(|s| s.blocks.clone()).find(|b| b.0 == last).map(|b| b.2);
+        assert_eq!(state, Some(BlockState::Cached), "{strategy:?}");
+        pool.trim().unwrap();
+        assert_eq!(pool.stats().reserved_bytes.current, 0, "{strategy:?}: a trim gives cached blocks back too");
+    }
+}
+
+#[test]
+fn cached_large_blocks_go_back_to_their_strategy_before_it_places_another_request() {
+    for reclaim in [true, false] {
+        let dev = Arc::new(SimDevice::new(GIB, SimMode::AddressOnly));
+        let config = PoolConfig { strategy: StrategyKind::BestFit, expandable: false, reclaim, ..PoolConfig::default() };
+        let pool = Pool::new(dev.clone() as Arc<dyn Device>, config).unwrap();
+        // Two 4 MiB blocks side by side in one segment, both freed into the cache.
+        let a = pool.allocate(4 * MIB, S0).unwrap();
+        let b = pool.allocate(4 * MIB, S0).unwrap();
+        assert_eq!(b, a + 4 * MIB);
+        let segments = dev.counters().alloc_calls;
+        pool.free(a, None, None).unwrap();
+        pool.free(b, None, None).unwrap();
+        // 8 MiB is no cached class: the strategy gets both blocks back, merges them and places
+        // the request there, with no new segment.
+        let big = pool.allocate(8 * MIB, S0).unwrap();
+        assert_eq!((big, dev.counters().alloc_calls), (a, segments), "reclaim {reclaim}");
+        assert_eq!(pool.stats().fast_path_hits, 0);
+    }
+}
+
+#[test]
+fn a_class_that_two_tiers_hand_out_is_cached_for_one_only() {
+    // small_max 100 KiB: a 100 KiB request gets a 112 KiB slab block (its class), a 112 KiB
+    // request a 112 KiB best-fit block. Only best-fit's is cached (it hands that class out for
+    // 112 KiB requests); each goes back to its own tier (a debug assertion checks it).
+    let dev = Arc::new(SimDevice::new(GIB, SimMode::HostBacked));
+    let config = PoolConfig { small_max: 100 * KIB, ..PoolConfig::default() };
+    let pool = Pool::new(dev.clone() as Arc<dyn Device>, config).unwrap();
+    for _ in 0..3 {
+        let slab = pool.allocate(100 * KIB, S0).unwrap();
+        let best_fit = pool.allocate(112 * KIB, S0).unwrap();
+        pool.free(slab, None, None).unwrap();
+        pool.free(best_fit, None, None).unwrap();
+    }
+    assert_eq!(pool.stats().fast_path_hits, 2, "the best-fit block, on the second and third rounds");
+    pool.trim().unwrap();
+    assert_eq!((pool.stats().reserved_bytes.current, dev.counters().live_segments), (0, 0));
+}
+
+#[test]
 fn bad_input_is_refused_and_changes_nothing() {
     let (pool, _) = pool_on(GIB, StrategyKind::Hybrid);
     let a = pool.allocate(4096, S0).unwrap();
