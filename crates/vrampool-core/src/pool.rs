@@ -885,9 +885,12 @@ impl PoolCore {
     /// The class a block of `size` bytes from `tier` is cached under, if any: its size must be
     /// exactly a class, and one that this tier hands out (a class just above `small_max` is the
     /// slab's for some requests and best-fit's for others; only best-fit's blocks are cached).
+    #[inline(always)]
     fn cache_class(&self, size: u64, tier: u8) -> Option<usize> {
         let index = self.default_arena.magazines.class_of_block(size)?;
-        (self.tier_of(size) == tier).then_some(index)
+        // The thread-cache classes are at most `small_max`: the first tier's in every strategy.
+        let ours = if index < self.thread_classes { tier == 0 } else { self.tier_of(size) == tier };
+        ours.then_some(index)
     }
 
     fn live_block(&self, addr: u64) -> Option<LiveBlock> {
@@ -1027,6 +1030,7 @@ impl PoolCore {
 
     /// The real size `tier`'s strategy hands out for a request of `rounded` bytes, which is the
     /// size class its cached blocks are kept under.
+    #[inline(always)]
     fn block_size_for(&self, rounded: u64, tier: u8) -> u64 {
         match (self.config.strategy, tier) {
             (StrategyKind::Slab, _) | (StrategyKind::Hybrid, 0) => size_class_of(rounded),
@@ -1035,6 +1039,7 @@ impl PoolCore {
         }
     }
 
+    #[inline(always)]
     fn tier_of(&self, rounded: u64) -> u8 {
         match self.config.strategy {
             StrategyKind::Hybrid if rounded <= self.config.small_max => 0,

@@ -121,7 +121,8 @@ struct Busy;
 impl Busy {
     #[inline]
     fn enter() -> Busy {
-        BUSY.set(true);
+        // `with` rather than `LocalKey::set`, which LLVM does not always inline.
+        BUSY.with(|busy| busy.set(true));
         Busy
     }
 }
@@ -129,7 +130,7 @@ impl Busy {
 impl Drop for Busy {
     #[inline]
     fn drop(&mut self) {
-        BUSY.set(false);
+        BUSY.with(|busy| busy.set(false));
     }
 }
 
