@@ -164,13 +164,14 @@ def test_gpu_comparison_prints_both_allocators(monkeypatch: pytest.MonkeyPatch, 
     from vrampool import cli
 
     def fake_run(argv: List[str], **_: object) -> subprocess.CompletedProcess:
+        assert argv[-1].endswith("3, scale=8)))"), argv[-1]
         if "'vrampool'" in argv[-1]:
             return subprocess.CompletedProcess(argv, 1, "", "Traceback ...\nRuntimeError: no CUDA driver\n")
         figures = {"allocator": "pytorch", "peak_reserved_bytes": 96 * MIB, "peak_allocated_bytes": 80 * MIB, "seconds": 1.5}
         return subprocess.CompletedProcess(argv, 0, json.dumps(figures) + "\n", "")
 
     monkeypatch.setattr(cli.subprocess, "run", fake_run)
-    cli.gpu_comparison(steps=3)
+    cli.gpu_comparison(steps=3, scale=8)
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[:2] for line in lines if line.startswith(("gpt", "cnn"))] == [
         ["gpt", "pytorch"], ["gpt", "vrampool"], ["cnn", "pytorch"], ["cnn", "vrampool"],

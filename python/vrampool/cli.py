@@ -182,7 +182,7 @@ def demo_command(args: argparse.Namespace) -> int:
     finally:
         torch.set_num_threads(threads)
     if torch.cuda.is_available():
-        gpu_comparison(args.steps)
+        gpu_comparison(args.steps, args.scale)
     return 0
 
 
@@ -211,14 +211,15 @@ def _demo(args: argparse.Namespace) -> None:
     print(f"plots and traces: {out}/ (<model>-memory.svg, <model>-segments.svg, <model>-trace.jsonl)")
 
 
-def gpu_comparison(steps: int) -> None:
-    """Trains each model on CUDA with PyTorch's allocator and with vrampool's, each in a fresh
-    process (an allocator is chosen before the first CUDA tensor), and prints both peaks."""
+def gpu_comparison(steps: int, scale: int = 1) -> None:
+    """Trains each model (batches times ``scale``) on CUDA with PyTorch's allocator and with
+    vrampool's, each in a fresh process (an allocator is chosen before the first CUDA tensor),
+    and prints both peaks."""
     print("\nOn the GPU: the same training with each allocator\n")
     print(f"{'model':<6} {'allocator':<10} {'peak reserved':>14} {'peak allocated':>15} {'seconds':>8}")
     for model in ("gpt", "cnn"):
         for allocator in ("pytorch", "vrampool"):
-            code = f"import json, vrampool.workloads as w; print(json.dumps(w.measure_cuda({model!r}, {allocator!r}, {steps})))"
+            code = f"import json, vrampool.workloads as w; print(json.dumps(w.measure_cuda({model!r}, {allocator!r}, {steps}, scale={scale})))"
             done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
             if done.returncode != 0:
                 last = (done.stderr.strip().splitlines() or ["no message"])[-1]

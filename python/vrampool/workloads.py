@@ -125,10 +125,10 @@ def capture_workload(
     return capture_training(model, progress(batches(steps, seed, scale)), loss_fn=loss)
 
 
-def measure_cuda(name: str, allocator: str, steps: int = 12, seed: int = 0) -> Dict[str, Any]:
-    """Trains model ``name`` on CUDA device 0 with ``allocator`` (``"pytorch"`` or
-    ``"vrampool"``, which must be chosen before this process's first CUDA tensor) and returns
-    its peak reserved and allocated bytes and the seconds taken."""
+def measure_cuda(name: str, allocator: str, steps: int = 12, seed: int = 0, scale: int = 1) -> Dict[str, Any]:
+    """Trains model ``name`` (batches times ``scale``) on CUDA device 0 with ``allocator``
+    (``"pytorch"`` or ``"vrampool"``, which must be chosen before this process's first CUDA
+    tensor) and returns its peak reserved and allocated bytes and the seconds taken."""
     import time
 
     import torch
@@ -147,7 +147,7 @@ def measure_cuda(name: str, allocator: str, steps: int = 12, seed: int = 0) -> D
     model = build().cuda()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     start = time.perf_counter()
-    for inputs, target in batches(steps, seed, 1):
+    for inputs, target in batches(steps, seed, scale):
         loss(model(inputs.cuda()), target.cuda()).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
