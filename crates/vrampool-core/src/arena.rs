@@ -103,8 +103,9 @@ impl Arena {
         Self { stream, tiers: tiers.into_iter().map(Mutex::new).collect(), magazines: Magazines::new(CACHED_MAX), large_cached }
     }
 
-    /// Notes that a large block of `tier` was just cached (after the push, so that a drain that
-    /// clears the mark sees the block).
+    /// Notes that a large block of `tier` was just cached (after the push). The mark is a hint:
+    /// a block pushed while another thread drains may be missed by both, and then stays cached
+    /// until a hit, a trim or a growth takes it; never lost.
     pub fn note_large_cached(&self, tier: u8) {
         let mark = &self.large_cached[tier as usize];
         // A plain load first: the line stays shared while the mark is already set.
