@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 
 use crate::device::StreamId;
 use crate::magazine::Ring;
-use crate::sizes::{size_class_index, size_class_of, MIB};
+use crate::sizes::{classes_up_to, size_class_index, size_class_of, MIB};
 use crate::strategy::Strategy;
 
 /// Threads spread over this many magazine shards, so that two threads freeing and allocating the
@@ -41,9 +41,7 @@ pub struct Magazines {
 impl Magazines {
     /// Magazines for the size classes of at most `max_size` bytes.
     pub fn new(max_size: u64) -> Self {
-        let top = size_class_of(max_size);
-        let classes = size_class_index(top) + usize::from(top == max_size);
-        Self { classes, shards: Default::default() }
+        Self { classes: classes_up_to(max_size), shards: Default::default() }
     }
 
     /// The class index a block of real size `size` is cached under, if it is cacheable.

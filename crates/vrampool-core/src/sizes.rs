@@ -34,6 +34,12 @@ pub fn size_class_index(class: u64) -> usize {
     8 + (pow as usize - 12) * 4 + within
 }
 
+/// How many classes are at most `max` bytes: the classes of indices `0..classes_up_to(max)`.
+pub fn classes_up_to(max: u64) -> usize {
+    let top = size_class_of(max);
+    size_class_index(top) + usize::from(top == max)
+}
+
 /// The size of the class with dense index `index` (the inverse of `size_class_index`).
 pub fn class_size(index: usize) -> u64 {
     if index < 8 {
@@ -68,6 +74,14 @@ mod tests {
             }
             last_class = class;
             size += if size < 64 * KIB { 1 } else { 97 };
+        }
+    }
+
+    #[test]
+    fn classes_up_to_counts_the_classes_at_most_that_size() {
+        for max in [512, 513, 4 * KIB, 100 * KIB, 112 * KIB, MIB, 1 << 30] {
+            let counted = (0..).take_while(|&i| class_size(i) <= max).count();
+            assert_eq!(classes_up_to(max), counted, "{max}");
         }
     }
 
