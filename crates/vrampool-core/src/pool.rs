@@ -21,7 +21,7 @@ use crate::live_table::{BlockMeta, LiveTable, Removal};
 use crate::error::{DeviceError, InvalidFreeReason, OomReport, PoolError, Result};
 use crate::expandable::{Expandable, Reservation};
 use crate::event_log::{EventKind, EventLog, LogEvent};
-use crate::sizes::{class_size, round_up, size_class_index, size_class_of, MIN_BLOCK};
+use crate::sizes::{class_size, classes_up_to, round_up, size_class_of, MIN_BLOCK};
 use crate::stats::{Counters, Fast, LocalCounters, Stats};
 use crate::thread_cache::{self, CacheOwner, PoolCache, PoolHandle};
 use crate::strategy::{BestFit, BestFitConfig, Block, BlockInfo, Buddy, BuddyConfig, Segment, Slab, SlabConfig, Strategy, StrategyKind};
@@ -128,8 +128,7 @@ impl Pool {
         let device_total = device.mem_info()?.total;
         let cap = cap_for(config.limit, device_total);
         let default_arena = new_arena(&config, StreamId(0));
-        let top = size_class_of(config.small_max);
-        let thread_classes = size_class_index(top) + usize::from(top == config.small_max);
+        let thread_classes = classes_up_to(config.small_max);
         let vm = Expandable::new(&config, device.as_ref(), device_total);
         let log = config.record_events.then(EventLog::new);
         let births = config.track_leaks.then(FastMap::default);
@@ -511,7 +510,7 @@ impl PoolCore {
     fn allocate_filed(&self, arena: &Arena, tier: u8, strategy: &mut dyn Strategy, rounded: u64) -> Option<Block> {
         if arena.take_large_cached(tier) {
             arena.magazines.drain(
-                |index| index >= self.thread_classes && self.tier_of(class_size(index)) == tier,
+                |index| index >= self.thread_classes && self.class_tier(index) == tier,
                 |_, addr| {
                     let freed = strategy.free(addr);
                     debug_assert!(freed.is_some(), "a cached block belongs to the tier of its size");
@@ -893,6 +892,11 @@ impl PoolCore {
         ours.then_some(index)
     }
 
+    /// The tier whose blocks of class `index` are cached (see `cache_class`).
+    fn class_tier(&self, index: usize) -> u8 {
+        self.tier_of(class_size(index))
+    }
+
     fn live_block(&self, addr: u64) -> Option<LiveBlock> {
         self.live.get(addr).or_else(|| self.overflow.pin_owned().get(&addr).copied())
     }
@@ -909,8 +913,8 @@ impl PoolCore {
 
     /// Empties the thread caches and magazines into their strategies (other threads' at their
     /// next call), then gives every wholly free segment back and unmaps every wholly free
-    /// expandable chunk; before the growth of `growing` (a stream's tier), that tier's
-    /// expandable segment stays mapped, as its growth plans over its free chunks.
+    /// expandable chunk; before the growth of `growing` (a stream's tier), that tier's newest
+    /// expandable range keeps its free tail, which the growth extends.
     fn release_free(&self, growing: Option<(StreamId, u8)>) -> Result<u64> {
         self.complete_deferred_frees();
         // Cached blocks keep their slabs from being wholly free: on the demo's traces, slab
@@ -923,7 +927,7 @@ impl PoolCore {
             arena.magazines.drain(
                 |_| true,
                 |index, addr| {
-                    let freed = arena.tiers[self.tier_of(class_size(index)) as usize].lock().free(addr);
+                    let freed = arena.tiers[self.class_tier(index) as usize].lock().free(addr);
                     debug_assert!(freed.is_some(), "a cached block belongs to the tier of its size");
                 },
             );
