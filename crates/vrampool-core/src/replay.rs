@@ -210,7 +210,37 @@ impl PreparedTrace {
     /// Checks `events`: a free of an id that is not live, an id allocated twice and a zero-byte
     /// allocation are errors.
     pub fn new(events: &[TraceEvent]) -> Result<Self, ReplayError> {
-        prepare(events)
+        let mut live: HashMap<u64, (u32, u64)> = HashMap::new();
+        let mut spare: Vec<u32> = Vec::new();
+        let mut slots = 0u32;
+        let (mut now, mut lower_bound) = (0u64, 0u64);
+        let mut ops = Vec::with_capacity(events.len());
+        for (index, event) in events.iter().enumerate() {
+            match *event {
+                TraceEvent::Alloc { id, size, stream } => {
+                    if size == 0 {
+                        return Err(ReplayError::ZeroSize { index, id });
+                    }
+                    let slot = spare.pop().unwrap_or_else(|| {
+                        slots += 1;
+                        slots - 1
+                    });
+                    if live.insert(id, (slot, size)).is_some() {
+                        return Err(ReplayError::DuplicateId { index, id });
+                    }
+                    now += size;
+                    lower_bound = lower_bound.max(now);
+                    ops.push((slot, size, stream));
+                }
+                TraceEvent::Free { id } => {
+                    let (slot, size) = live.remove(&id).ok_or(ReplayError::UnknownId { index, id })?;
+                    now -= size;
+                    spare.push(slot);
+                    ops.push((slot, 0, 0));
+                }
+            }
+        }
+        Ok(Self { ops, slots: slots as usize, lower_bound })
     }
 
     /// Allocations and frees.
@@ -226,40 +256,6 @@ impl PreparedTrace {
     pub fn lower_bound_bytes(&self) -> u64 {
         self.lower_bound
     }
-}
-
-fn prepare(events: &[TraceEvent]) -> Result<PreparedTrace, ReplayError> {
-    let mut live: HashMap<u64, (u32, u64)> = HashMap::new();
-    let mut spare: Vec<u32> = Vec::new();
-    let mut slots = 0u32;
-    let (mut now, mut lower_bound) = (0u64, 0u64);
-    let mut ops = Vec::with_capacity(events.len());
-    for (index, event) in events.iter().enumerate() {
-        match *event {
-            TraceEvent::Alloc { id, size, stream } => {
-                if size == 0 {
-                    return Err(ReplayError::ZeroSize { index, id });
-                }
-                let slot = spare.pop().unwrap_or_else(|| {
-                    slots += 1;
-                    slots - 1
-                });
-                if live.insert(id, (slot, size)).is_some() {
-                    return Err(ReplayError::DuplicateId { index, id });
-                }
-                now += size;
-                lower_bound = lower_bound.max(now);
-                ops.push((slot, size, stream));
-            }
-            TraceEvent::Free { id } => {
-                let (slot, size) = live.remove(&id).ok_or(ReplayError::UnknownId { index, id })?;
-                now -= size;
-                spare.push(slot);
-                ops.push((slot, 0, 0));
-            }
-        }
-    }
-    Ok(PreparedTrace { ops, slots: slots as usize, lower_bound })
 }
 
 /// Replays `events` through a new pool with `config` on an address-only simulated device of
