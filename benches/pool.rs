@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use vrampool_core::sizes::{GIB, KIB, MIB};
 use vrampool_core::strategy::StrategyKind;
+use vrampool_benches::{mixed_ops, run_mixed};
 use vrampool_core::{Device, Pool, PoolConfig, SimDevice, SimMode, StreamId};
 
 const STRATEGIES: [StrategyKind; 4] = [StrategyKind::Slab, StrategyKind::BestFit, StrategyKind::Buddy, StrategyKind::Hybrid];
@@ -59,41 +60,13 @@ fn pairs(c: &mut Criterion) {
 
 /// 1,000 operations over random sizes from 512 B to 8 MiB with up to 64 blocks live.
 fn mixed(c: &mut Criterion) {
-    let mut rng = 0x2545_F491_4F6C_DD1Du64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
-    let ops: Vec<(bool, u64)> = (0..1000)
-        .map(|_| {
-            let r = next();
-            let size = match r % 10 {
-                0..=5 => 512 + (r >> 8) % (16 * KIB),
-                6..=8 => 16 * KIB + (r >> 8) % MIB,
-                _ => MIB + (r >> 8) % (7 * MIB),
-            };
-            (r % 2 == 0, size)
-        })
-        .collect();
+    let ops = mixed_ops();
     let mut group = c.benchmark_group("mixed");
     group.throughput(Throughput::Elements(ops.len() as u64));
     for strategy in STRATEGIES {
         let pool = pool(strategy);
         let mut live: Vec<u64> = Vec::with_capacity(64);
-        group.bench_function(strategy.name(), |b| {
-            b.iter(|| {
-                for &(alloc, size) in &ops {
-                    if (alloc && live.len() < 64) || live.is_empty() {
-                        live.push(pool.allocate(size, StreamId(0)).unwrap());
-                    } else {
-                        let i = (size as usize) % live.len();
-                        pool.free(live.swap_remove(i), None, None).unwrap();
-                    }
-                }
-            })
-        });
+        group.bench_function(strategy.name(), |b| b.iter(|| run_mixed(&pool, &ops, &mut live)));
         for a in live.drain(..) {
             pool.free(a, None, None).unwrap();
         }
