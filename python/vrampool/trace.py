@@ -171,14 +171,15 @@ def _plan_report(rows: List[TraceRow], samples: int) -> Report:
     result = plan([r[:4] for r in rows], budget_ms=PLAN_BUDGET_MS, alignment=ALIGNMENT)
     seconds = time.perf_counter() - start
     events = 2 * len(rows)
-    points, live = live_bytes_timeline(rows, samples)
+    ordered = _ordered_events(rows)
+    points, live = _sampled_live_bytes(ordered, samples)
     # The planner's bound counts sizes rounded to the alignment, as a pool's allocated bytes do;
     # the report's bound is the requested bytes', as in every other row.
     return {
         "strategy": PLAN,
         "peak_reserved_bytes": result.arena_bytes,
         "peak_allocated_bytes": result.lower_bound_bytes,
-        "lower_bound_bytes": max(itertools.accumulate(e[3] for e in _ordered_events(rows)), default=0),
+        "lower_bound_bytes": max(itertools.accumulate(e[3] for e in ordered), default=0),
         "events": events,
         "seconds": seconds,
         "events_per_s": events / seconds if seconds > 0 else 0.0,
@@ -200,7 +201,11 @@ def _ordered_events(rows: Iterable[TraceRow]) -> List[Tuple[int, int, int, int]]
 
 def live_bytes_timeline(rows: Iterable[TraceRow], samples: int = SAMPLES) -> Tuple[List[int], List[int]]:
     """Requested bytes live after evenly spaced event indices, as the replay samples them."""
-    events = _ordered_events(rows)
+    return _sampled_live_bytes(_ordered_events(rows), samples)
+
+
+def _sampled_live_bytes(events: List[Tuple[int, int, int, int]], samples: int) -> Tuple[List[int], List[int]]:
+    """:func:`live_bytes_timeline` over events already in replay order."""
     if not events or samples <= 0:
         return [], []
     stride = -(-len(events) // samples)
@@ -263,13 +268,14 @@ def summary(trace: TraceLike) -> Dict[str, Any]:
         tier = "slab (<= 1 MiB)" if size <= SMALL_MAX else "buddy (>= 64 MiB)" if size >= LARGE_MIN else "best_fit"
         tiers[tier] += 1
         tier_bytes[tier] += size
-        powers[1 << (size - 1).bit_length()] = powers.get(1 << (size - 1).bit_length(), 0) + 1
-    steps = sum(e.op == "step" for e in loaded.events)
+        power = 1 << (size - 1).bit_length()
+        powers[power] = powers.get(power, 0) + 1
 
     def quantile(q: float) -> int:
         return lifetimes[min(len(lifetimes) - 1, int(q * len(lifetimes)))] if lifetimes else 0
 
     step_times = [t for t, e in enumerate(loaded.events) if e.op == "step"]
+    steps = len(step_times)
     across = sum(bisect.bisect_left(step_times, r[2]) > bisect.bisect_left(step_times, r[1]) for r in rows)
     return {
         "events": sum(e.op != "step" for e in loaded.events),
