@@ -189,6 +189,31 @@ def test_direct_use_and_errors() -> None:
     assert pool.stats()["allocated_bytes.all.current"] == 0
 
 
+def test_a_dropped_planned_pool_leaves_live_buffers_allocated_in_the_pool() -> None:
+    # As the planned arena's drop says: an arena with live buffers, and pool buffers, stay the
+    # pool's (their owners may still use them); an idle arena goes back.
+    pool = DevicePool("sim", capacity=CAPACITY)
+    planned = pool.planned()
+    for _ in range(2):
+        a, b = planned.allocate(4096), planned.allocate(8192)
+        planned.deallocate(a)
+        planned.deallocate(b)
+        planned.step()
+    arena_ptr = planned.allocate(4096)  # served from the arena
+    pool_ptr = planned.allocate(1 << 20)  # off the plan: from the pool
+    assert planned.stats()["planned_allocations"] >= 1 and planned.stats()["arena_live"] == 1
+    held = pool.stats()["allocated_bytes.all.current"]
+    del planned
+    gc.collect()
+    assert pool.stats()["allocated_bytes.all.current"] == held, (arena_ptr, pool_ptr)
+    idle = pool.planned()
+    idle.deallocate(idle.allocate(4096))
+    idle.step()
+    del idle
+    gc.collect()
+    assert pool.stats()["allocated_bytes.all.current"] == held, "an idle arena and freed buffers go back"
+
+
 def test_signature_keys_are_stable_and_distinct() -> None:
     shapes: List[Optional[Any]] = [None, (8, 3), (16, 3), ((8, 3), (8,)), "x"]
     keys = [signature_key(s) for s in shapes]

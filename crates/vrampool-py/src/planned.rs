@@ -1,82 +1,41 @@
 //! `NativePlannedPool`: the planned arena (`vrampool_plan::PlannedPool`) over a `NativePool`, for
 //! `vrampool.PlannedPool`. Pointers cross as ints.
 
-use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use vrampool_core::sizes::MIN_BLOCK;
-use vrampool_core::{DeviceError, PoolError, StreamId};
+use vrampool_core::{PoolError, StreamId};
 use vrampool_plan::{Backing, PlannedPool, PlannedStats};
 
 use crate::errors::to_py;
-use crate::pool::NativePool;
+use crate::pool::{NativePool, Shared};
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// A `NativePool` reached through its Python methods (its core pool is private to it). It keeps the
-/// `NativeBuffer` of each block it holds, since a collected buffer frees its block.
-struct PoolObject {
-    pool: Py<NativePool>,
-    buffers: Mutex<HashMap<u64, Py<PyAny>>>,
+/// The planned arena's backing: the `NativePool`'s core pool itself, with arena offsets in
+/// multiples of `alignment`.
+struct CorePool {
+    shared: Arc<Shared>,
     alignment: u64,
-    /// The Python exception behind the last failed call, raised as it is rather than as its text.
-    error: Mutex<Option<PyErr>>,
 }
 
-impl PoolObject {
-    fn call<T>(&self, body: impl FnOnce(Python<'_>) -> PyResult<T>) -> Result<T, PoolError> {
-        Python::attach(body).map_err(|e| {
-            let message = e.to_string();
-            *lock(&self.error) = Some(e);
-            PoolError::Device(DeviceError::Driver(message))
-        })
-    }
-
-    /// The Python exception for a failed planned-pool call: the pool's own when it raised one.
-    fn to_py(&self, err: PoolError) -> PyErr {
-        match (&err, lock(&self.error).take()) {
-            (PoolError::Device(_), Some(raised)) => raised,
-            _ => to_py(err),
-        }
-    }
-}
-
-impl Backing for PoolObject {
+impl Backing for CorePool {
     fn allocate(&self, size: u64, stream: StreamId) -> Result<u64, PoolError> {
-        self.call(|py| {
-            let buffer = self.pool.bind(py).call_method1("allocate", (size, stream.0))?;
-            let ptr: u64 = buffer.getattr("ptr")?.extract()?;
-            lock(&self.buffers).insert(ptr, buffer.unbind());
-            Ok(ptr)
-        })
+        Backing::allocate(self.shared.pool(), size, stream)
     }
 
-    fn free(&self, addr: u64, _size: u64, stream: Option<StreamId>) -> Result<(), PoolError> {
-        let Some(buffer) = lock(&self.buffers).remove(&addr) else {
-            let reason = vrampool_core::InvalidFreeReason::NotAllocated;
-            return Err(PoolError::InvalidFree { ptr: addr, reason });
-        };
-        self.call(|py| match buffer.bind(py).call_method1("free", (stream.map(|s| s.0),)) {
-            Ok(_) => Ok(()),
-            Err(e) => {
-                lock(&self.buffers).insert(addr, buffer.clone_ref(py));
-                Err(e)
-            }
-        })
+    fn free(&self, addr: u64, size: u64, stream: Option<StreamId>) -> Result<(), PoolError> {
+        Backing::free(self.shared.pool(), addr, size, stream)
     }
 
     fn record_stream(&self, addr: u64, stream: StreamId) -> Result<(), PoolError> {
-        self.call(|py| self.pool.bind(py).call_method1("record_stream", (addr, stream.0)).map(drop))
+        Backing::record_stream(self.shared.pool(), addr, stream)
     }
 
     fn trim(&self) -> Result<u64, PoolError> {
-        self.call(|py| self.pool.bind(py).call_method0("trim")?.extract())
+        Backing::trim(self.shared.pool())
     }
 
     fn alignment(&self) -> u64 {
@@ -88,7 +47,7 @@ impl Backing for PoolObject {
 /// iterations, `stats()`.
 #[pyclass(module = "vrampool._native", frozen)]
 pub struct NativePlannedPool {
-    inner: PlannedPool<PoolObject>,
+    inner: PlannedPool<CorePool>,
 }
 
 #[pymethods]
@@ -101,27 +60,26 @@ impl NativePlannedPool {
         if !alignment.is_power_of_two() || alignment < MIN_BLOCK {
             return Err(PyValueError::new_err(format!("alignment must be a power of two of at least {MIN_BLOCK}, got {alignment}")));
         }
-        let backing = PoolObject { pool, buffers: Mutex::default(), alignment, error: Mutex::default() };
+        let backing = CorePool { shared: pool.get().shared(), alignment };
         Ok(Self { inner: PlannedPool::with_budget(backing, Duration::from_millis(budget_ms)) })
     }
 
     #[pyo3(signature = (nbytes, stream = 0))]
     fn allocate(&self, py: Python<'_>, nbytes: u64, stream: u64) -> PyResult<u64> {
-        // Detached: the planned pool's lock is never waited for while holding the GIL, which its pool
-        // calls take.
+        // Detached, as `NativePool`'s calls are: the planned pool and its pool work without the GIL.
         let inner = &self.inner;
-        py.detach(|| inner.allocate(nbytes, StreamId(stream))).map_err(|e| inner.backing().to_py(e))
+        py.detach(|| inner.allocate(nbytes, StreamId(stream))).map_err(to_py)
     }
 
     #[pyo3(signature = (ptr, size = None, stream = None))]
     fn free(&self, py: Python<'_>, ptr: u64, size: Option<u64>, stream: Option<u64>) -> PyResult<()> {
         let inner = &self.inner;
-        py.detach(|| inner.free(ptr, size, stream.map(StreamId))).map_err(|e| inner.backing().to_py(e))
+        py.detach(|| inner.free(ptr, size, stream.map(StreamId))).map_err(to_py)
     }
 
     fn record_stream(&self, py: Python<'_>, ptr: u64, stream: u64) -> PyResult<()> {
         let inner = &self.inner;
-        py.detach(|| inner.record_stream(ptr, StreamId(stream))).map_err(|e| inner.backing().to_py(e))
+        py.detach(|| inner.record_stream(ptr, StreamId(stream))).map_err(to_py)
     }
 
     fn step(&self, py: Python<'_>, key: u64) {
@@ -137,7 +95,7 @@ impl NativePlannedPool {
     /// Gives the arena back to the pool unless arena buffers are live; returns the bytes.
     fn release_idle_arena(&self, py: Python<'_>) -> PyResult<u64> {
         let inner = &self.inner;
-        py.detach(|| inner.release_idle_arena()).map_err(|e| inner.backing().to_py(e))
+        py.detach(|| inner.release_idle_arena()).map_err(to_py)
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {

@@ -17,9 +17,21 @@ pub struct Shared {
     sim: Option<Arc<SimDevice>>,
 }
 
+impl Shared {
+    pub(crate) fn pool(&self) -> &Pool {
+        &self.pool
+    }
+}
+
 #[pyclass(module = "vrampool._native", frozen)]
 pub struct NativePool {
     shared: Arc<Shared>,
+}
+
+impl NativePool {
+    pub(crate) fn shared(&self) -> Arc<Shared> {
+        Arc::clone(&self.shared)
+    }
 }
 
 #[pymethods]
