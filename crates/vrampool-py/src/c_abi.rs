@@ -941,9 +941,17 @@ fn planned_pools() -> Vec<(i32, Arc<DevicePlanned>)> {
     lock(&PLANNED).clone()
 }
 
+/// Device `ordinal`'s planned arena, if it has made one.
+fn planned_of(ordinal: i32) -> Option<Arc<DevicePlanned>> {
+    if PLANNED_COUNT.load(Relaxed) == 0 {
+        return None;
+    }
+    lock(&PLANNED).iter().find(|(o, _)| *o == ordinal).map(|(_, p)| Arc::clone(p))
+}
+
 /// Frees `addr` through `entry`'s planned arena if it is the arena's to answer; None if not.
 fn planned_free(entry: &DeviceEntry, addr: u64, size: Option<u64>, stream: StreamId) -> Option<Result<(), PoolError>> {
-    let (_, planned) = planned_pools().into_iter().find(|(ordinal, _)| *ordinal == entry.ordinal)?;
+    let planned = planned_of(entry.ordinal)?;
     planned.claims(addr).then(|| planned.free(addr, size, Some(stream)))
 }
 
@@ -1165,7 +1173,7 @@ fn abi_planned_step(key: u64) {
 /// `device`'s planned-arena figures, or None where it has made no planned allocation.
 #[pyfunction]
 fn abi_planned_stats(py: Python<'_>, device: i32) -> PyResult<Option<Bound<'_, PyDict>>> {
-    let Some((_, planned)) = planned_pools().into_iter().find(|(ordinal, _)| *ordinal == device) else { return Ok(None) };
+    let Some(planned) = planned_of(device) else { return Ok(None) };
     planned_stats_dict(py, &planned.stats()).map(Some)
 }
 
