@@ -1,13 +1,47 @@
 //! Times alloc + free pairs on one thread (a quick profile target):
-//! `pairs [COUNT] [SIZE] [STRATEGY]`, by default 2,000,000 pairs of 512 B on the hybrid pool.
+//! `pairs [COUNT] [SIZE] [STRATEGY]`, by default 2,000,000 pairs of 512 B on the hybrid pool;
+//! STRATEGY `malloc` times glibc's malloc and free instead. `pairs COUNT SIZE STRATEGY vs` times
+//! the pool and malloc in turns, 100,000 pairs at a time, and prints the fastest turn of each and
+//! their ratio: on a noisy machine both then see the same quiet moments.
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::hint::black_box;
 use std::sync::Arc;
+use std::time::Instant;
 use vrampool_core::strategy::StrategyKind;
 use vrampool_core::*;
+
+fn pool_pairs(pool: &Pool, n: u64, size: u64) -> f64 {
+    let t = Instant::now();
+    for _ in 0..n {
+        let a = pool.allocate(black_box(size), StreamId(0)).unwrap();
+        pool.free(a, None, None).unwrap();
+    }
+    t.elapsed().as_nanos() as f64 / n as f64
+}
+
+fn malloc_pairs(n: u64, size: u64) -> f64 {
+    let layout = Layout::from_size_align(size as usize, 16).unwrap();
+    let t = Instant::now();
+    for _ in 0..n {
+        // SAFETY: a non-zero layout; the block is freed with the same layout at once.
+        unsafe {
+            let p = System.alloc(black_box(layout));
+            assert!(!p.is_null());
+            System.dealloc(black_box(p), layout);
+        }
+    }
+    t.elapsed().as_nanos() as f64 / n as f64
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let n: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(2_000_000);
     let size: u64 = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(512);
     let strategy = match args.get(3).map(String::as_str) {
+        Some("malloc") => {
+            println!("{:.1} ns/pair", malloc_pairs(n, size));
+            return;
+        }
         Some("slab") => StrategyKind::Slab,
         Some("best_fit") => StrategyKind::BestFit,
         Some("buddy") => StrategyKind::Buddy,
@@ -15,10 +49,15 @@ fn main() {
     };
     let dev = Arc::new(SimDevice::new(64 << 30, SimMode::AddressOnly));
     let pool = Pool::new(dev as Arc<dyn Device>, PoolConfig { strategy, ..PoolConfig::default() }).unwrap();
-    let t = std::time::Instant::now();
-    for _ in 0..n {
-        let a = pool.allocate(std::hint::black_box(size), StreamId(0)).unwrap();
-        pool.free(a, None, None).unwrap();
+    if args.get(4).map(String::as_str) == Some("vs") {
+        const TURN: u64 = 100_000;
+        let (mut best_pool, mut best_malloc) = (f64::MAX, f64::MAX);
+        for _ in 0..n.div_ceil(TURN) {
+            best_pool = best_pool.min(pool_pairs(&pool, TURN, size));
+            best_malloc = best_malloc.min(malloc_pairs(TURN, size));
+        }
+        println!("pool {best_pool:.1} ns/pair, malloc {best_malloc:.1} ns/pair, ratio {:.2}", best_pool / best_malloc);
+        return;
     }
-    println!("{:.1} ns/pair", t.elapsed().as_nanos() as f64 / n as f64);
+    println!("{:.1} ns/pair", pool_pairs(&pool, n, size));
 }

@@ -2,7 +2,7 @@
 //! `PYTORCH_CUDA_ALLOC_CONF`): `strategy:hybrid,limit:0.9,small_max:1MB`.
 
 use crate::error::PoolError;
-use crate::sizes::{GIB, KIB, MIB, MIN_BLOCK};
+use crate::sizes::{round_up, size_class_of, GIB, KIB, MIB, MIN_BLOCK};
 use crate::strategy::StrategyKind;
 
 /// Zero-filling of blocks, so that one user's data never reaches the next (shared GPUs).
@@ -93,6 +93,42 @@ impl Default for PoolConfig {
             reclaim: true,
             scrub: Scrub::Off,
             track_leaks: false,
+        }
+    }
+}
+
+/// Where a request goes: its padded size, its tier, the size of the block it gets.
+impl PoolConfig {
+    /// `size` aligned, and padded to a bucket with `round_up_divisions`; None on overflow.
+    pub fn padded(&self, size: u64) -> Option<u64> {
+        let rounded = round_up(size, self.alignment)?;
+        if self.round_up_divisions <= 1 || rounded <= MIN_BLOCK {
+            return Some(rounded);
+        }
+        let floor_pow2 = 1u64 << (63 - rounded.leading_zeros());
+        let step = (floor_pow2 / self.round_up_divisions as u64).max(self.alignment);
+        round_up(rounded, step)
+    }
+
+    /// The tier (strategy instance) that serves a padded request of `rounded` bytes.
+    #[inline(always)]
+    pub fn tier_of(&self, rounded: u64) -> u8 {
+        match self.strategy {
+            StrategyKind::Hybrid if rounded <= self.small_max => 0,
+            StrategyKind::Hybrid if rounded < self.large_min => 1,
+            StrategyKind::Hybrid => 2,
+            _ => 0,
+        }
+    }
+
+    /// The real size `tier`'s strategy hands out for a request of `rounded` bytes, which is the
+    /// size class its cached blocks are kept under.
+    #[inline(always)]
+    pub fn block_size_for(&self, rounded: u64, tier: u8) -> u64 {
+        match (self.strategy, tier) {
+            (StrategyKind::Slab, _) | (StrategyKind::Hybrid, 0) => size_class_of(rounded),
+            (StrategyKind::Buddy, _) | (StrategyKind::Hybrid, 2) => rounded.next_power_of_two(),
+            _ => rounded,
         }
     }
 }

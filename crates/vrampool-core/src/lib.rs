@@ -15,6 +15,7 @@
 //! ```
 
 mod arena;
+mod cache_class;
 pub mod config;
 pub mod device;
 pub mod error;

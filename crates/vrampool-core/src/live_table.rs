@@ -6,28 +6,46 @@
 //! every alloc and free is one compare-and-swap here.
 //!
 //! A slot's key word is the block address (512-aligned, so its low bits are free) with a state in
-//! the low bits: empty (0), being written, live, or being removed. The key's Release store after
-//! writing the metadata, and the Acquire CAS before reading it, order the metadata words.
+//! the low bits: empty (0), being written, live, being removed, or parked. The key's Release store
+//! after writing the metadata, and the Acquire CAS before reading it, order the metadata words.
+//!
+//! A removed block's slot stays *parked*: not live, but still holding the block's metadata, so
+//! that when the same block is handed out again (from a thread cache) `revive` makes it live with
+//! two plain stores, no compare-and-swap. Only the block's holder writes a parked slot (no insert
+//! or removal can match it), and it must `unpark` the slot when the block goes back to its
+//! strategy, which may split or merge it.
 
 use crate::sync::{AtomicU64, Ordering};
 
 const WRITING: u64 = 1;
 const LIVE: u64 = 2;
 const REMOVING: u64 = 3;
-const STATE: u64 = 0b11;
+const PARKED: u64 = 4;
+const STATE: u64 = 0b111;
 
 /// What the pool records about a live block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockMeta {
+    /// Below 2^48.
     pub size: u64,
     pub requested: u64,
     pub stream: u64,
     pub tier: u8,
+    /// 1 + the size class the block is cached under when freed; 0 when it is not cached.
+    pub class: u8,
+}
+
+impl BlockMeta {
+    /// The size class the block is cached under when freed, if any.
+    #[inline(always)]
+    pub fn cache_index(&self) -> Option<usize> {
+        usize::from(self.class).checked_sub(1)
+    }
 }
 
 struct Slot {
     key: AtomicU64,
-    /// size | tier << 56
+    /// size | class << 48 | tier << 56
     size_tier: AtomicU64,
     requested: AtomicU64,
     stream: AtomicU64,
@@ -42,15 +60,15 @@ pub enum Removal {
     Refused(BlockMeta),
 }
 
-pub struct LiveTable {
-    shift: u32,
-    slots: Box<[Slot]>,
+/// A table of `SLOTS` slots, a power of two. The size is a constant so that finding a slot
+/// needs no load and no bounds check.
+pub struct LiveTable<const SLOTS: usize> {
+    slots: Box<[Slot; SLOTS]>,
 }
 
-impl LiveTable {
-    /// A table of 2^`bits` slots.
-    pub fn new(bits: u32) -> Self {
-        let slots = (0..1usize << bits)
+impl<const SLOTS: usize> Default for LiveTable<SLOTS> {
+    fn default() -> Self {
+        let slots: Vec<Slot> = (0..SLOTS)
             .map(|_| Slot {
                 key: AtomicU64::new(0),
                 size_tier: AtomicU64::new(0),
@@ -58,12 +76,21 @@ impl LiveTable {
                 stream: AtomicU64::new(0),
             })
             .collect();
-        Self { shift: 64 - bits, slots }
+        let Ok(slots) = slots.into_boxed_slice().try_into() else { unreachable!("SLOTS slots were made") };
+        Self { slots }
     }
+}
+
+impl<const SLOTS: usize> LiveTable<SLOTS> {
+    const SHIFT: u32 = {
+        assert!(SLOTS.is_power_of_two() && SLOTS > 1);
+        64 - SLOTS.trailing_zeros()
+    };
+
 
     fn slot(&self, addr: u64) -> &Slot {
         // Fibonacci hashing of the 512-byte granule number spreads neighbouring blocks.
-        let index = ((addr >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift) as usize;
+        let index = ((addr >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> Self::SHIFT) as usize;
         &self.slots[index]
     }
 
@@ -74,11 +101,16 @@ impl LiveTable {
         if slot.key.compare_exchange(0, addr | WRITING, Ordering::Acquire, Ordering::Relaxed).is_err() {
             return false;
         }
-        slot.size_tier.store(meta.size | (meta.tier as u64) << 56, Ordering::Relaxed);
+        slot.size_tier.store(Self::size_tier(&meta), Ordering::Relaxed);
         slot.requested.store(meta.requested, Ordering::Relaxed);
         slot.stream.store(meta.stream, Ordering::Relaxed);
         slot.key.store(addr | LIVE, Ordering::Release);
         true
+    }
+
+    fn size_tier(meta: &BlockMeta) -> u64 {
+        debug_assert!(meta.size < 1 << 48);
+        meta.size | (meta.class as u64) << 48 | (meta.tier as u64) << 56
     }
 
     /// Whether `addr` could be a block's address. One with state bits set would match the key of
@@ -91,14 +123,15 @@ impl LiveTable {
     fn read(slot: &Slot) -> BlockMeta {
         let size_tier = slot.size_tier.load(Ordering::Relaxed);
         BlockMeta {
-            size: size_tier & ((1 << 56) - 1),
+            size: size_tier & ((1 << 48) - 1),
+            class: (size_tier >> 48) as u8,
             tier: (size_tier >> 56) as u8,
             requested: slot.requested.load(Ordering::Relaxed),
             stream: slot.stream.load(Ordering::Relaxed),
         }
     }
 
-    /// Takes `addr` out if `keep_going(meta)` agrees.
+    /// Takes `addr` out if `agree(meta)` agrees, leaving its slot parked (see the module doc).
     pub fn remove_if(&self, addr: u64, mut agree: impl FnMut(&BlockMeta) -> bool) -> Result<BlockMeta, Removal> {
         if !Self::may_be_key(addr) {
             return Err(Removal::Absent);
@@ -109,7 +142,7 @@ impl LiveTable {
                 Ok(_) => {
                     let meta = Self::read(slot);
                     if agree(&meta) {
-                        slot.key.store(0, Ordering::Release);
+                        slot.key.store(addr | PARKED, Ordering::Release);
                         return Ok(meta);
                     }
                     slot.key.store(addr | LIVE, Ordering::Release);
@@ -117,11 +150,37 @@ impl LiveTable {
                 }
                 // Another thread is between two steps on this very block (a racing free or a
                 // refused one): wait the few instructions until it is done.
-                Err(key) if key & !STATE == addr && key & STATE != LIVE => std::hint::spin_loop(),
+                Err(key) if key & !STATE == addr && matches!(key & STATE, WRITING | REMOVING) => std::hint::spin_loop(),
                 Err(_) => return Err(Removal::Absent),
             }
             #[cfg(loom)]
             loom::thread::yield_now();
+        }
+    }
+
+    /// Makes the block at `addr` live again if its slot is parked with the same size, tier and
+    /// stream (it comes back from a cache); false otherwise (it was never in the table, or was
+    /// unparked). The caller must hold the block: then nothing else writes this slot.
+    #[inline(always)]
+    pub fn revive(&self, addr: u64, meta: BlockMeta) -> bool {
+        let slot = self.slot(addr);
+        let parked = slot.key.load(Ordering::Relaxed) == addr | PARKED
+            && slot.size_tier.load(Ordering::Relaxed) == Self::size_tier(&meta)
+            && slot.stream.load(Ordering::Relaxed) == meta.stream;
+        if !parked {
+            return false;
+        }
+        slot.requested.store(meta.requested, Ordering::Relaxed);
+        slot.key.store(addr | LIVE, Ordering::Release);
+        true
+    }
+
+    /// Frees the slot of the parked block at `addr`, if it is parked. The caller must hold the
+    /// block.
+    pub fn unpark(&self, addr: u64) {
+        let slot = self.slot(addr);
+        if slot.key.load(Ordering::Relaxed) == addr | PARKED {
+            slot.key.store(0, Ordering::Release);
         }
     }
 
@@ -153,12 +212,12 @@ mod tests {
     use super::*;
 
     fn meta(size: u64) -> BlockMeta {
-        BlockMeta { size, requested: size - 1, stream: 7, tier: 2 }
+        BlockMeta { size, requested: size - 1, stream: 7, tier: 2, class: 3 }
     }
 
     #[test]
     fn insert_get_remove() {
-        let table = LiveTable::new(4);
+        let table = LiveTable::<16>::default();
         assert!(table.insert(512, meta(1024)));
         assert_eq!(table.get(512), Some(meta(1024)));
         assert_eq!(table.get(1024), None);
@@ -170,7 +229,7 @@ mod tests {
 
     #[test]
     fn an_address_inside_a_block_is_not_the_block() {
-        let table = LiveTable::new(4);
+        let table = LiveTable::<16>::default();
         assert!(table.insert(512, meta(1024)));
         assert_eq!(table.remove_if(0, |_| true), Err(Removal::Absent), "null is never live (and does not hang)");
         assert_eq!(table.get(0), None);
@@ -182,8 +241,33 @@ mod tests {
     }
 
     #[test]
+    fn a_removed_block_stays_parked_until_revived_or_unparked() {
+        let table = LiveTable::<2>::default();
+        assert!(table.insert(512, meta(1024)));
+        assert_eq!(table.remove_if(512, |_| true), Ok(meta(1024)));
+        assert_eq!(table.get(512), None, "parked is not live");
+        assert_eq!(table.iter().count(), 0);
+        assert_eq!(table.remove_if(512, |_| true), Err(Removal::Absent), "a double free finds nothing (and does not spin)");
+        // Another block whose slot is the parked one's must go elsewhere.
+        let neighbour = (2..).map(|i| i * 512).find(|&a| std::ptr::eq(table.slot(a), table.slot(512))).unwrap();
+        assert!(!table.insert(neighbour, meta(512)));
+        // Only the same block, with the same size, tier and stream, comes back to life.
+        assert!(!table.revive(512, BlockMeta { stream: 8, ..meta(1024) }));
+        assert!(!table.revive(512, meta(2048)));
+        assert!(table.revive(512, BlockMeta { requested: 600, ..meta(1024) }));
+        assert_eq!(table.get(512), Some(BlockMeta { requested: 600, ..meta(1024) }));
+        assert_eq!(table.remove_if(512, |_| true), Ok(BlockMeta { requested: 600, ..meta(1024) }));
+        // Unparked, the slot is free for anyone, and the old block cannot be revived.
+        table.unpark(512);
+        assert!(!table.revive(512, meta(1024)));
+        assert!(table.insert(neighbour, meta(512)));
+        table.unpark(neighbour);
+        assert_eq!(table.get(neighbour), Some(meta(512)), "unpark leaves a live block alone");
+    }
+
+    #[test]
     fn a_taken_slot_refuses_and_others_still_work() {
-        let table = LiveTable::new(1);
+        let table = LiveTable::<2>::default();
         let addrs: Vec<u64> = (1..=16).map(|i| i * 512).collect();
         let inserted: Vec<u64> = addrs.iter().copied().filter(|&a| table.insert(a, meta(512))).collect();
         assert_eq!(inserted.len(), 2, "two slots, two blocks");
@@ -203,14 +287,14 @@ mod loom_tests {
     use loom::thread;
 
     fn meta(size: u64) -> BlockMeta {
-        BlockMeta { size, requested: size, stream: 1, tier: 0 }
+        BlockMeta { size, requested: size, stream: 1, tier: 0, class: 0 }
     }
 
     /// Two threads free the same block at once: exactly one succeeds, and sees whole metadata.
     #[test]
     fn racing_double_free_succeeds_once() {
         loom::model(|| {
-            let table = Arc::new(LiveTable::new(1));
+            let table = Arc::new(LiveTable::<2>::default());
             assert!(table.insert(512, meta(4096)));
             let other = {
                 let table = Arc::clone(&table);
@@ -227,7 +311,7 @@ mod loom_tests {
     #[test]
     fn insert_then_free_across_threads() {
         loom::model(|| {
-            let table = Arc::new(LiveTable::new(1));
+            let table = Arc::new(LiveTable::<2>::default());
             let writer = {
                 let table = Arc::clone(&table);
                 thread::spawn(move || table.insert(1024, meta(2048)))
@@ -242,11 +326,37 @@ mod loom_tests {
         });
     }
 
+    /// A block handed out again from a cache (revived) while another thread frees it twice: the
+    /// double free finds it parked (nothing happens) or live again (and frees it, as a free
+    /// after the new alloc would); never both, and never torn metadata.
+    #[test]
+    fn a_double_free_racing_a_revive_sees_the_block_parked_or_live() {
+        loom::model(|| {
+            let table = Arc::new(LiveTable::<2>::default());
+            assert!(table.insert(512, meta(4096)));
+            assert!(table.remove_if(512, |_| true).is_ok());
+            let again = BlockMeta { requested: 100, ..meta(4096) };
+            let double_free = {
+                let table = Arc::clone(&table);
+                thread::spawn(move || table.remove_if(512, |_| true))
+            };
+            assert!(table.revive(512, again));
+            match double_free.join().unwrap() {
+                Ok(m) => {
+                    assert_eq!(m, again);
+                    assert_eq!(table.get(512), None);
+                }
+                Err(Removal::Absent) => assert_eq!(table.get(512), Some(again)),
+                Err(Removal::Refused(_)) => unreachable!(),
+            }
+        });
+    }
+
     /// A refused free (wrong size) racing a good one: the good one still succeeds.
     #[test]
     fn refused_free_does_not_lose_the_block() {
         loom::model(|| {
-            let table = Arc::new(LiveTable::new(1));
+            let table = Arc::new(LiveTable::<2>::default());
             assert!(table.insert(512, meta(512)));
             let wrong = {
                 let table = Arc::clone(&table);

@@ -5,6 +5,11 @@
 //! tier) and finds one cached, in the calling thread's cache (small blocks) or the stream's
 //! magazines, and the matching free. Everything else takes the lock of one strategy instance (one
 //! per stream and tier), never a pool-wide lock.
+//!
+//! The fastest path, a small block from the thread's cache and back, is the whole of `allocate`
+//! and `free` but for out-of-line calls: one table load finds the request's class
+//! (`cache_class`), the block's parked slot in the live table comes back to life with two stores
+//! (`live_table`), and the free's one compare-and-swap is what makes a racing double free fail.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -15,13 +20,14 @@ use foldhash::fast::FixedState;
 use parking_lot::Mutex;
 
 use crate::arena::Arena;
+use crate::cache_class::{cache_class, class_tag, thread_class_table, ThreadClass};
 use crate::config::{Limit, PoolConfig, Scrub};
 use crate::device::{Device, EventId, StreamId};
 use crate::live_table::{BlockMeta, LiveTable, Removal};
 use crate::error::{DeviceError, InvalidFreeReason, OomReport, PoolError, Result};
 use crate::expandable::{Expandable, Reservation};
 use crate::event_log::{EventKind, EventLog, LogEvent};
-use crate::sizes::{class_size, classes_up_to, round_up, size_class_of, MIN_BLOCK};
+use crate::sizes::{class_size, classes_up_to, round_up, MIN_BLOCK};
 use crate::stats::{Counters, Fast, LocalCounters, Stats};
 use crate::thread_cache::{self, CacheOwner, PoolCache, PoolHandle};
 use crate::strategy::{BestFit, BestFitConfig, Block, BlockInfo, Buddy, BuddyConfig, Segment, Slab, SlabConfig, Strategy, StrategyKind};
@@ -30,7 +36,7 @@ type FastMap<K, V> = papaya::HashMap<K, V, FixedState>;
 
 /// Slots in the live-block table: 2^14 (512 KiB of host memory); blocks whose slot is taken go
 /// to the overflow map.
-const LIVE_TABLE_BITS: u32 = 14;
+const LIVE_TABLE_SLOTS: usize = 1 << 14;
 
 type LiveBlock = BlockMeta;
 
@@ -101,12 +107,15 @@ pub struct PoolCore {
     /// `small_max` bytes. Larger cached blocks go to the magazines only, which a trim or a growth
     /// empties at once (a thread's cache only at that thread's next call).
     thread_classes: usize,
+    /// For the fastest path, per 512-byte granule of request size: the thread-cache class of the
+    /// requests in it, if any (see `thread_class_table`).
+    thread_class_of: Box<[ThreadClass]>,
     // Every papaya map here is pinned with an owned guard (`pin_owned`): a thread's exit may
     // give its cache back, or drop the pool, from a thread-local destructor, when the state
     // behind papaya's thread-local guards is already gone (pinning then panics, which aborts).
     arenas: FastMap<StreamId, Arena>,
     /// Live blocks: the lock-free direct-mapped table, and the map for blocks whose slot was taken.
-    live: LiveTable,
+    live: LiveTable<LIVE_TABLE_SLOTS>,
     overflow: FastMap<u64, LiveBlock>,
     /// Streams other than a block's own that used it (`record_stream`), by block address.
     recorded: Mutex<HashMap<u64, Vec<StreamId>>>,
@@ -129,6 +138,7 @@ impl Pool {
         let cap = cap_for(config.limit, device_total);
         let default_arena = new_arena(&config, StreamId(0));
         let thread_classes = classes_up_to(config.small_max);
+        let thread_class_of = thread_class_table(&config, &default_arena, thread_classes);
         let vm = Expandable::new(&config, device.as_ref(), device_total);
         let log = config.record_events.then(EventLog::new);
         let births = config.track_leaks.then(FastMap::default);
@@ -144,8 +154,9 @@ impl Pool {
             vm,
             default_arena,
             thread_classes,
+            thread_class_of,
             arenas: FastMap::default(),
-            live: LiveTable::new(LIVE_TABLE_BITS),
+            live: LiveTable::default(),
             overflow: FastMap::default(),
             recorded: Mutex::default(),
             recorded_count: AtomicUsize::new(0),
@@ -172,6 +183,7 @@ impl CacheOwner for PoolCore {
     fn adopt(&self, blocks: Vec<(u64, u64)>) {
         for (stream, addr) in blocks {
             // Thread caches hold only the first tier's blocks (`thread_classes`).
+            self.live.unpark(addr);
             let freed = self.arena(StreamId(stream)).tiers[0].lock().free(addr);
             debug_assert!(freed.is_some(), "a cached block belongs to its arena's first tier");
         }
@@ -217,6 +229,50 @@ impl PoolCore {
     /// Allocates at least `size` bytes for use on `stream`; returns the block's address. With
     /// `scrub: on_alloc`, the whole block is zero-filled (on `stream`) before it is returned.
     pub fn allocate(&self, size: u64, stream: StreamId) -> Result<u64> {
+        let Some((addr, block, checkpoint_due)) = self.allocate_from_thread_cache(size, stream) else {
+            return self.allocate_general(size, stream);
+        };
+        // Both rare: out of line, so that the common case makes no call.
+        if checkpoint_due || !self.live.revive(addr, block) {
+            self.finish_cached_alloc(addr, block, checkpoint_due);
+        }
+        Ok(addr)
+    }
+
+    /// The fastest path, inlined into `allocate`: a small block from this thread's cache, when
+    /// the thread used this pool last and no trim, close or deferred free is pending; counted, but
+    /// not yet live. Also whether the peaks are due for an update. None, with nothing done,
+    /// otherwise.
+    #[inline(always)]
+    fn allocate_from_thread_cache(&self, size: u64, stream: StreamId) -> Option<(u64, LiveBlock, bool)> {
+        // A zero size wraps to a granule past the table's end.
+        let class = *self.thread_class_of.get((size.wrapping_sub(1) / MIN_BLOCK) as usize)?;
+        let index = class.index()?;
+        if self.closed.load(Relaxed) || self.deferred_count.load(Relaxed) != 0 {
+            return None;
+        }
+        let block = LiveBlock { size: class.size(), requested: size, stream: stream.0, tier: 0, class: class.tag() };
+        if block.size > self.capacity() {
+            return None;
+        }
+        let mut cache = thread_cache::current_cache(self.id, self.flush_epoch.load(Relaxed))?;
+        let addr = thread_cache::pop(&mut cache, stream.0, index)?;
+        Self::count_alloc(&cache, &block);
+        Some((addr, block, cache.note_allocated(block.size)))
+    }
+
+    /// Updates the peaks if due, and makes the block live if `revive` could not.
+    #[cold]
+    #[inline(never)]
+    fn finish_cached_alloc(&self, addr: u64, block: LiveBlock, checkpoint_due: bool) {
+        if checkpoint_due {
+            self.counters.fast.checkpoint();
+        }
+        self.insert_live(addr, block);
+    }
+
+    #[inline(never)]
+    fn allocate_general(&self, size: u64, stream: StreamId) -> Result<u64> {
         let addr = self.allocate_block(size, stream)?;
         if self.config.scrub == Scrub::OnAlloc {
             self.scrub_new_block(addr)?;
@@ -232,13 +288,13 @@ impl PoolCore {
         // Fast path: a cached block of the size the strategy would hand out, from this thread's
         // cache, else from the shared magazines; no lock either way.
         let tier = self.tier_of(rounded);
-        let block_size = self.block_size_for(rounded, tier);
+        let block_size = self.config.block_size_for(rounded, tier);
         if let Some(index) = self.cache_class(block_size, tier) {
-            let block = LiveBlock { size: block_size, requested: size, stream: stream.0, tier };
+            let block = LiveBlock { size: block_size, requested: size, stream: stream.0, tier, class: class_tag(index) };
             if index < self.thread_classes {
                 let from_thread = self.with_thread_cache(|c| {
                     let addr = thread_cache::pop(c, stream.0, index)?;
-                    Self::count_alloc(c, &block, true);
+                    Self::count_alloc(c, &block);
                     Some((addr, c.note_allocated(block.size)))
                 });
                 if let Some(Some((addr, checkpoint_due))) = from_thread {
@@ -260,29 +316,75 @@ impl PoolCore {
     /// block last: its reuse then waits for that stream's work.
     pub fn free(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> Result<()> {
         self.ensure_open()?;
-        let agree = |b: &LiveBlock| size.is_none_or(|s| s == b.requested || s == b.size);
+        match self.live.remove_if(addr, |b| Self::size_agrees(b, size)) {
+            Ok(block) => {
+                // Used on its own stream only: reusable there at once.
+                let own_stream = self.recorded_count.load(Relaxed) == 0 && stream.is_none_or(|s| s.0 == block.stream);
+                if own_stream && self.free_to_thread_cache(addr, &block) {
+                    return Ok(());
+                }
+                self.free_removed(addr, block, stream)
+            }
+            Err(removal) => self.free_untabled(addr, size, stream, removal),
+        }
+    }
+
+    /// Whether the size a free names (if any) is the block's: as requested, or as handed out.
+    #[inline(always)]
+    fn size_agrees(block: &LiveBlock, size: Option<u64>) -> bool {
+        size.is_none_or(|s| s == block.requested || s == block.size)
+    }
+
+    /// A free whose block the live table refused (the size is wrong) or does not hold: it is in
+    /// the overflow map, or not live at all.
+    #[cold]
+    #[inline(never)]
+    fn free_untabled(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>, removal: Removal) -> Result<()> {
         let wrong_size = |b: &LiveBlock| PoolError::InvalidFree {
             ptr: addr,
             reason: InvalidFreeReason::WrongSize { expected: b.requested, given: size.unwrap_or(0) },
         };
-        let block = match self.live.remove_if(addr, agree) {
-            Ok(block) => block,
-            Err(Removal::Refused(block)) => return Err(wrong_size(&block)),
-            Err(Removal::Absent) => match self.overflow.pin_owned().remove_if(&addr, |_, b| agree(b)) {
-                Ok(Some((_, block))) => *block,
-                Ok(None) => return Err(PoolError::InvalidFree { ptr: addr, reason: InvalidFreeReason::NotAllocated }),
-                Err((_, block)) => return Err(wrong_size(block)),
-            },
+        if let Removal::Refused(block) = removal {
+            return Err(wrong_size(&block));
+        }
+        let block = match self.overflow.pin_owned().remove_if(&addr, |_, b| Self::size_agrees(b, size)) {
+            Ok(Some((_, block))) => *block,
+            Ok(None) => return Err(PoolError::InvalidFree { ptr: addr, reason: InvalidFreeReason::NotAllocated }),
+            Err((_, block)) => return Err(wrong_size(block)),
         };
+        self.free_removed(addr, block, stream)
+    }
+
+    /// The rest of a free, once its block is out of the live table.
+    #[inline(never)]
+    fn free_removed(&self, addr: u64, block: LiveBlock, stream: Option<StreamId>) -> Result<()> {
         let owner = StreamId(block.stream);
         if self.recorded_count.load(Relaxed) == 0 && stream.is_none_or(|s| s == owner) {
-            // Used on its own stream only: reusable there at once.
             self.forget_birth(addr);
             self.log(EventKind::Free, addr, block.size, owner);
             self.give_back(addr, block, true);
             return Ok(());
         }
         self.free_used_elsewhere(addr, block, stream)
+    }
+
+    /// The fastest path of a free, the counterpart of `allocate_from_thread_cache`: into this
+    /// thread's cache; false, with nothing done, when the block or the thread's state does not
+    /// allow it.
+    #[inline(always)]
+    fn free_to_thread_cache(&self, addr: u64, block: &LiveBlock) -> bool {
+        // An empty table: an option (scrubbing, the event log, leak tracking) wants every free.
+        let Some(index) = block.cache_index().filter(|&i| i < self.thread_classes && !self.thread_class_of.is_empty()) else {
+            return false;
+        };
+        let Some(mut cache) = thread_cache::current_cache(self.id, self.flush_epoch.load(Relaxed)) else {
+            return false;
+        };
+        let cached = thread_cache::push(&mut cache, block.stream, index, block.size, addr);
+        if cached {
+            Self::count_free(&cache, block);
+        }
+        cached
     }
 
     /// The free of a block that other streams used too (`record_stream`, or a free naming
@@ -310,7 +412,8 @@ impl PoolCore {
             self.give_back(addr, block, true);
             return Ok(());
         }
-        self.count(&[(Fast::AllocatedOut, block.size), (Fast::RequestedOut, block.requested), (Fast::BlocksOut, 1)], 0);
+        let counts = [(Fast::AllocatedOut, block.size), (Fast::RequestedOut, block.requested), (Fast::BlocksOut, 1), (Fast::PendingIn, block.size)];
+        self.count(&counts, 0);
         self.defer_free(addr, block, events);
         Ok(())
     }
@@ -441,7 +544,10 @@ impl PoolCore {
         let tier = self.tier_of(rounded);
         // Handed out after the strategy's lock is released: counting may give a thread cache's
         // blocks back, which takes that lock.
-        let hand_out = |block: Block| self.hand_out(block.addr, LiveBlock { size: block.size, requested: size, stream: stream.0, tier }, false);
+        let hand_out = |block: Block| {
+            let class = self.cache_class(block.size, tier).map_or(0, class_tag);
+            self.hand_out(block.addr, LiveBlock { size: block.size, requested: size, stream: stream.0, tier, class }, false)
+        };
         if self.config.reclaim {
             // Bound first, so that the guard is gone before `hand_out`.
             let cached = self.allocate_filed(arena, tier, &mut **arena.tiers[tier as usize].lock(), rounded);
@@ -512,6 +618,7 @@ impl PoolCore {
             arena.magazines.drain(
                 |index| index >= self.thread_classes && self.class_tier(index) == tier,
                 |_, addr| {
+                    self.live.unpark(addr);
                     let freed = strategy.free(addr);
                     debug_assert!(freed.is_some(), "a cached block belongs to the tier of its size");
                 },
@@ -711,23 +818,25 @@ impl PoolCore {
         })
     }
 
-    fn count_alloc(cache: &PoolCache, block: &LiveBlock, cache_hit: bool) {
+    /// Counts a block handed out from a thread cache.
+    fn count_alloc(cache: &PoolCache, block: &LiveBlock) {
         cache.bump(Fast::AllocatedIn, block.size);
-        cache.bump(Fast::ActiveIn, block.size);
         cache.bump(Fast::RequestedIn, block.requested);
         cache.bump(Fast::BlocksIn, 1);
-        if cache_hit {
-            cache.bump(Fast::Hits, 1);
-        }
+    }
+
+    fn count_free(cache: &PoolCache, block: &LiveBlock) {
+        cache.bump(Fast::AllocatedOut, block.size);
+        cache.bump(Fast::RequestedOut, block.requested);
+        cache.bump(Fast::BlocksOut, 1);
     }
 
     fn hand_out(&self, addr: u64, block: LiveBlock, cache_hit: bool) -> u64 {
         let counts = [
             (Fast::AllocatedIn, block.size),
-            (Fast::ActiveIn, block.size),
             (Fast::RequestedIn, block.requested),
             (Fast::BlocksIn, 1),
-            (Fast::Hits, u64::from(cache_hit)),
+            (Fast::Misses, u64::from(!cache_hit)),
         ];
         self.count(&counts, block.size);
         self.record_live(addr, block)
@@ -744,10 +853,11 @@ impl PoolCore {
         addr
     }
 
-    /// Enters a live block in the table, or in the overflow map when its slot is taken.
-    #[inline(always)]
+    /// Enters a live block in the table (reviving its parked slot when it comes from a cache), or
+    /// in the overflow map when its slot is taken.
+    #[inline(never)]
     fn insert_live(&self, addr: u64, block: LiveBlock) {
-        if !self.live.insert(addr, block) {
+        if !self.live.revive(addr, block) && !self.live.insert(addr, block) {
             self.overflow.pin_owned().insert(addr, block);
         }
     }
@@ -768,16 +878,16 @@ impl PoolCore {
     #[inline(always)]
     fn give_back(&self, addr: u64, block: LiveBlock, just_freed: bool) {
         let counts = [
-            (Fast::ActiveOut, block.size),
             (Fast::AllocatedOut, block.size * u64::from(just_freed)),
             (Fast::RequestedOut, block.requested * u64::from(just_freed)),
             (Fast::BlocksOut, u64::from(just_freed)),
+            (Fast::PendingOut, block.size * u64::from(!just_freed)),
         ];
         if self.config.scrub == Scrub::OnFree && self.device.fill_zero(addr, block.size, StreamId(block.stream)).is_err() {
             self.count(&counts, 0);
             return;
         }
-        let class = self.cache_class(block.size, block.tier);
+        let class = block.cache_index();
         let cached = self.with_thread_cache(|c| {
             counts.iter().for_each(|&(which, n)| c.bump(which, n));
             class.is_some_and(|index| index < self.thread_classes && thread_cache::push(c, block.stream, index, block.size, addr))
@@ -796,6 +906,7 @@ impl PoolCore {
                 return;
             }
         }
+        self.live.unpark(addr);
         let freed = arena.tiers[block.tier as usize].lock().free(addr);
         debug_assert_eq!(freed, Some(block.size), "a live block must go back to the strategy that made it");
     }
@@ -881,15 +992,9 @@ impl PoolCore {
         }
     }
 
-    /// The class a block of `size` bytes from `tier` is cached under, if any: its size must be
-    /// exactly a class, and one that this tier hands out (a class just above `small_max` is the
-    /// slab's for some requests and best-fit's for others; only best-fit's blocks are cached).
     #[inline(always)]
     fn cache_class(&self, size: u64, tier: u8) -> Option<usize> {
-        let index = self.default_arena.magazines.class_of_block(size)?;
-        // The thread-cache classes are at most `small_max`: the first tier's in every strategy.
-        let ours = if index < self.thread_classes { tier == 0 } else { self.tier_of(size) == tier };
-        ours.then_some(index)
+        cache_class(&self.config, &self.default_arena, self.thread_classes, size, tier)
     }
 
     /// The tier whose blocks of class `index` are cached (see `cache_class`).
@@ -927,6 +1032,7 @@ impl PoolCore {
             arena.magazines.drain(
                 |_| true,
                 |index, addr| {
+                    self.live.unpark(addr);
                     let freed = arena.tiers[self.class_tier(index) as usize].lock().free(addr);
                     debug_assert!(freed.is_some(), "a cached block belongs to the tier of its size");
                 },
@@ -1019,38 +1125,15 @@ impl PoolCore {
             return Err(PoolError::InvalidSize { size, reason: "zero bytes requested" });
         }
         let cap = self.capacity();
-        let too_big = || PoolError::InvalidSize { size, reason: "larger than the pool may ever reserve" };
-        let mut rounded = round_up(size, self.config.alignment).ok_or_else(too_big)?;
-        if self.config.round_up_divisions > 1 && rounded > MIN_BLOCK {
-            let floor_pow2 = 1u64 << (63 - rounded.leading_zeros());
-            let step = (floor_pow2 / self.config.round_up_divisions as u64).max(self.config.alignment);
-            rounded = round_up(rounded, step).ok_or_else(too_big)?;
-        }
-        if rounded > cap {
-            return Err(too_big());
-        }
-        Ok(rounded)
-    }
-
-    /// The real size `tier`'s strategy hands out for a request of `rounded` bytes, which is the
-    /// size class its cached blocks are kept under.
-    #[inline(always)]
-    fn block_size_for(&self, rounded: u64, tier: u8) -> u64 {
-        match (self.config.strategy, tier) {
-            (StrategyKind::Slab, _) | (StrategyKind::Hybrid, 0) => size_class_of(rounded),
-            (StrategyKind::Buddy, _) | (StrategyKind::Hybrid, 2) => rounded.next_power_of_two(),
-            _ => rounded,
+        match self.config.padded(size) {
+            Some(rounded) if rounded <= cap => Ok(rounded),
+            _ => Err(PoolError::InvalidSize { size, reason: "larger than the pool may ever reserve" }),
         }
     }
 
     #[inline(always)]
     fn tier_of(&self, rounded: u64) -> u8 {
-        match self.config.strategy {
-            StrategyKind::Hybrid if rounded <= self.config.small_max => 0,
-            StrategyKind::Hybrid if rounded < self.config.large_min => 1,
-            StrategyKind::Hybrid => 2,
-            _ => 0,
-        }
+        self.config.tier_of(rounded)
     }
 
     fn arena(&self, stream: StreamId) -> ArenaRef<'_> {
@@ -1141,7 +1224,7 @@ fn cap_for(limit: Option<Limit>, device_total: u64) -> u64 {
     }
 }
 
-fn new_arena(config: &PoolConfig, stream: StreamId) -> Arena {
+pub(crate) fn new_arena(config: &PoolConfig, stream: StreamId) -> Arena {
     let slab = || Box::new(Slab::new(SlabConfig { max_size: config.small_max, ..SlabConfig::default() })) as Box<dyn Strategy>;
     let best_fit = || Box::new(BestFit::new(BestFitConfig::default())) as Box<dyn Strategy>;
     let buddy = || Box::new(Buddy::new(BuddyConfig::default())) as Box<dyn Strategy>;

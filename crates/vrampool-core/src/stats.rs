@@ -63,18 +63,22 @@ pub struct CounterValues {
     pub freed: u64,
 }
 
-/// The counters every alloc and free touches, kept per thread (see `FastCounters`).
+/// The counters every alloc and free touches, kept per thread (see `FastCounters`), and the few
+/// that the others are read with. A fast-path pair updates six: active bytes and cache hits are
+/// derived on read (active = allocated + pending frees; hits = blocks - misses).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fast {
     AllocatedIn,
     AllocatedOut,
     RequestedIn,
     RequestedOut,
-    ActiveIn,
-    ActiveOut,
     BlocksIn,
     BlocksOut,
-    Hits,
+    /// Bytes of frees deferred until other streams' work passes the block, and of those done.
+    PendingIn,
+    PendingOut,
+    /// Blocks handed out by a strategy, not from a cache.
+    Misses,
 }
 
 const FAST: usize = 9;
@@ -156,8 +160,25 @@ impl FastCounters {
         totals
     }
 
+    /// allocated, requested and active bytes, and blocks: (cumulative in, cumulative out).
+    fn flows(totals: &[u64; FAST]) -> [(u64, u64); 4] {
+        let t = |which: Fast| totals[which as usize];
+        let pending = t(Fast::PendingIn).wrapping_sub(t(Fast::PendingOut));
+        [
+            (t(Fast::AllocatedIn), t(Fast::AllocatedOut)),
+            (t(Fast::RequestedIn), t(Fast::RequestedOut)),
+            (t(Fast::AllocatedIn), t(Fast::AllocatedOut).wrapping_sub(pending)),
+            (t(Fast::BlocksIn), t(Fast::BlocksOut)),
+        ]
+    }
+
     fn currents(totals: &[u64; FAST]) -> [u64; 4] {
-        [0, 2, 4, 6].map(|i| totals[i].saturating_sub(totals[i + 1]))
+        Self::flows(totals).map(|(into, out)| into.saturating_sub(out))
+    }
+
+    /// Blocks handed out from a cache.
+    fn hits(totals: &[u64; FAST]) -> u64 {
+        totals[Fast::BlocksIn as usize].saturating_sub(totals[Fast::Misses as usize])
     }
 
     /// Reads every thread's counters and raises the peaks to the current values.
@@ -182,12 +203,13 @@ impl FastCounters {
 
     fn read(&self) -> [CounterValues; 4] {
         let totals = self.checkpoint();
+        let flows = Self::flows(&totals);
         let currents = Self::currents(&totals);
         [0, 1, 2, 3].map(|k| CounterValues {
             current: currents[k],
             peak: self.peaks[k].load(Relaxed).max(currents[k]),
-            allocated: totals[2 * k],
-            freed: totals[2 * k + 1],
+            allocated: flows[k].0,
+            freed: flows[k].1,
         })
     }
 }
@@ -229,7 +251,7 @@ impl Counters {
             num_ooms: get(&self.num_ooms),
             num_device_alloc: get(&self.num_device_alloc),
             num_device_free: get(&self.num_device_free),
-            fast_path_hits: totals[Fast::Hits as usize],
+            fast_path_hits: FastCounters::hits(&totals),
             deferred_frees: get(&self.deferred_frees),
             largest_free_bytes: largest_free,
         }

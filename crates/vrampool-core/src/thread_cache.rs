@@ -1,7 +1,8 @@
 //! Per-thread caches of freed small blocks and per-thread counters: the part of the fast path
 //! that touches no shared memory at all (the live-block table's compare-and-swap aside).
 //!
-//! A thread keeps, for each pool and stream it used, a short LIFO list per size class. A block
+//! A thread keeps, for each pool and stream it used, a short LIFO list per size class (the default
+//! stream's inline, so that a hit follows as few pointers as glibc's tcache). A block
 //! freed on a thread goes to that thread's list for the block's own stream, so stream ordering is
 //! unchanged. The lists are bounded (`CLASS_BYTES` per class); what does not fit goes to the
 //! shared magazines. A trim raises the pool's flush epoch: each thread empties its lists into the
@@ -24,10 +25,20 @@ pub trait CacheOwner: Send + Sync {
     fn retire_counters(&self, counters: &Arc<LocalCounters>);
 }
 
+/// The most classes a thread caches: those up to 64 MiB, the largest `small_max`.
+pub const MAX_CLASSES: usize = 64;
+
 struct StreamCache {
     stream: u64,
-    /// Block addresses per size class index.
-    classes: Vec<Vec<u64>>,
+    /// Block addresses per size class index, inline: a cache hit follows two pointers (to the
+    /// thread's cache, then to the class's list), as glibc's tcache does.
+    classes: [Vec<u64>; MAX_CLASSES],
+}
+
+impl StreamCache {
+    fn new(stream: u64) -> Self {
+        Self { stream, classes: std::array::from_fn(|_| Vec::new()) }
+    }
 }
 
 /// One thread's state for one pool.
@@ -38,13 +49,15 @@ pub struct PoolCache {
     counters: Arc<LocalCounters>,
     /// Bytes allocated since this thread last updated the pool's peaks.
     since_checkpoint: u64,
-    streams: Vec<StreamCache>,
+    /// The default stream's cache (the stream most threads use only), and the other streams'.
+    home: StreamCache,
+    others: Vec<StreamCache>,
 }
 
 impl PoolCache {
     fn take_all(&mut self) -> Vec<(u64, u64)> {
         let mut out = Vec::new();
-        for sc in &mut self.streams {
+        for sc in std::iter::once(&mut self.home).chain(&mut self.others) {
             for list in &mut sc.classes {
                 out.extend(list.drain(..).map(|addr| (sc.stream, addr)));
             }
@@ -52,17 +65,21 @@ impl PoolCache {
         out
     }
 
-    #[inline]
+    #[inline(always)]
     fn stream(&mut self, stream: u64) -> &mut StreamCache {
-        // Most threads use one stream: check the first before searching.
-        if self.streams.first().is_some_and(|s| s.stream == stream) {
-            return &mut self.streams[0];
+        if self.home.stream == stream {
+            return &mut self.home;
         }
-        match self.streams.iter().position(|s| s.stream == stream) {
-            Some(i) => &mut self.streams[i],
+        self.other_stream(stream)
+    }
+
+    #[cold]
+    fn other_stream(&mut self, stream: u64) -> &mut StreamCache {
+        match self.others.iter().position(|s| s.stream == stream) {
+            Some(i) => &mut self.others[i],
             None => {
-                self.streams.push(StreamCache { stream, classes: Vec::new() });
-                self.streams.last_mut().expect("just pushed")
+                self.others.push(StreamCache::new(stream));
+                self.others.last_mut().expect("just pushed")
             }
         }
     }
@@ -115,20 +132,42 @@ thread_local! {
     static BUSY: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Clears `BUSY` when the call that set it ends, even by a panic.
-struct Busy;
+/// This thread's cache for one pool, in use: `BUSY` is set while it lives (and cleared when it
+/// goes, even by a panic), so it is the only reference to the cache.
+pub struct CacheRef {
+    cache: *mut PoolCache,
+}
 
-impl Busy {
-    #[inline]
-    fn enter() -> Busy {
+impl CacheRef {
+    /// Takes the cache that `cache` points at. Only when nothing is busy, with `cache` from
+    /// `CURRENT` or just found in `CACHES`.
+    #[inline(always)]
+    fn enter(cache: *mut PoolCache) -> Self {
         // `with` rather than `LocalKey::set`, which LLVM does not always inline.
         BUSY.with(|busy| busy.set(true));
-        Busy
+        Self { cache }
     }
 }
 
-impl Drop for Busy {
-    #[inline]
+impl std::ops::Deref for CacheRef {
+    type Target = PoolCache;
+    #[inline(always)]
+    fn deref(&self) -> &PoolCache {
+        // SAFETY: see `current_cache`: the box outlives this guard, which is its only reference.
+        unsafe { &*self.cache }
+    }
+}
+
+impl std::ops::DerefMut for CacheRef {
+    #[inline(always)]
+    fn deref_mut(&mut self) -> &mut PoolCache {
+        // SAFETY: as in `deref`.
+        unsafe { &mut *self.cache }
+    }
+}
+
+impl Drop for CacheRef {
+    #[inline(always)]
     fn drop(&mut self) {
         BUSY.with(|busy| busy.set(false));
     }
@@ -149,39 +188,48 @@ pub struct PoolHandle<'a> {
 /// this thread's cache again meanwhile).
 #[inline]
 pub fn with_pool_cache<R>(pool: &PoolHandle<'_>, f: impl FnOnce(&mut PoolCache) -> R) -> Option<R> {
+    match current_cache(pool.id, pool.epoch) {
+        Some(mut cache) => Some(f(&mut cache)),
+        None if BUSY.get() => None,
+        None => with_pool_cache_slow(pool, f),
+    }
+}
+
+/// This thread's cache for the pool `pool_id` at flush epoch `epoch`, for the fast paths: None
+/// unless it is the cache this thread used last and nothing is busy. Needs no `PoolHandle`, whose
+/// making costs more than the rest of a cache hit.
+///
+/// A non-null `CURRENT` points into a box that `CACHES` owns: boxes are dropped only by
+/// `find_or_make` (whose caller sets `CURRENT` again before it returns) and by the destructor of
+/// `CACHES` (which nulls `CURRENT` first). The `CacheRef` sets `BUSY` for its life, which makes
+/// it the only reference to the box, as `find_or_make` runs only when nothing is busy.
+#[inline(always)]
+pub fn current_cache(pool_id: u64, epoch: u64) -> Option<CacheRef> {
     if BUSY.get() {
         return None;
     }
-    let current = CURRENT.get();
-    // SAFETY: a non-null `CURRENT` points into a box that `CACHES` owns: boxes are dropped only
-    // by `find_or_make` (whose caller sets `CURRENT` again before it returns) and by the
-    // destructor of `CACHES` (which nulls `CURRENT` first). `BUSY` makes this the only reference
-    // to it until `f` returns, and `find_or_make` runs only when nothing is busy.
-    if let Some(cache) = unsafe { current.as_mut() } {
-        if cache.pool_id == pool.id && cache.epoch == pool.epoch {
-            let _busy = Busy::enter();
-            return Some(f(cache));
-        }
-    }
-    with_pool_cache_slow(pool, f)
+    let cache = CURRENT.get();
+    // SAFETY: as above; nothing is busy, so no other reference into the box exists.
+    let matches = unsafe { cache.as_ref() }.is_some_and(|c| c.pool_id == pool_id && c.epoch == epoch);
+    matches.then(|| CacheRef::enter(cache))
 }
 
 #[cold]
 fn with_pool_cache_slow<R>(pool: &PoolHandle<'_>, f: impl FnOnce(&mut PoolCache) -> R) -> Option<R> {
     let cache = CACHES.try_with(|caches| find_or_make(caches.get(), pool)).ok()?;
     CURRENT.set(cache);
-    // SAFETY: as in `with_pool_cache`: `cache` was just found in `CACHES`, nothing is busy.
-    let cache = unsafe { &mut *cache };
-    let stale = if cache.epoch != pool.epoch {
-        cache.epoch = pool.epoch;
-        cache.take_all()
-    } else {
-        Vec::new()
+    let stale = {
+        // SAFETY: as in `current_cache`: `cache` was just found in `CACHES`, nothing is busy,
+        // and this reference ends before `CacheRef` makes another.
+        let cache = unsafe { &mut *cache };
+        if cache.epoch != pool.epoch {
+            cache.epoch = pool.epoch;
+            cache.take_all()
+        } else {
+            Vec::new()
+        }
     };
-    let result = {
-        let _busy = Busy::enter();
-        f(cache)
-    };
+    let result = f(&mut CacheRef::enter(cache));
     if !stale.is_empty() {
         if let Some(owner) = pool.owner.upgrade() {
             owner.adopt(stale);
@@ -206,32 +254,39 @@ fn find_or_make(caches: *mut Caches, pool: &PoolHandle<'_>) -> *mut PoolCache {
         epoch: pool.epoch,
         counters: (pool.register)(),
         since_checkpoint: 0,
-        streams: Vec::new(),
+        home: StreamCache::new(0),
+        others: Vec::new(),
     }));
     &mut **caches.last_mut().expect("just pushed")
 }
 
 /// Pops a cached block of class `index` for `stream`.
-#[inline]
+#[inline(always)]
 pub fn pop(cache: &mut PoolCache, stream: u64, index: usize) -> Option<u64> {
     cache.stream(stream).classes.get_mut(index)?.pop()
 }
 
 /// Caches a block of class `index` (of `class_size` bytes) for `stream`; false when full.
-#[inline]
+#[inline(always)]
 pub fn push(cache: &mut PoolCache, stream: u64, index: usize, class_size: u64, addr: u64) -> bool {
     let sc = cache.stream(stream);
-    if sc.classes.len() <= index {
-        sc.classes.resize_with(index + 1, Vec::new);
-    }
-    let list = &mut sc.classes[index];
-    if list.capacity() == 0 {
-        // The depth is fixed per class: reserve it once, so the fast path needs no division.
-        list.reserve_exact(((CLASS_BYTES / class_size) as usize).max(CLASS_MIN_DEPTH));
-    }
+    let list = match sc.classes.get_mut(index) {
+        Some(list) if list.capacity() > 0 => list,
+        Some(_) => first_list(sc, index, class_size),
+        None => return false,
+    };
     if list.len() == list.capacity() {
         return false;
     }
     list.push(addr);
     true
+}
+
+/// The list of class `index`, made on its first push.
+#[cold]
+fn first_list(sc: &mut StreamCache, index: usize, class_size: u64) -> &mut Vec<u64> {
+    let list = &mut sc.classes[index];
+    // The depth is fixed per class: reserve it once, so the fast path needs no division.
+    list.reserve_exact(((CLASS_BYTES / class_size) as usize).max(CLASS_MIN_DEPTH));
+    list
 }

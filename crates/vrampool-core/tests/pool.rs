@@ -249,7 +249,9 @@ fn cross_stream_use_defers_reuse_until_the_other_stream_passes_the_free() {
         let a = pool.allocate(size, s1).unwrap();
         pool.record_stream(a, s2).unwrap();
         pool.free(a, None, None).unwrap();
-        assert_eq!(pool.stats().allocated_bytes.current, 0);
+        let stats = pool.stats();
+        assert_eq!(stats.allocated_bytes.current, 0);
+        assert!(stats.active_bytes.current >= size, "{size}: a free waiting for s2 stays active");
         let b = pool.allocate(size, s1).unwrap();
         assert_ne!(a, b, "{size}: s2 may still use the block: not reusable yet");
         dev.complete_stream(s2);
@@ -257,6 +259,7 @@ fn cross_stream_use_defers_reuse_until_the_other_stream_passes_the_free() {
         assert_eq!(a, c, "{size}: once s2 passed the free the block is reused");
         pool.free(b, None, None).unwrap();
         pool.free(c, None, None).unwrap();
+        assert_eq!(pool.stats().active_bytes.current, 0, "{size}: the pending free is done");
     }
     // A free that names another stream is the same as a recorded use.
     let a = pool.allocate(4096, s1).unwrap();

@@ -1,0 +1,135 @@
+//! Which size class a freed block is cached under, and the table that lets the fastest path
+//! find a request's class with one load.
+
+use crate::arena::Arena;
+use crate::config::{PoolConfig, Scrub};
+use crate::sizes::{class_size, MIN_BLOCK};
+
+/// The class a block of `size` bytes from `tier` is cached under, if any: its size must be
+/// exactly a class, and one that this tier hands out (a class just above `small_max` is the slab's
+/// for some requests and best-fit's for others; only best-fit's blocks are cached).
+#[inline(always)]
+pub fn cache_class(config: &PoolConfig, arena: &Arena, thread_classes: usize, size: u64, tier: u8) -> Option<usize> {
+    let index = arena.magazines.class_of_block(size)?;
+    // The thread-cache classes are at most `small_max`: the first tier's in every strategy.
+    let ours = if index < thread_classes { tier == 0 } else { config.tier_of(size) == tier };
+    ours.then_some(index)
+}
+
+/// The class `index` as `BlockMeta::class` keeps it (all cached classes fit: at most 80 are).
+pub fn class_tag(index: usize) -> u8 {
+    u8::try_from(index + 1).expect("fewer than 255 cached classes")
+}
+
+/// Per 512-byte granule of request size (the sizes `g * 512 + 1 ..= (g + 1) * 512`): 1 + the
+/// class of the thread-cached blocks that serve them, or 0 when those are not thread-cached. One
+/// lookup then does what `round_request`, `tier_of`, `block_size_for` and `cache_class` do for
+/// them (the alignment is a multiple of 512, so every size in a granule pads alike).
+///
+/// Empty when an option needs every call on the general path: scrubbing, the event log and leak
+/// tracking.
+pub fn thread_class_table(config: &PoolConfig, arena: &Arena, thread_classes: usize) -> Box<[ThreadClass]> {
+    if config.scrub != Scrub::Off || config.record_events || config.track_leaks || thread_classes == 0 {
+        return Box::new([]);
+    }
+    let granules = class_size(thread_classes - 1) / MIN_BLOCK;
+    (1..=granules)
+        .map(|g| {
+            let Some(rounded) = config.padded(g * MIN_BLOCK) else { return ThreadClass::NONE };
+            let tier = config.tier_of(rounded);
+            cache_class(config, arena, thread_classes, config.block_size_for(rounded, tier), tier)
+                .filter(|&index| index < thread_classes)
+                .map_or(ThreadClass::NONE, ThreadClass::new)
+        })
+        .collect()
+}
+
+/// A thread-cache class and its block size in one word, for one load on the fastest path: the
+/// class index + 1 in the low byte (0 for none), the size in 512-byte units above.
+#[derive(Clone, Copy)]
+pub struct ThreadClass(u32);
+
+impl ThreadClass {
+    const NONE: Self = Self(0);
+
+    /// Class `index`, or NONE when it does not fit (more than 254 classes; at most 64 are).
+    fn new(index: usize) -> Self {
+        let units = u32::try_from(class_size(index) / MIN_BLOCK).ok().filter(|&u| u < 1 << 24);
+        match (u8::try_from(index + 1), units) {
+            (Ok(i), Some(units)) if i < u8::MAX => Self(u32::from(i) | units << 8),
+            _ => Self::NONE,
+        }
+    }
+
+    #[inline(always)]
+    pub fn index(self) -> Option<usize> {
+        usize::from(self.tag()).checked_sub(1)
+    }
+
+    /// The class as `BlockMeta::class` keeps it.
+    #[inline(always)]
+    pub fn tag(self) -> u8 {
+        self.0 as u8
+    }
+
+    #[inline(always)]
+    pub fn size(self) -> u64 {
+        u64::from(self.0 >> 8) * MIN_BLOCK
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::StreamId;
+    use crate::sizes::{classes_up_to, KIB};
+    use crate::strategy::StrategyKind;
+
+    /// The table stands for `padded`, `tier_of`, `block_size_for` and `cache_class` on every
+    /// request size it covers, in every strategy and with alignment and padding.
+    #[test]
+    fn the_table_agrees_with_the_general_path_for_every_request_size() {
+        let configs = [
+            PoolConfig::default(),
+            PoolConfig { strategy: StrategyKind::Slab, ..PoolConfig::default() },
+            PoolConfig { strategy: StrategyKind::BestFit, ..PoolConfig::default() },
+            PoolConfig { strategy: StrategyKind::Buddy, ..PoolConfig::default() },
+            PoolConfig { alignment: 4096, round_up_divisions: 4, ..PoolConfig::default() },
+            PoolConfig { strategy: StrategyKind::BestFit, alignment: 2048, round_up_divisions: 2, small_max: 64 * KIB, ..PoolConfig::default() },
+        ];
+        for config in configs {
+            let arena = crate::pool::new_arena(&config, StreamId(0));
+            let thread_classes = classes_up_to(config.small_max);
+            let table = thread_class_table(&config, &arena, thread_classes);
+            assert_eq!(table.len() as u64, class_size(thread_classes - 1) / MIN_BLOCK, "{config:?}");
+            let mut cached = 0;
+            for size in 1..=table.len() as u64 * MIN_BLOCK {
+                let rounded = config.padded(size).unwrap();
+                let tier = config.tier_of(rounded);
+                let block = config.block_size_for(rounded, tier);
+                let expected = cache_class(&config, &arena, thread_classes, block, tier).filter(|&i| i < thread_classes);
+                let entry = table[((size - 1) / MIN_BLOCK) as usize];
+                assert_eq!(entry.index(), expected, "{config:?}, {size} B");
+                if expected.is_some() {
+                    assert_eq!(entry.size(), block, "{config:?}, {size} B");
+                    cached += 1;
+                }
+            }
+            assert!(cached > 0, "{config:?}: some sizes take the fastest path");
+        }
+    }
+
+    #[test]
+    fn options_that_watch_every_call_turn_the_table_off() {
+        let configs = [
+            PoolConfig { scrub: Scrub::OnFree, ..PoolConfig::default() },
+            PoolConfig { scrub: Scrub::OnAlloc, ..PoolConfig::default() },
+            PoolConfig { record_events: true, ..PoolConfig::default() },
+            PoolConfig { track_leaks: true, ..PoolConfig::default() },
+        ];
+        for config in configs {
+            let arena = crate::pool::new_arena(&config, StreamId(0));
+            assert!(thread_class_table(&config, &arena, classes_up_to(config.small_max)).is_empty(), "{config:?}");
+        }
+    }
+}
