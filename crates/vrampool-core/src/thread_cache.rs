@@ -119,17 +119,22 @@ impl Drop for Caches {
     fn drop(&mut self) {
         // The pointer must not outlive the box; later calls (other thread-local destructors that
         // free blocks) then find no cache and count into the pool's shared counters.
-        CURRENT.set(std::ptr::null_mut());
+        FAST.with(|f| f.current.set(std::ptr::null_mut()));
     }
 }
 
 thread_local! {
     static CACHES: UnsafeCell<Caches> = const { UnsafeCell::new(Caches(Vec::new())) };
-    // These two have no destructor, so they stay readable while the thread's other storage is
-    // torn down. CURRENT is the cache used last (null when none); BUSY is set while a call uses
-    // a cache.
-    static CURRENT: Cell<*mut PoolCache> = const { Cell::new(std::ptr::null_mut()) };
-    static BUSY: Cell<bool> = const { Cell::new(false) };
+    // No destructor, so it stays readable while the thread's other storage is torn down.
+    static FAST: FastState = const { FastState { current: Cell::new(std::ptr::null_mut()), busy: Cell::new(false) } };
+}
+
+/// What the fast path reads first, in one thread-local so that one address computation finds
+/// both. `CURRENT` (`current`) is the cache used last (null when none); `BUSY` (`busy`) is set
+/// while a call uses a cache.
+struct FastState {
+    current: Cell<*mut PoolCache>,
+    busy: Cell<bool>,
 }
 
 /// This thread's cache for one pool, in use: `BUSY` is set while it lives (and cleared when it
@@ -144,7 +149,7 @@ impl CacheRef {
     #[inline(always)]
     fn enter(cache: *mut PoolCache) -> Self {
         // `with` rather than `LocalKey::set`, which LLVM does not always inline.
-        BUSY.with(|busy| busy.set(true));
+        FAST.with(|f| f.busy.set(true));
         Self { cache }
     }
 }
@@ -169,7 +174,7 @@ impl std::ops::DerefMut for CacheRef {
 impl Drop for CacheRef {
     #[inline(always)]
     fn drop(&mut self) {
-        BUSY.with(|busy| busy.set(false));
+        FAST.with(|f| f.busy.set(false));
     }
 }
 
@@ -190,7 +195,7 @@ pub struct PoolHandle<'a> {
 pub fn with_pool_cache<R>(pool: &PoolHandle<'_>, f: impl FnOnce(&mut PoolCache) -> R) -> Option<R> {
     match current_cache(pool.id, pool.epoch) {
         Some(mut cache) => Some(f(&mut cache)),
-        None if BUSY.get() => None,
+        None if FAST.with(|f| f.busy.get()) => None,
         None => with_pool_cache_slow(pool, f),
     }
 }
@@ -205,10 +210,10 @@ pub fn with_pool_cache<R>(pool: &PoolHandle<'_>, f: impl FnOnce(&mut PoolCache) 
 /// it the only reference to the box, as `find_or_make` runs only when nothing is busy.
 #[inline(always)]
 pub fn current_cache(pool_id: u64, epoch: u64) -> Option<CacheRef> {
-    if BUSY.get() {
+    let (busy, cache) = FAST.with(|f| (f.busy.get(), f.current.get()));
+    if busy {
         return None;
     }
-    let cache = CURRENT.get();
     // SAFETY: as above; nothing is busy, so no other reference into the box exists.
     let matches = unsafe { cache.as_ref() }.is_some_and(|c| c.pool_id == pool_id && c.epoch == epoch);
     matches.then(|| CacheRef::enter(cache))
@@ -217,7 +222,7 @@ pub fn current_cache(pool_id: u64, epoch: u64) -> Option<CacheRef> {
 #[cold]
 fn with_pool_cache_slow<R>(pool: &PoolHandle<'_>, f: impl FnOnce(&mut PoolCache) -> R) -> Option<R> {
     let cache = CACHES.try_with(|caches| find_or_make(caches.get(), pool)).ok()?;
-    CURRENT.set(cache);
+    FAST.with(|f| f.current.set(cache));
     let stale = {
         // SAFETY: as in `current_cache`: `cache` was just found in `CACHES`, nothing is busy,
         // and this reference ends before `CacheRef` makes another.
