@@ -70,7 +70,9 @@ pub struct PoolConfig {
     /// and give back the segments (and unmap the expandable chunks) that no block uses, in every
     /// tier and stream: one tier's cache then never stays reserved beside another tier's growth,
     /// nor a step's stale sizes beside the next step's. Only growth pays for it (a steady loop
-    /// never grows). On by default.
+    /// never grows), and only a growth that would take the pool past the most it has ever
+    /// reserved: below that mark, giving back would not lower the peak, only make the pool grow
+    /// the same segments again. On by default.
     pub reclaim: bool,
     /// Zero-fill blocks on free or on allocation (off by default).
     pub scrub: Scrub,

@@ -99,6 +99,9 @@ pub struct PoolCore {
     cap: AtomicU64,
     /// Segment bytes held or being requested: checked against `cap` before each device call.
     committed: AtomicU64,
+    /// The most `committed` has ever been (not reset by `reset_peak_stats`): with `reclaim`, a
+    /// growth that stays below it gives nothing back first.
+    committed_high: AtomicU64,
     /// Expandable segments, when on and the device supports them.
     vm: Option<Expandable>,
     /// The default stream's arena, reached without a map lookup.
@@ -151,6 +154,7 @@ impl Pool {
             device_total,
             cap: AtomicU64::new(cap),
             committed: AtomicU64::new(0),
+            committed_high: AtomicU64::new(0),
             vm,
             default_arena,
             thread_classes,
@@ -554,9 +558,23 @@ impl PoolCore {
             if let Some(block) = cached {
                 return Ok(hand_out(block));
             }
-            // Growth ahead: best effort, as a failed give-back only leaves memory reserved. The
-            // emptied caches may make room in this tier: `allocate_in` tries it again first.
-            let _ = self.release_free(Some((arena.stream, tier)));
+            // The emptied caches may make room in this tier: then nothing grows, and nothing is
+            // given back either.
+            self.flush_caches();
+            let flushed = arena.tiers[tier as usize].lock().allocate(rounded);
+            if let Some(block) = flushed {
+                return Ok(hand_out(block));
+            }
+            // Growth ahead. Giving back lowers the peak only when the growth would set a new one:
+            // below the high-water mark, the segments given back would be the ones the pool
+            // grows again (a workload that frees and reallocates would pay two device calls per
+            // segment, over and over) and the peak stays where it is anyway. The estimate is the
+            // plain segment the strategy would ask for, at least what an expandable growth maps.
+            // Best effort, as a failed give-back only leaves memory reserved.
+            let growth = arena.tiers[tier as usize].lock().segment_size_for(rounded);
+            if self.committed.load(Relaxed).saturating_add(growth) > self.committed_high.load(Relaxed) {
+                let _ = self.release_free(Some((arena.stream, tier)));
+            }
         }
         for attempt in 0..2 {
             if let Some(block) = self.allocate_in(arena, tier, rounded)? {
@@ -634,6 +652,7 @@ impl PoolCore {
             self.committed.fetch_sub(size, Relaxed);
             return Err(DeviceError::OutOfMemory.into());
         }
+        self.committed_high.fetch_max(before + size, Relaxed);
         self.counters.num_device_alloc.fetch_add(1, Relaxed);
         match self.device.alloc_segment(size) {
             Ok(base) => {
@@ -736,6 +755,7 @@ impl PoolCore {
             self.committed.fetch_sub(bytes, Relaxed);
             return Err(DeviceError::OutOfMemory.into());
         }
+        self.committed_high.fetch_max(before + bytes, Relaxed);
         for (k, &chunk) in chunks.iter().enumerate() {
             self.counters.num_device_alloc.fetch_add(1, Relaxed);
             if let Err(e) = self.device.map(chunk, unit) {
@@ -1021,22 +1041,10 @@ impl PoolCore {
     /// expandable chunk; before the growth of `growing` (a stream's tier), that tier's newest
     /// expandable range keeps its free tail, which the growth extends.
     fn release_free(&self, growing: Option<(StreamId, u8)>) -> Result<u64> {
-        self.complete_deferred_frees();
-        // Cached blocks keep their slabs from being wholly free: on the demo's traces, slab
-        // segments holding only cached blocks were most of what hybrid reserved above the bound.
-        self.flush_epoch.fetch_add(1, Relaxed);
-        self.with_thread_cache(|_| ());
+        self.flush_caches();
         let mut released = Vec::new();
         let (mut bytes, mut first_error) = (0, None);
         self.for_each_arena(|arena| {
-            arena.magazines.drain(
-                |_| true,
-                |index, addr| {
-                    self.live.unpark(addr);
-                    let freed = arena.tiers[self.class_tier(index) as usize].lock().free(addr);
-                    debug_assert!(freed.is_some(), "a cached block belongs to the tier of its size");
-                },
-            );
             for (index, tier) in arena.tiers.iter().enumerate() {
                 let mut strategy = tier.lock();
                 let grows = growing == Some((arena.stream, index as u8));
@@ -1069,6 +1077,26 @@ impl PoolCore {
             None => Ok(bytes),
             Some(e) => Err(e.into()),
         }
+    }
+
+    /// Gives the completed deferred frees, this thread's cache and the magazines back to their
+    /// strategies (other threads' caches at their next call).
+    fn flush_caches(&self) {
+        self.complete_deferred_frees();
+        // Cached blocks keep their slabs from being wholly free: on the demo's traces, slab
+        // segments holding only cached blocks were most of what hybrid reserved above the bound.
+        self.flush_epoch.fetch_add(1, Relaxed);
+        self.with_thread_cache(|_| ());
+        self.for_each_arena(|arena| {
+            arena.magazines.drain(
+                |_| true,
+                |index, addr| {
+                    self.live.unpark(addr);
+                    let freed = arena.tiers[self.class_tier(index) as usize].lock().free(addr);
+                    debug_assert!(freed.is_some(), "a cached block belongs to the tier of its size");
+                },
+            );
+        });
     }
 
     fn largest_free(&self) -> u64 {
