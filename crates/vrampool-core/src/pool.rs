@@ -187,8 +187,7 @@ impl CacheOwner for PoolCore {
     fn adopt(&self, blocks: Vec<(u64, u64)>) {
         for (stream, addr) in blocks {
             // Thread caches hold only the first tier's blocks (`thread_classes`).
-            self.live.unpark(addr);
-            let freed = self.arena(StreamId(stream)).tiers[0].lock().free(addr);
+            let freed = self.file_back(&mut **self.arena(StreamId(stream)).tiers[0].lock(), addr);
             debug_assert!(freed.is_some(), "a cached block belongs to its arena's first tier");
         }
     }
@@ -636,8 +635,7 @@ impl PoolCore {
             arena.magazines.drain(
                 |index| index >= self.thread_classes && self.class_tier(index) == tier,
                 |_, addr| {
-                    self.live.unpark(addr);
-                    let freed = strategy.free(addr);
+                    let freed = self.file_back(strategy, addr);
                     debug_assert!(freed.is_some(), "a cached block belongs to the tier of its size");
                 },
             );
@@ -926,9 +924,16 @@ impl PoolCore {
                 return;
             }
         }
-        self.live.unpark(addr);
-        let freed = arena.tiers[block.tier as usize].lock().free(addr);
+        let freed = self.file_back(&mut **arena.tiers[block.tier as usize].lock(), addr);
         debug_assert_eq!(freed, Some(block.size), "a live block must go back to the strategy that made it");
+    }
+
+    /// Frees a block that no one uses (cached, or just freed) in its strategy, which may split or
+    /// merge it or hand the address out again at another size: the block's parked slot in the
+    /// live table is freed first. Returns what the strategy freed.
+    fn file_back(&self, strategy: &mut dyn Strategy, addr: u64) -> Option<u64> {
+        self.live.unpark(addr);
+        strategy.free(addr)
     }
 
     /// One event on each of `users`; on a failure, the ones already recorded are released.
@@ -1091,8 +1096,7 @@ impl PoolCore {
             arena.magazines.drain(
                 |_| true,
                 |index, addr| {
-                    self.live.unpark(addr);
-                    let freed = arena.tiers[self.class_tier(index) as usize].lock().free(addr);
+                    let freed = self.file_back(&mut **arena.tiers[self.class_tier(index) as usize].lock(), addr);
                     debug_assert!(freed.is_some(), "a cached block belongs to the tier of its size");
                 },
             );
