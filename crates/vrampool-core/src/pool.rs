@@ -458,7 +458,7 @@ impl PoolCore {
     /// bytes given back.
     pub fn trim(&self) -> Result<u64> {
         self.ensure_open()?;
-        self.release_free(None)
+        self.release_free()
     }
 
     /// Alias of `trim`, under PyTorch's name.
@@ -533,7 +533,7 @@ impl PoolCore {
         if self.closed.swap(true, Relaxed) {
             return Vec::new();
         }
-        let _ = self.release_free(None);
+        let _ = self.release_free();
         self.live_blocks()
     }
 
@@ -572,7 +572,7 @@ impl PoolCore {
             // Best effort, as a failed give-back only leaves memory reserved.
             let growth = arena.tiers[tier as usize].lock().segment_size_for(rounded);
             if self.committed.load(Relaxed).saturating_add(growth) > self.committed_high.load(Relaxed) {
-                let _ = self.release_free(Some((arena.stream, tier)));
+                let _ = self.give_back_free(Some((arena.stream, tier)));
             }
         }
         for attempt in 0..2 {
@@ -582,7 +582,7 @@ impl PoolCore {
             if attempt == 0 {
                 // Out of memory: give back every cached segment (all streams) and try once more.
                 self.counters.num_alloc_retries.fetch_add(1, Relaxed);
-                self.release_free(None)?;
+                self.release_free()?;
             }
         }
         self.counters.num_ooms.fetch_add(1, Relaxed);
@@ -1043,10 +1043,16 @@ impl PoolCore {
 
     /// Empties the thread caches and magazines into their strategies (other threads' at their
     /// next call), then gives every wholly free segment back and unmaps every wholly free
-    /// expandable chunk; before the growth of `growing` (a stream's tier), that tier's newest
-    /// expandable range keeps its free tail, which the growth extends.
-    fn release_free(&self, growing: Option<(StreamId, u8)>) -> Result<u64> {
+    /// expandable chunk.
+    fn release_free(&self) -> Result<u64> {
         self.flush_caches();
+        self.give_back_free(None)
+    }
+
+    /// Gives every wholly free segment back and unmaps every wholly free expandable chunk; before
+    /// the growth of `growing` (a stream's tier), that tier's newest expandable range keeps its
+    /// free tail, which the growth extends. The caches keep their blocks: see `release_free`.
+    fn give_back_free(&self, growing: Option<(StreamId, u8)>) -> Result<u64> {
         let mut released = Vec::new();
         let (mut bytes, mut first_error) = (0, None);
         self.for_each_arena(|arena| {
