@@ -643,14 +643,21 @@ impl PoolCore {
         strategy.allocate(rounded)
     }
 
-    /// A new segment of `size` bytes from the device, within the cap.
-    fn grow(&self, size: u64, stream: StreamId) -> Result<u64> {
-        let before = self.committed.fetch_add(size, Relaxed);
-        if before.saturating_add(size) > self.cap.load(Relaxed) {
-            self.committed.fetch_sub(size, Relaxed);
+    /// Counts `bytes` about to be asked of the device as committed, raising the high-water mark;
+    /// out of memory, counting nothing, when that would pass the cap.
+    fn commit(&self, bytes: u64) -> Result<()> {
+        let before = self.committed.fetch_add(bytes, Relaxed);
+        if before.saturating_add(bytes) > self.cap.load(Relaxed) {
+            self.committed.fetch_sub(bytes, Relaxed);
             return Err(DeviceError::OutOfMemory.into());
         }
-        self.committed_high.fetch_max(before + size, Relaxed);
+        self.committed_high.fetch_max(before + bytes, Relaxed);
+        Ok(())
+    }
+
+    /// A new segment of `size` bytes from the device, within the cap.
+    fn grow(&self, size: u64, stream: StreamId) -> Result<u64> {
+        self.commit(size)?;
         self.counters.num_device_alloc.fetch_add(1, Relaxed);
         match self.device.alloc_segment(size) {
             Ok(base) => {
@@ -747,13 +754,7 @@ impl PoolCore {
     /// it mapped and returns the error.
     fn map_chunks(&self, r: &mut Reservation, range: Segment, unit: u64, stream: StreamId) -> Result<()> {
         let chunks = r.unmapped_chunks(range, unit);
-        let bytes = chunks.len() as u64 * unit;
-        let before = self.committed.fetch_add(bytes, Relaxed);
-        if before.saturating_add(bytes) > self.cap.load(Relaxed) {
-            self.committed.fetch_sub(bytes, Relaxed);
-            return Err(DeviceError::OutOfMemory.into());
-        }
-        self.committed_high.fetch_max(before + bytes, Relaxed);
+        self.commit(chunks.len() as u64 * unit)?;
         for (k, &chunk) in chunks.iter().enumerate() {
             self.counters.num_device_alloc.fetch_add(1, Relaxed);
             if let Err(e) = self.device.map(chunk, unit) {
