@@ -21,8 +21,8 @@ pub fn class_tag(index: usize) -> u8 {
     u8::try_from(index + 1).expect("fewer than 255 cached classes")
 }
 
-/// Per 512-byte granule of request size (the sizes `g * 512 + 1 ..= (g + 1) * 512`): 1 + the
-/// class of the thread-cached blocks that serve them, or 0 when those are not thread-cached. One
+/// Per 512-byte granule of request size (the sizes `g * 512 + 1 ..= (g + 1) * 512`): the class
+/// of the thread-cached blocks that serve them, or `NONE` when those are not thread-cached. One
 /// lookup then does what `round_request`, `tier_of`, `block_size_for` and `cache_class` do for
 /// them (the alignment is a multiple of 512, so every size in a granule pads alike).
 ///
@@ -52,13 +52,11 @@ pub struct ThreadClass(u32);
 impl ThreadClass {
     const NONE: Self = Self(0);
 
-    /// Class `index`, or NONE when it does not fit (more than 254 classes; at most 64 are).
+    /// Class `index` (a thread-cache class, so at most 64 MiB: its size in units always fits).
     fn new(index: usize) -> Self {
-        let units = u32::try_from(class_size(index) / MIN_BLOCK).ok().filter(|&u| u < 1 << 24);
-        match (u8::try_from(index + 1), units) {
-            (Ok(i), Some(units)) if i < u8::MAX => Self(u32::from(i) | units << 8),
-            _ => Self::NONE,
-        }
+        let units = u32::try_from(class_size(index) / MIN_BLOCK).expect("a thread-cache class is at most 64 MiB");
+        debug_assert!(units < 1 << 24);
+        Self(u32::from(class_tag(index)) | units << 8)
     }
 
     #[inline(always)]

@@ -26,7 +26,7 @@ pub trait CacheOwner: Send + Sync {
 }
 
 /// The most classes a thread caches: those up to 64 MiB, the largest `small_max`.
-pub const MAX_CLASSES: usize = 64;
+const MAX_CLASSES: usize = 64;
 
 struct StreamCache {
     stream: u64,
