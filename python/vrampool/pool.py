@@ -94,10 +94,12 @@ class DevicePool:
     before it is handed out; ``"off"`` (the default) fills nothing. ``track_leaks`` records when
     (and from which Python stack, for blocks from :meth:`allocate`) each live block was
     allocated, for :meth:`leak_report`; off by default, so allocation pays nothing for it.
-    ``reclaim`` (on by default) empties the block caches and gives segments and expandable chunks
-    that no block uses back to the device before the pool grows, so one tier's or one step's cached memory does not stay
-    reserved beside another's growth; ``reclaim=False`` keeps every cached segment, as PyTorch's
-    caching allocator does, at the price of a higher peak.
+    ``reclaim`` (on by default) empties the block caches before the pool grows and, when the
+    growth would take it past the most it ever reserved, first gives the segments and expandable
+    chunks that no block uses back to the device, so one tier's or one step's cached memory does
+    not stay reserved beside another's growth;
+    ``reclaim=False`` keeps every cached segment, as PyTorch's caching allocator does, at the
+    price of a higher peak.
 
     >>> with DevicePool("sim", capacity=1 << 30, strategy="best_fit") as pool:
     ...     buf = pool.allocate(1 << 20)
