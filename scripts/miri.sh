@@ -18,4 +18,4 @@ cargo +nightly miri test -p vrampool-core --lib --target-dir "$target_dir" -- de
 echo "== pool tests through the thread caches"
 cargo +nightly miri test -p vrampool-core --test pool --target-dir "$target_dir" -- \
     small_blocks_come_back freed_blocks_are_reused blocks_cached_by_a_thread \
-    a_pool_dropped_by_a_thread_local bad_input_is_refused
+    a_pool_dropped_by_a_thread_local bad_input_is_refused two_pools_used_in_turn

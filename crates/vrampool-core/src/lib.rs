@@ -21,6 +21,7 @@ pub mod device;
 pub mod error;
 pub mod event_log;
 mod expandable;
+mod fast_gate;
 mod live_table;
 pub mod magazine;
 mod pool;

@@ -132,6 +132,7 @@ impl<const SLOTS: usize> LiveTable<SLOTS> {
     }
 
     /// Takes `addr` out if `agree(meta)` agrees, leaving its slot parked (see the module doc).
+    #[inline(always)]
     pub fn remove_if(&self, addr: u64, mut agree: impl FnMut(&BlockMeta) -> bool) -> Result<BlockMeta, Removal> {
         if !Self::may_be_key(addr) {
             return Err(Removal::Absent);
@@ -173,6 +174,13 @@ impl<const SLOTS: usize> LiveTable<SLOTS> {
         slot.requested.store(meta.requested, Ordering::Relaxed);
         slot.key.store(addr | LIVE, Ordering::Release);
         true
+    }
+
+    /// The metadata of the parked block at `addr`, if it is parked. The caller must hold the
+    /// block.
+    pub fn parked(&self, addr: u64) -> Option<BlockMeta> {
+        let slot = self.slot(addr);
+        (slot.key.load(Ordering::Relaxed) == addr | PARKED).then(|| Self::read(slot))
     }
 
     /// Frees the slot of the parked block at `addr`, if it is parked. The caller must hold the

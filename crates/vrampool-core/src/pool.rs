@@ -6,13 +6,16 @@
 //! magazines, and the matching free. Everything else takes the lock of one strategy instance (one
 //! per stream and tier), never a pool-wide lock.
 //!
-//! The fastest path, a small block from the thread's cache and back, is the whole of `allocate`
-//! and `free` but for out-of-line calls: one table load finds the request's class
-//! (`cache_class`), the block's parked slot in the live table comes back to life with two stores
-//! (`live_table`), and the free's one compare-and-swap is what makes a racing double free fail.
+//! The fastest path, a small block of the default stream from the thread's cache and back, is
+//! one call each way to a function that makes no call, so needs no stack frame, and returns in
+//! registers (`allocate_from_thread_cache`, `free_to_thread_cache`; `allocate` and `free` are
+//! inlined around them). One word (`fast_gate`) says whether anything rules it out; one table
+//! load finds the request's class (`cache_class`); the block's parked slot in the live table
+//! comes back to life with two stores (`live_table`); and the free's one compare-and-swap is what
+//! makes a racing double free fail. Whatever it cannot do, it leaves undone for the general path.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
@@ -26,10 +29,11 @@ use crate::device::{Device, EventId, StreamId};
 use crate::live_table::{BlockMeta, LiveTable, Removal};
 use crate::error::{DeviceError, InvalidFreeReason, OomReport, PoolError, Result};
 use crate::expandable::{Expandable, Reservation};
+use crate::fast_gate::FastGate;
 use crate::event_log::{EventKind, EventLog, LogEvent};
 use crate::sizes::{class_size, classes_up_to, round_up, MIN_BLOCK};
 use crate::stats::{Counters, Fast, LocalCounters, Stats};
-use crate::thread_cache::{self, CacheOwner, PoolCache, PoolHandle};
+use crate::thread_cache::{self, CacheOwner, PoolCache, PoolHandle, HOME_STREAM};
 use crate::strategy::{BestFit, BestFitConfig, Block, BlockInfo, Buddy, BuddyConfig, Segment, Slab, SlabConfig, Strategy, StrategyKind};
 
 type FastMap<K, V> = papaya::HashMap<K, V, FixedState>;
@@ -122,11 +126,10 @@ pub struct PoolCore {
     overflow: FastMap<u64, LiveBlock>,
     /// Streams other than a block's own that used it (`record_stream`), by block address.
     recorded: Mutex<HashMap<u64, Vec<StreamId>>>,
-    recorded_count: AtomicUsize,
     deferred: Mutex<Vec<DeferredFree>>,
-    deferred_count: AtomicUsize,
     counters: Counters,
-    closed: AtomicBool,
+    /// Closed, deferred frees, recorded streams, a small cap: what the fastest paths must not miss.
+    gate: FastGate,
     log: Option<EventLog>,
     /// Allocation times of live blocks (ns since `started`), when `track_leaks` is on.
     births: Option<FastMap<u64, u64>>,
@@ -145,9 +148,13 @@ impl Pool {
         let vm = Expandable::new(&config, device.as_ref(), device_total);
         let log = config.record_events.then(EventLog::new);
         let births = config.track_leaks.then(FastMap::default);
+        let gate = FastGate::default();
+        gate.set(FastGate::SMALL_CAP, below_thread_blocks(&thread_class_of, cap));
+        // `thread_class_table` is empty when an option must see every call.
+        gate.set(FastGate::WATCHED, thread_class_of.is_empty());
         let core = Arc::new_cyclic(|this: &Weak<PoolCore>| PoolCore {
             id: NEXT_ID.fetch_add(1, Relaxed),
-            flush_epoch: AtomicU64::new(0),
+            flush_epoch: AtomicU64::new(thread_cache::new_epoch()),
             this: this.clone() as Weak<dyn CacheOwner>,
             device,
             config,
@@ -163,17 +170,41 @@ impl Pool {
             live: LiveTable::default(),
             overflow: FastMap::default(),
             recorded: Mutex::default(),
-            recorded_count: AtomicUsize::new(0),
             deferred: Mutex::default(),
-            deferred_count: AtomicUsize::new(0),
             counters: Counters::default(),
-            closed: AtomicBool::new(false),
+            gate,
             log,
             births,
             started: Instant::now(),
         });
         Ok(Pool(core))
     }
+}
+
+/// What the fastest path of an allocation found (in two registers).
+enum FastAlloc {
+    Hit(u64),
+    /// A hit after which the pool's peaks are due for an update (a call, made outside).
+    PeaksDue(u64),
+    /// Nothing done: the general path serves the request.
+    Miss,
+}
+
+/// How far the fastest path of a free went.
+enum FastFree {
+    /// Into this thread's cache: done.
+    Cached,
+    /// Out of the live table (its slot parked, keeping its metadata), not cached: the general
+    /// path gives it back. (The metadata is read again rather than returned, so that the fast
+    /// path returns in a register.)
+    Removed,
+    /// Nothing done (the free may be wrong, or the pool closed): the general path starts over.
+    Untouched,
+}
+
+/// Whether `cap` is below the largest block the fastest path hands out, which then must check it.
+fn below_thread_blocks(thread_class_of: &[ThreadClass], cap: u64) -> bool {
+    thread_class_of.iter().any(|class| class.size() > cap)
 }
 
 impl std::ops::Deref for Pool {
@@ -225,53 +256,60 @@ impl PoolCore {
         let mut config = self.config.clone();
         config.limit = limit;
         config.validate()?;
-        self.cap.store(cap_for(limit, self.device_total), Relaxed);
+        let cap = cap_for(limit, self.device_total);
+        self.cap.store(cap, Relaxed);
+        self.gate.set(FastGate::SMALL_CAP, below_thread_blocks(&self.thread_class_of, cap));
         Ok(())
     }
 
     /// Allocates at least `size` bytes for use on `stream`; returns the block's address. With
     /// `scrub: on_alloc`, the whole block is zero-filled (on `stream`) before it is returned.
+    // Inlined, so that the fast path is one call to a function that makes none and returns in
+    // registers (a `Result` with the error's figures returns through memory).
+    #[inline]
     pub fn allocate(&self, size: u64, stream: StreamId) -> Result<u64> {
-        let Some((addr, block, checkpoint_due)) = self.allocate_from_thread_cache(size, stream) else {
-            return self.allocate_general(size, stream);
-        };
-        // Both rare: out of line, so that the common case makes no call.
-        if checkpoint_due || !self.live.revive(addr, block) {
-            self.finish_cached_alloc(addr, block, checkpoint_due);
+        match self.allocate_from_thread_cache(size, stream) {
+            FastAlloc::Hit(addr) => Ok(addr),
+            FastAlloc::PeaksDue(addr) => {
+                self.counters.fast.checkpoint();
+                Ok(addr)
+            }
+            FastAlloc::Miss => self.allocate_general(size, stream),
         }
-        Ok(addr)
     }
 
-    /// The fastest path, inlined into `allocate`: a small block from this thread's cache, when
-    /// the thread used this pool last and no trim, close or deferred free is pending; counted, but
-    /// not yet live. Also whether the peaks are due for an update. None, with nothing done,
-    /// otherwise.
+    /// The fastest path: a small block for the default stream from this thread's cache, when the
+    /// thread used this pool last, no trim, close or deferred free is pending and the block's
+    /// parked slot revives. A miss, with nothing done, otherwise; the general path then does it
+    /// all. It makes no call, so it needs no stack frame.
+    #[inline(never)]
+    fn allocate_from_thread_cache(&self, size: u64, stream: StreamId) -> FastAlloc {
+        self.take_from_thread_cache(size, stream).unwrap_or(FastAlloc::Miss)
+    }
+
     #[inline(always)]
-    fn allocate_from_thread_cache(&self, size: u64, stream: StreamId) -> Option<(u64, LiveBlock, bool)> {
+    fn take_from_thread_cache(&self, size: u64, stream: StreamId) -> Option<FastAlloc> {
+        if stream.0 != HOME_STREAM || self.gate.any(FastGate::ALLOC) {
+            return None;
+        }
+        // SAFETY: nothing below calls anything that uses a thread cache: it reads and writes the
+        // cache, the live table and this thread's counters only.
+        let cache = unsafe { thread_cache::current_unmarked(self.flush_epoch.load(Relaxed)) }?;
         // A zero size wraps to a granule past the table's end.
         let class = *self.thread_class_of.get((size.wrapping_sub(1) / MIN_BLOCK) as usize)?;
         let index = class.index()?;
-        if self.closed.load(Relaxed) || self.deferred_count.load(Relaxed) != 0 {
+        let block = LiveBlock { size: class.size(), requested: size, stream: HOME_STREAM, tier: 0, class: class.tag() };
+        let list = cache.home_list(index)?;
+        let &addr = list.last()?;
+        if !self.live.revive(addr, block) {
             return None;
         }
-        let block = LiveBlock { size: class.size(), requested: size, stream: stream.0, tier: 0, class: class.tag() };
-        if block.size > self.capacity() {
-            return None;
-        }
-        let mut cache = thread_cache::current_cache(self.id, self.flush_epoch.load(Relaxed))?;
-        let addr = thread_cache::pop(&mut cache, stream.0, index)?;
-        Self::count_alloc(&cache, &block);
-        Some((addr, block, cache.note_allocated(block.size)))
-    }
-
-    /// Updates the peaks if due, and makes the block live if `revive` could not.
-    #[cold]
-    #[inline(never)]
-    fn finish_cached_alloc(&self, addr: u64, block: LiveBlock, checkpoint_due: bool) {
-        if checkpoint_due {
-            self.counters.fast.checkpoint();
-        }
-        self.insert_live(addr, block);
+        list.pop();
+        Self::count_alloc(cache, &block);
+        Some(match cache.note_allocated(block.size) {
+            true => FastAlloc::PeaksDue(addr),
+            false => FastAlloc::Hit(addr),
+        })
     }
 
     #[inline(never)]
@@ -317,17 +355,62 @@ impl PoolCore {
     /// Frees the block at `addr`. `size`, when given, must be the size it was allocated with (or
     /// its rounded size); `stream`, when given and not the block's own, is a stream that used the
     /// block last: its reuse then waits for that stream's work.
+    // Inlined, as `allocate` is.
+    #[inline]
     pub fn free(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> Result<()> {
+        // The fastest path takes no size as 0, which no block has (a free naming 0 bytes goes to
+        // the general path, which refuses it), and no stream but the default one.
+        if size == Some(0) || stream.is_some_and(|s| s.0 != HOME_STREAM) {
+            return self.free_general(addr, size, stream);
+        }
+        match self.free_to_thread_cache(addr, size.unwrap_or(0)) {
+            FastFree::Cached => Ok(()),
+            FastFree::Removed => self.free_parked(addr, stream),
+            FastFree::Untouched => self.free_general(addr, size, stream),
+        }
+    }
+
+    /// The fastest path of a free, the counterpart of `allocate_from_thread_cache`: takes the
+    /// block out of the live table (`size` is the size the free names, 0 for none) and, if it is
+    /// a small block of the default stream and this thread's cache has room for it, caches it
+    /// there. It makes no call either.
+    #[inline(never)]
+    fn free_to_thread_cache(&self, addr: u64, size: u64) -> FastFree {
+        if self.gate.any(FastGate::FREE) {
+            return FastFree::Untouched;
+        }
+        let agrees = |b: &LiveBlock| size == 0 || size == b.requested || size == b.size;
+        let Ok(block) = self.live.remove_if(addr, agrees) else {
+            return FastFree::Untouched;
+        };
+        let Some(index) = block.cache_index().filter(|&i| i < self.thread_classes && block.stream == HOME_STREAM) else {
+            return FastFree::Removed;
+        };
+        // SAFETY: as in `allocate_from_thread_cache`.
+        let Some(cache) = (unsafe { thread_cache::current_unmarked(self.flush_epoch.load(Relaxed)) }) else {
+            return FastFree::Removed;
+        };
+        if !cache.push_home(index, addr) {
+            return FastFree::Removed;
+        }
+        Self::count_free(cache, &block);
+        FastFree::Cached
+    }
+
+    /// The rest of a free whose block the fastest path took out of the table, and holds.
+    #[inline(never)]
+    fn free_parked(&self, addr: u64, stream: Option<StreamId>) -> Result<()> {
+        match self.live.parked(addr) {
+            Some(block) => self.free_removed(addr, block, stream),
+            None => unreachable!("only the block's holder unparks its slot"),
+        }
+    }
+
+    #[inline(never)]
+    fn free_general(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> Result<()> {
         self.ensure_open()?;
         match self.live.remove_if(addr, |b| Self::size_agrees(b, size)) {
-            Ok(block) => {
-                // Used on its own stream only: reusable there at once.
-                let own_stream = self.recorded_count.load(Relaxed) == 0 && stream.is_none_or(|s| s.0 == block.stream);
-                if own_stream && self.free_to_thread_cache(addr, &block) {
-                    return Ok(());
-                }
-                self.free_removed(addr, block, stream)
-            }
+            Ok(block) => self.free_removed(addr, block, stream),
             Err(removal) => self.free_untabled(addr, size, stream, removal),
         }
     }
@@ -362,32 +445,13 @@ impl PoolCore {
     #[inline(never)]
     fn free_removed(&self, addr: u64, block: LiveBlock, stream: Option<StreamId>) -> Result<()> {
         let owner = StreamId(block.stream);
-        if self.recorded_count.load(Relaxed) == 0 && stream.is_none_or(|s| s == owner) {
+        if !self.gate.any(FastGate::RECORDED) && stream.is_none_or(|s| s == owner) {
             self.forget_birth(addr);
             self.log(EventKind::Free, addr, block.size, owner);
             self.give_back(addr, block, true);
             return Ok(());
         }
         self.free_used_elsewhere(addr, block, stream)
-    }
-
-    /// The fastest path of a free, the counterpart of `allocate_from_thread_cache`: into this
-    /// thread's cache; false, with nothing done, when the block or the thread's state does not
-    /// allow it.
-    #[inline(always)]
-    fn free_to_thread_cache(&self, addr: u64, block: &LiveBlock) -> bool {
-        // An empty table: an option (scrubbing, the event log, leak tracking) wants every free.
-        let Some(index) = block.cache_index().filter(|&i| i < self.thread_classes && !self.thread_class_of.is_empty()) else {
-            return false;
-        };
-        let Some(mut cache) = thread_cache::current_cache(self.id, self.flush_epoch.load(Relaxed)) else {
-            return false;
-        };
-        let cached = thread_cache::push(&mut cache, block.stream, index, block.size, addr);
-        if cached {
-            Self::count_free(&cache, block);
-        }
-        cached
     }
 
     /// The free of a block that other streams used too (`record_stream`, or a free naming
@@ -449,7 +513,7 @@ impl PoolCore {
             if !users.contains(&stream) {
                 users.push(stream);
             }
-            self.recorded_count.store(recorded.len(), Relaxed);
+            self.gate.set(FastGate::RECORDED, true);
         }
         Ok(())
     }
@@ -530,7 +594,7 @@ impl PoolCore {
     /// Refuses every later call, gives back every free segment and returns the blocks still live
     /// (leaks). Their segments stay reserved until the pool is dropped.
     pub fn close(&self) -> Vec<LiveBlockInfo> {
-        if self.closed.swap(true, Relaxed) {
+        if self.gate.set(FastGate::CLOSED, true) {
             return Vec::new();
         }
         let _ = self.release_free();
@@ -538,7 +602,7 @@ impl PoolCore {
     }
 
     pub fn is_closed(&self) -> bool {
-        self.closed.load(Relaxed)
+        self.gate.any(FastGate::CLOSED)
     }
 
     // ---- the slow path ----
@@ -839,15 +903,17 @@ impl PoolCore {
 
     /// Counts a block handed out from a thread cache.
     fn count_alloc(cache: &PoolCache, block: &LiveBlock) {
-        cache.bump(Fast::AllocatedIn, block.size);
-        cache.bump(Fast::RequestedIn, block.requested);
-        cache.bump(Fast::BlocksIn, 1);
+        let counters = cache.counters();
+        counters.bump_owned(Fast::AllocatedIn, block.size);
+        counters.bump_owned(Fast::RequestedIn, block.requested);
+        counters.bump_owned(Fast::BlocksIn, 1);
     }
 
     fn count_free(cache: &PoolCache, block: &LiveBlock) {
-        cache.bump(Fast::AllocatedOut, block.size);
-        cache.bump(Fast::RequestedOut, block.requested);
-        cache.bump(Fast::BlocksOut, 1);
+        let counters = cache.counters();
+        counters.bump_owned(Fast::AllocatedOut, block.size);
+        counters.bump_owned(Fast::RequestedOut, block.requested);
+        counters.bump_owned(Fast::BlocksOut, 1);
     }
 
     fn hand_out(&self, addr: u64, block: LiveBlock, cache_hit: bool) -> u64 {
@@ -959,7 +1025,7 @@ impl PoolCore {
         if !recorded.is_empty() {
             let mut map = self.recorded.lock();
             map.insert(addr, recorded);
-            self.recorded_count.store(map.len(), Relaxed);
+            self.gate.set(FastGate::RECORDED, true);
         }
     }
 
@@ -967,13 +1033,13 @@ impl PoolCore {
         self.counters.deferred_frees.fetch_add(1, Relaxed);
         let mut deferred = self.deferred.lock();
         deferred.push(DeferredFree { addr, block, events });
-        self.deferred_count.store(deferred.len(), Relaxed);
+        self.gate.set(FastGate::DEFERRED, true);
     }
 
     /// Gives back the deferred frees whose events have all completed.
     #[inline]
     fn complete_deferred_frees(&self) {
-        if self.deferred_count.load(Relaxed) != 0 {
+        if self.gate.any(FastGate::DEFERRED) {
             self.complete_ready_deferred_frees();
         }
     }
@@ -986,7 +1052,7 @@ impl PoolCore {
                 .into_iter()
                 .partition(|d| d.events.iter().all(|&e| self.device.event_done(e).unwrap_or(false)));
             *deferred = waiting;
-            self.deferred_count.store(deferred.len(), Relaxed);
+            self.gate.set(FastGate::DEFERRED, !deferred.is_empty());
             ready
         };
         for d in ready {
@@ -1033,12 +1099,12 @@ impl PoolCore {
     }
 
     fn take_recorded_streams(&self, addr: u64) -> Vec<StreamId> {
-        if self.recorded_count.load(Relaxed) == 0 {
+        if !self.gate.any(FastGate::RECORDED) {
             return Vec::new();
         }
         let mut recorded = self.recorded.lock();
         let users = recorded.remove(&addr).unwrap_or_default();
-        self.recorded_count.store(recorded.len(), Relaxed);
+        self.gate.set(FastGate::RECORDED, !recorded.is_empty());
         users
     }
 
@@ -1097,7 +1163,7 @@ impl PoolCore {
         self.complete_deferred_frees();
         // Cached blocks keep their slabs from being wholly free: on the demo's traces, slab
         // segments holding only cached blocks were most of what hybrid reserved above the bound.
-        self.flush_epoch.fetch_add(1, Relaxed);
+        self.flush_epoch.store(thread_cache::new_epoch(), Relaxed);
         self.with_thread_cache(|_| ());
         self.for_each_arena(|arena| {
             arena.magazines.drain(
@@ -1151,7 +1217,7 @@ impl PoolCore {
     }
 
     fn ensure_open(&self) -> Result<()> {
-        match self.closed.load(Relaxed) {
+        match self.gate.any(FastGate::CLOSED) {
             true => Err(PoolError::Closed),
             false => Ok(()),
         }
@@ -1227,7 +1293,7 @@ impl std::ops::Deref for ArenaRef<'_> {
 impl Drop for PoolCore {
     fn drop(&mut self) {
         // Every segment goes back to the device, live blocks or not: nobody can free them now.
-        self.closed.store(true, Relaxed);
+        self.gate.set(FastGate::CLOSED, true);
         let mut segments = Vec::new();
         self.for_each_arena(|arena| {
             for tier in arena.tiers.iter() {

@@ -209,6 +209,45 @@ fn a_limit_caps_reservation_and_can_change() {
 }
 
 #[test]
+fn a_lowered_limit_refuses_even_blocks_a_thread_has_cached() {
+    let (pool, _) = pool_on(GIB, StrategyKind::Hybrid);
+    let (small, large) = (512, 8 * KIB);
+    for size in [small, large] {
+        let a = pool.allocate(size, S0).unwrap();
+        pool.free(a, None, None).unwrap();
+    }
+    pool.set_limit(Some(Limit::Bytes(4 * KIB))).unwrap();
+    assert!(matches!(pool.allocate(large, S0), Err(PoolError::InvalidSize { .. })), "a cached block above the cap is not handed out");
+    let hits = pool.stats().fast_path_hits;
+    let a = pool.allocate(small, S0).unwrap();
+    assert_eq!(pool.stats().fast_path_hits, hits + 1, "one below the cap still is");
+    pool.free(a, None, None).unwrap();
+    pool.set_limit(None).unwrap();
+    let b = pool.allocate(large, S0).unwrap();
+    assert_eq!(pool.stats().fast_path_hits, hits + 2, "the cached block serves again once the cap allows it");
+    pool.free(b, None, None).unwrap();
+}
+
+#[test]
+fn two_pools_used_in_turn_on_one_thread_keep_their_cached_blocks_apart() {
+    let (a, _) = pool_on(GIB, StrategyKind::Hybrid);
+    let (b, _) = pool_on(GIB, StrategyKind::Hybrid);
+    let from_a: Vec<u64> = (0..8).map(|_| a.allocate(512, S0).unwrap()).collect();
+    from_a.iter().for_each(|&p| a.free(p, None, None).unwrap());
+    let b_segments = b.stats().num_device_alloc;
+    let from_b: Vec<u64> = (0..8).map(|_| b.allocate(512, S0).unwrap()).collect();
+    assert_eq!(b.stats().num_device_alloc, b_segments + 1, "b reserves its own memory rather than take a's cached blocks");
+    assert_eq!(b.stats().fast_path_hits, 0);
+    assert_eq!(a.stats().allocated_bytes.current, 0);
+    let again: Vec<u64> = (0..8).map(|_| a.allocate(512, S0).unwrap()).collect();
+    assert_eq!(a.stats().fast_path_hits, 8, "a's blocks waited in a's cache");
+    for (pool, blocks) in [(&a, again), (&b, from_b)] {
+        blocks.iter().for_each(|&p| pool.free(p, None, None).unwrap());
+        assert_eq!(pool.stats().allocated_bytes.current, 0);
+    }
+}
+
+#[test]
 fn device_faults_surface_as_errors_and_leave_the_pool_consistent() {
     let (pool, dev) = pool_on(GIB, StrategyKind::Hybrid);
     let a = pool.allocate(8 * MIB, S0).unwrap();
