@@ -1,8 +1,7 @@
 //! Times alloc + free pairs on one thread (a quick profile target):
 //! `pairs [COUNT] [SIZE] [STRATEGY]`, by default 2,000,000 pairs of 512 B on the hybrid pool;
-//! STRATEGY `malloc` times glibc's malloc and free instead. `pairs COUNT SIZE STRATEGY vs` times
-//! the pool and malloc in turns, 100,000 pairs at a time, and prints the fastest turn of each and
-//! their ratio: on a noisy machine both then see the same quiet moments.
+//! STRATEGY `malloc` times glibc's malloc and free instead. (The ratio to malloc, on a noisy
+//! machine: `cargo bench -p vrampool-benches --bench pair_ratio`.)
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::sync::Arc;
@@ -49,15 +48,5 @@ fn main() {
     };
     let dev = Arc::new(SimDevice::new(64 << 30, SimMode::AddressOnly));
     let pool = Pool::new(dev as Arc<dyn Device>, PoolConfig { strategy, ..PoolConfig::default() }).unwrap();
-    if args.get(4).map(String::as_str) == Some("vs") {
-        const TURN: u64 = 100_000;
-        let (mut best_pool, mut best_malloc) = (f64::MAX, f64::MAX);
-        for _ in 0..n.div_ceil(TURN) {
-            best_pool = best_pool.min(pool_pairs(&pool, TURN, size));
-            best_malloc = best_malloc.min(malloc_pairs(TURN, size));
-        }
-        println!("pool {best_pool:.1} ns/pair, malloc {best_malloc:.1} ns/pair, ratio {:.2}", best_pool / best_malloc);
-        return;
-    }
     println!("{:.1} ns/pair", pool_pairs(&pool, n, size));
 }
