@@ -6,13 +6,13 @@
 //! magazines, and the matching free. Everything else takes the lock of one strategy instance (one
 //! per stream and tier), never a pool-wide lock.
 //!
-//! The fastest path, a small block of the default stream from the thread's cache and back, is
-//! one call each way to a function that makes no call, so needs no stack frame, and returns in
+//! The fastest path, a small block of the default stream from the thread's cache and back, is one
+//! call each way to a function that makes no call, so spills nothing to the stack, and returns in
 //! registers (`allocate_from_thread_cache`, `free_to_thread_cache`; `allocate` and `free` are
-//! inlined around them). One word (`fast_gate`) says whether anything rules it out; one table
-//! load finds the request's class (`cache_class`); the block's parked slot in the live table
-//! comes back to life with two stores (`live_table`); and the free's one compare-and-swap is what
-//! makes a racing double free fail. Whatever it cannot do, it leaves undone for the general path.
+//! inlined around them). One word (`fast_gate`) says whether anything rules it out; one table load
+//! finds the request's class (`cache_class`); the block's parked slot in the live table comes back
+//! to life with two stores (`live_table`); and the free's one compare-and-swap is what makes a
+//! racing double free fail. Whatever it cannot do, it leaves undone for the general path.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -281,7 +281,7 @@ impl PoolCore {
     /// The fastest path: a small block for the default stream from this thread's cache, when the
     /// thread used this pool last, no trim, close or deferred free is pending and the block's
     /// parked slot revives. A miss, with nothing done, otherwise; the general path then does it
-    /// all. It makes no call, so it needs no stack frame.
+    /// all. It makes no call, so it spills nothing to the stack, and it returns in registers.
     #[inline(never)]
     fn allocate_from_thread_cache(&self, size: u64, stream: StreamId) -> FastAlloc {
         self.take_from_thread_cache(size, stream).unwrap_or(FastAlloc::Miss)
