@@ -7,6 +7,8 @@
 //! fits under the lower bound, or when no plan fits one byte below its best.
 
 mod component;
+#[cfg(test)]
+mod restarts;
 mod search;
 
 use std::time::{Duration, Instant};

@@ -1,0 +1,82 @@
+//! How D's best known plan was found (an ignored test, run by hand): searches at fixed capacities, each under
+//! MiniMalloc's TWA order with a few neighbouring ranks swapped at random, 300 ms per try. A try that fits
+//! lowers the capacity by one unit of 1,024 bytes (every size in D is a multiple of it).
+//!
+//! `cargo test --release -p vrampool-plan --lib descend_on_d -- --ignored --nocapture`, with `DESCEND_SECS`
+//! (default 600), `DESCEND_FROM` (the first capacity, in units; default 1,000) and `DESCEND_SEED` (the seeds
+//! tried are the ones after it; default 0). The deadlines make runs differ a little. On this 2-core machine,
+//! `DESCEND_FROM=998 DESCEND_SEED=10000` went down to 993 units in 347 s (400 ms a try), and
+//! `DESCEND_FROM=992 DESCEND_SEED=20000` to 989 in 588 s, and `DESCEND_FROM=988 DESCEND_SEED=30000` to 988
+//! (1,011,712 bytes) in 282 s: that plan is stored in `tests/minimalloc-challenging-D-plan.csv`.
+
+use std::time::{Duration, Instant};
+
+use super::component::{Component, Order};
+use super::search::{fits, Outcome};
+use crate::instance::Instance;
+use crate::{read_csv, validate};
+
+const UNIT: u64 = 1_024;
+const SWAPS: usize = 20;
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// `rank` with `swaps` random swaps of neighbouring ranks (xorshift64 from `seed`).
+fn jitter(rank: &[u32], seed: u64, swaps: usize) -> Vec<u32> {
+    let n = rank.len();
+    let mut by = vec![0u32; n];
+    for (i, &r) in rank.iter().enumerate() {
+        by[r as usize] = i as u32;
+    }
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for _ in 0..swaps {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let k = (state % (n as u64 - 1)) as usize;
+        by.swap(k, k + 1);
+    }
+    let mut varied = vec![0u32; n];
+    for (r, &i) in by.iter().enumerate() {
+        varied[i as usize] = r as u32;
+    }
+    varied
+}
+
+#[test]
+#[ignore = "a search of minutes, run by hand"]
+fn descend_on_d() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/traces/static/minimalloc-challenging-D.csv");
+    let buffers = read_csv(std::fs::File::open(path).expect("shared/traces/static")).unwrap();
+    let inst = Instance::new(&buffers, 1).unwrap();
+    let part = Component::new(&inst, &(0..inst.len() as u32).collect::<Vec<_>>());
+    let secs = env_or("DESCEND_SECS", 600);
+    let mut capacity = env_or("DESCEND_FROM", 1_000) * UNIT;
+    // The search recurses once per placement.
+    let search = std::thread::Builder::new().stack_size(64 << 20).spawn(move || {
+        let (begin, twa) = (Instant::now(), part.ranking(Order::Twa));
+        let mut seed = env_or("DESCEND_SEED", 0);
+        while begin.elapsed() < Duration::from_secs(secs) {
+            seed += 1;
+            let mut nodes = 0;
+            let until = Instant::now() + Duration::from_millis(300);
+            if let Outcome::Fits(local) = fits(&part, &jitter(&twa, seed, SWAPS), capacity, until, &mut nodes, u64::MAX)
+            {
+                let mut offsets = vec![0u64; part.len()];
+                for (&i, &offset) in part.members.iter().zip(&local) {
+                    offsets[i as usize] = offset;
+                }
+                let arena = validate(&buffers, &offsets, 1).unwrap();
+                println!(
+                    "{:>5.0} s  seed {seed}: {arena} bytes ({} units)  {offsets:?}",
+                    begin.elapsed().as_secs_f64(),
+                    arena / UNIT
+                );
+                capacity = arena - UNIT;
+            }
+        }
+    });
+    search.unwrap().join().unwrap();
+}
