@@ -379,8 +379,7 @@ impl PoolCore {
         if self.gate.any(FastGate::FREE) {
             return FastFree::Untouched;
         }
-        let agrees = |b: &LiveBlock| size == 0 || size == b.requested || size == b.size;
-        let Ok(block) = self.live.remove_if(addr, agrees) else {
+        let Ok(block) = self.live.remove_if(addr, |b| Self::size_agrees(b, (size != 0).then_some(size))) else {
             return FastFree::Untouched;
         };
         let Some(index) = block.cache_index().filter(|&i| i < self.thread_classes && block.stream == HOME_STREAM) else {
@@ -974,7 +973,7 @@ impl PoolCore {
         }
         let class = block.cache_index();
         let cached = self.with_thread_cache(|c| {
-            counts.iter().for_each(|&(which, n)| c.bump(which, n));
+            counts.iter().for_each(|&(which, n)| c.counters().bump_owned(which, n));
             class.is_some_and(|index| index < self.thread_classes && thread_cache::push(c, block.stream, index, block.size, addr))
         });
         match cached {
@@ -1073,7 +1072,7 @@ impl PoolCore {
     /// after every `PEAK_SLACK` bytes this thread allocated.
     fn count(&self, updates: &[(Fast, u64)], allocated: u64) {
         let due = self.with_thread_cache(|c| {
-            updates.iter().for_each(|&(which, n)| c.bump(which, n));
+            updates.iter().for_each(|&(which, n)| c.counters().bump_owned(which, n));
             allocated > 0 && c.note_allocated(allocated)
         });
         if due.is_none() {

@@ -12,7 +12,7 @@ use std::cell::{Cell, UnsafeCell};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 
-use crate::stats::{Fast, LocalCounters};
+use crate::stats::LocalCounters;
 
 /// The stream whose lists are inline in the cache: the default stream, the one most threads use
 /// only.
@@ -93,10 +93,6 @@ impl PoolCache {
     #[inline(always)]
     pub fn counters(&self) -> &LocalCounters {
         &self.counters
-    }
-
-    pub fn bump(&self, which: Fast, n: u64) {
-        self.counters.bump_owned(which, n);
     }
 
     /// The default stream's list of class `index`.
@@ -240,13 +236,9 @@ pub fn with_pool_cache<R>(pool: &PoolHandle<'_>, f: impl FnOnce(&mut PoolCache) 
 /// it the only reference to the box, as `find_or_make` runs only when nothing is busy.
 #[inline(always)]
 fn current_cache(epoch: u64) -> Option<CacheRef> {
-    let (busy, cache) = FAST.with(|f| (f.busy.get(), f.current.get()));
-    if busy {
-        return None;
-    }
-    // SAFETY: as above; nothing is busy, so no other reference into the box exists.
-    let matches = unsafe { cache.as_ref() }.is_some_and(|c| c.epoch == epoch);
-    matches.then(|| CacheRef::enter(cache))
+    // SAFETY: the reference becomes a pointer at once, and `CacheRef` marks the cache busy.
+    let cache: *mut PoolCache = unsafe { current_unmarked(epoch) }?;
+    Some(CacheRef::enter(cache))
 }
 
 /// A flush epoch no pool had before: unique in the process, so that an epoch alone tells which
@@ -272,8 +264,8 @@ pub unsafe fn current_unmarked<'a>(epoch: u64) -> Option<&'a mut PoolCache> {
     if busy {
         return None;
     }
-    // SAFETY: as in `current_cache`, nothing busy means no other reference into the box exists,
-    // and the caller makes none while this one lives.
+    // SAFETY: as the doc of `current_cache` says, nothing busy means no other reference into the
+    // box exists, and the caller makes none while this one lives.
     let cache = unsafe { cache.as_mut() }?;
     (cache.epoch == epoch).then_some(cache)
 }
