@@ -1,10 +1,11 @@
 //! The exact search: an anytime branch and bound over canonical placements (see `search.rs`), run part by
 //! part under a time budget.
 //!
-//! For each part it first asks whether the part fits under the lower bound of the whole instance (half the
-//! part's time): that is the usual case, even on hard instances, and the bound prunes hardest there. Failing
-//! that it bisects on the capacity between the lower bound and the best plan so far. A part is solved when it
-//! fits under the lower bound, or when no plan fits one byte below its best.
+//! For each part it first asks whether the part fits under the lower bound of the whole instance (a quarter of
+//! the part's time): that is the usual case, even on hard instances, and the bound prunes hardest there.
+//! Failing that it descends from the best plan so far with many short tries under varied orders. A part is
+//! solved when it fits under the lower bound, or when no plan fits one step below its best (arenas come in
+//! steps of the sizes' greatest common divisor).
 
 mod component;
 #[cfg(test)]
@@ -146,10 +147,9 @@ fn write_part(offsets: &mut [u64], members: &[u32], values: impl Iterator<Item =
     }
 }
 
-/// Solves one part. First: does it fit under `target` (the lower bound of the whole instance)? Half the time
-/// goes to that question. Then a bisection on the capacity between the target and the best plan so far, each
-/// probe with a share of what is left. Returns the best plan (arena, local offsets) and whether it is solved:
-/// at most `target`, or proven optimal for the part.
+/// Solves one part. First: does it fit under `target` (the lower bound of the whole instance)? A quarter of
+/// the time goes to that question. Then a descent below the best plan so far (see `descend`). Returns the best
+/// plan (arena, local offsets) and whether it is solved: at most `target`, or proven optimal for the part.
 fn solve_part(
     part: &Component,
     target: u64,
@@ -157,54 +157,152 @@ fn solve_part(
     deadline: Instant,
     nodes: &mut u64,
 ) -> (Option<(u64, Vec<u64>)>, bool) {
-    let arena = |plan: &[u64]| plan.iter().zip(&part.size).map(|(o, s)| o + s).max().unwrap_or(0);
-    let mut best = incumbent;
-    if best.as_ref().is_some_and(|b| b.0 <= target) {
-        return (best, true);
+    if incumbent.as_ref().is_some_and(|b| b.0 <= target) {
+        return (incumbent, true);
     }
     let ranks: Vec<Vec<u32>> = ORDERS.iter().map(|&o| part.ranking(o)).collect();
     let now = Instant::now();
-    let halfway = now + deadline.saturating_duration_since(now) / 2;
-    // Capacities up to `infeasible` are proven too small; `low` is where the bisection looks next.
+    let quarter = now + deadline.saturating_duration_since(now) / 4;
     let mut infeasible = None::<u64>;
-    match probe(part, &ranks, target, halfway, nodes) {
-        Outcome::Fits(plan) => return (Some((arena(&plan), plan)), true),
+    match probe(part, &ranks, target, quarter, nodes) {
+        Outcome::Fits(plan) => return (Some((arena_of(part, &plan), plan)), true),
         Outcome::Infeasible => infeasible = Some(target),
         Outcome::TimedOut => {}
     }
-    if best.is_none() {
-        // Any plan at all, to bisect below.
-        match probe(part, &ranks, u64::MAX, deadline, nodes) {
-            Outcome::Fits(plan) => best = Some((arena(&plan), plan)),
+    let mut best = match incumbent {
+        Some(best) => best,
+        // Any plan at all, to descend from.
+        None => match probe(part, &ranks, u64::MAX, deadline, nodes) {
+            Outcome::Fits(plan) => (arena_of(part, &plan), plan),
             _ => return (None, false),
-        }
+        },
+    };
+    let unit = unit_of(part);
+    let infeasible = descend(part, &ranks, target, infeasible, &mut best, deadline, nodes);
+    let solved = best.0 <= target || infeasible.is_some_and(|i| i + unit >= best.0);
+    (Some(best), solved)
+}
+
+fn arena_of(part: &Component, plan: &[u64]) -> u64 {
+    plan.iter().zip(&part.size).map(|(o, s)| o + s).max().unwrap_or(0)
+}
+
+/// The step between arenas: a canonical plan's arena is a sum of sizes, so a multiple of their greatest common
+/// divisor, and so is the optimum.
+fn unit_of(part: &Component) -> u64 {
+    part.size.iter().fold(0, |g, &s| gcd(g, s)).max(1)
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
     }
-    let mut low = target + 1;
-    loop {
-        let high = best.as_ref().map_or(u64::MAX, |b| b.0 - 1);
-        if low > high {
+    a
+}
+
+/// Node limit of the descent's shortest tries; Luby's sequence multiplies it.
+const TRY_NODES: u64 = 1_000;
+/// Tries in a row that time out before the descent moves its next capacity halfway up towards the best plan.
+const PATIENCE: u32 = 12;
+/// Random swaps of neighbouring ranks in each jittered order.
+const SWAPS: usize = 20;
+
+/// Lowers `best` until `deadline` with short searches (tries) below it, each with its own order and node
+/// limit, and returns the highest capacity proven infeasible (`infeasible` or above).
+///
+/// A try that times out proves nothing. On D, MiniMalloc's hardest challenging instance, a try that fits
+/// usually does so within a few thousand nodes, and one in five tries at 1,010 units fits, so the answer is
+/// many short tries, each under another order, rather than one long search: the first tries take the fixed
+/// orders, the others randomly jittered copies of MiniMalloc's TWA. The capacity tried starts halfway between
+/// the lower bound and the best plan, and moves halfway up only after `PATIENCE` misses in a row; so a few
+/// unlucky tries do not rule out a range for good, as the bisection this replaced did. Node limits follow
+/// Luby's sequence, so that now and then a try runs long enough to prove its capacity infeasible (each
+/// search is complete).
+fn descend(
+    part: &Component,
+    ranks: &[Vec<u32>],
+    target: u64,
+    mut infeasible: Option<u64>,
+    best: &mut (u64, Vec<u64>),
+    deadline: Instant,
+    nodes: &mut u64,
+) -> Option<u64> {
+    let unit = unit_of(part);
+    let twa = &ranks[0]; // ORDERS starts with TWA
+    // Capacities worth a try are the multiples of `unit` from `low` to just below the best plan.
+    let mut low = infeasible.map_or(target, |i| i + 1).div_ceil(unit) * unit;
+    let (mut gap, mut misses) = (u64::MAX, 0);
+    for turn in 1u64.. {
+        let high = (best.0 - 1) / unit * unit;
+        if high < low || Instant::now() >= deadline {
             break;
         }
-        let now = Instant::now();
-        if now >= deadline {
-            break;
-        }
-        // Probe the middle with a quarter of the time left (all of it once the range is one value).
-        let capacity = low + (high - low) / 2;
-        let share = if low == high { 1 } else { 4 };
-        let until = now + deadline.saturating_duration_since(now) / share;
-        match probe(part, &ranks, capacity, until, nodes) {
-            Outcome::Fits(plan) => best = Some((arena(&plan), plan)),
+        gap = gap.min((high - low) / unit / 2);
+        let capacity = high - gap * unit;
+        let jittered;
+        let rank = match ranks.get(turn as usize - 1) {
+            Some(fixed) => fixed,
+            None => {
+                jittered = jitter(twa, turn, SWAPS);
+                &jittered
+            }
+        };
+        let limit = nodes.saturating_add(TRY_NODES.saturating_mul(luby(turn)));
+        match fits(part, rank, capacity, deadline, nodes, limit) {
+            Outcome::Fits(plan) => {
+                *best = (arena_of(part, &plan), plan);
+                misses = 0;
+            }
             Outcome::Infeasible => {
                 infeasible = infeasible.max(Some(capacity));
-                low = capacity + 1;
+                low = capacity + unit;
             }
-            // Unproven: look higher, which is where plans are found quickly.
-            Outcome::TimedOut => low = capacity + 1,
+            Outcome::TimedOut => {
+                misses += 1;
+                if misses == PATIENCE {
+                    (gap, misses) = (gap / 2, 0);
+                }
+            }
         }
     }
-    let solved = best.as_ref().is_some_and(|b| b.0 <= target || infeasible.is_some_and(|i| i + 1 >= b.0));
-    (best, solved)
+    infeasible
+}
+
+/// Luby's restart sequence: 1, 1, 2, 1, 1, 2, 4, 1, 1, 2, 1, 1, 2, 4, 8, ... (`i` from 1).
+fn luby(i: u64) -> u64 {
+    let mut i = i;
+    loop {
+        // The smallest k with i <= 2^k - 1.
+        let k = 64 - i.leading_zeros() as u64;
+        if i == (1 << k) - 1 {
+            return 1 << (k - 1);
+        }
+        i -= (1 << (k - 1)) - 1;
+    }
+}
+
+/// `rank` with `swaps` random swaps of neighbouring ranks (xorshift64 from `seed`).
+pub(crate) fn jitter(rank: &[u32], seed: u64, swaps: usize) -> Vec<u32> {
+    let n = rank.len();
+    let mut by = vec![0u32; n];
+    for (i, &r) in rank.iter().enumerate() {
+        by[r as usize] = i as u32;
+    }
+    if n > 1 {
+        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        for _ in 0..swaps {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let k = (state % (n as u64 - 1)) as usize;
+            by.swap(k, k + 1);
+        }
+    }
+    let mut varied = vec![0u32; n];
+    for (r, &i) in by.iter().enumerate() {
+        varied[i as usize] = r as u32;
+    }
+    varied
 }
 
 /// The orders the search takes turns with.
@@ -224,5 +322,38 @@ fn probe(part: &Component, ranks: &[Vec<u32>], capacity: u64, until: Instant, no
             }
         }
         limit = limit.saturating_mul(2);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn luby_sequence_starts_as_published() {
+        let first: Vec<u64> = (1..=15).map(luby).collect();
+        assert_eq!(first, [1, 1, 2, 1, 1, 2, 4, 1, 1, 2, 1, 1, 2, 4, 8]);
+    }
+
+    #[test]
+    fn a_jittered_order_is_another_ranking_of_the_same_buffers() {
+        let rank: Vec<u32> = (0..50).rev().collect();
+        let varied = jitter(&rank, 7, SWAPS);
+        assert_ne!(varied, rank);
+        let mut sorted = varied.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..50).collect::<Vec<u32>>());
+        // Only neighbouring ranks swap, so no buffer moves further than the number of swaps.
+        assert!(rank.iter().zip(&varied).all(|(&a, &b)| a.abs_diff(b) as usize <= SWAPS));
+        assert_eq!(jitter(&[0], 7, SWAPS), [0]);
+    }
+
+    #[test]
+    fn arenas_step_by_the_sizes_greatest_common_divisor() {
+        let buffers = [Buffer::new(0, 0, 2, 3072), Buffer::new(1, 1, 3, 1024), Buffer::new(2, 2, 4, 2048)];
+        let inst = Instance::new(&buffers, 1).unwrap();
+        assert_eq!(unit_of(&Component::new(&inst, &[0, 1, 2])), 1024);
+        let inst = Instance::new(&buffers, 5000).unwrap();
+        assert_eq!(unit_of(&Component::new(&inst, &[0, 1, 2])), 5000);
     }
 }

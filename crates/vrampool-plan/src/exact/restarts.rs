@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use super::component::{Component, Order};
 use super::search::{fits, Outcome};
+use super::jitter;
 use crate::instance::Instance;
 use crate::{read_csv, validate};
 
@@ -22,28 +23,6 @@ const SWAPS: usize = 20;
 
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-/// `rank` with `swaps` random swaps of neighbouring ranks (xorshift64 from `seed`).
-fn jitter(rank: &[u32], seed: u64, swaps: usize) -> Vec<u32> {
-    let n = rank.len();
-    let mut by = vec![0u32; n];
-    for (i, &r) in rank.iter().enumerate() {
-        by[r as usize] = i as u32;
-    }
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    for _ in 0..swaps {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        let k = (state % (n as u64 - 1)) as usize;
-        by.swap(k, k + 1);
-    }
-    let mut varied = vec![0u32; n];
-    for (r, &i) in by.iter().enumerate() {
-        varied[i as usize] = r as u32;
-    }
-    varied
 }
 
 #[test]
