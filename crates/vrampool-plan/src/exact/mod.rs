@@ -178,7 +178,7 @@ fn solve_part(
         },
     };
     let unit = unit_of(part);
-    let infeasible = descend(part, &ranks, target, infeasible, &mut best, deadline, nodes);
+    let infeasible = descend(part, &ranks, unit, (target, infeasible), &mut best, deadline, nodes);
     let solved = best.0 <= target || infeasible.is_some_and(|i| i + unit >= best.0);
     (Some(best), solved)
 }
@@ -208,27 +208,28 @@ const PATIENCE: u32 = 12;
 const SWAPS: usize = 20;
 
 /// Lowers `best` until `deadline` with short searches (tries) below it, each with its own order and node
-/// limit, and returns the highest capacity proven infeasible (`infeasible` or above).
+/// limit. `bounds` are the lower bound and the highest capacity proven infeasible so far, if any; returns
+/// the latter, updated. Capacities tried are multiples of `unit` (see `unit_of`).
 ///
 /// A try that times out proves nothing. On D, MiniMalloc's hardest challenging instance, a try that fits
-/// usually does so within a few thousand nodes, and one in five tries at 1,010 units fits, so the answer is
-/// many short tries, each under another order, rather than one long search: the first tries take the fixed
-/// orders, the others randomly jittered copies of MiniMalloc's TWA. The capacity tried starts halfway between
-/// the lower bound and the best plan, and moves halfway up only after `PATIENCE` misses in a row; so a few
-/// unlucky tries do not rule out a range for good, as the bisection this replaced did. Node limits follow
-/// Luby's sequence, so that now and then a try runs long enough to prove its capacity infeasible (each
-/// search is complete).
+/// usually does so within a few thousand nodes, and one in five tries of 20,000 nodes at 1,010 units fits. So
+/// the answer is many short tries, each under another order, rather than one long search: the first tries
+/// take the fixed orders, the others randomly jittered copies of MiniMalloc's TWA. The capacity tried starts
+/// halfway between the lower bound and the best plan, and moves halfway up only after `PATIENCE` misses in a
+/// row; so a few unlucky tries do not rule out a range for good, as the bisection this replaced did. Node
+/// limits follow Luby's sequence, so that now and then a try runs long enough to prove its capacity
+/// infeasible (each search is complete).
 fn descend(
     part: &Component,
     ranks: &[Vec<u32>],
-    target: u64,
-    mut infeasible: Option<u64>,
+    unit: u64,
+    (target, mut infeasible): (u64, Option<u64>),
     best: &mut (u64, Vec<u64>),
     deadline: Instant,
     nodes: &mut u64,
 ) -> Option<u64> {
-    let unit = unit_of(part);
-    let twa = &ranks[0]; // ORDERS starts with TWA
+    // ORDERS starts with TWA.
+    let twa = &ranks[0];
     // Capacities worth a try are the multiples of `unit` from `low` to just below the best plan.
     let mut low = infeasible.map_or(target, |i| i + 1).div_ceil(unit) * unit;
     let (mut gap, mut misses) = (u64::MAX, 0);
@@ -269,8 +270,7 @@ fn descend(
 }
 
 /// Luby's restart sequence: 1, 1, 2, 1, 1, 2, 4, 1, 1, 2, 1, 1, 2, 4, 8, ... (`i` from 1).
-fn luby(i: u64) -> u64 {
-    let mut i = i;
+fn luby(mut i: u64) -> u64 {
     loop {
         // The smallest k with i <= 2^k - 1.
         let k = 64 - i.leading_zeros() as u64;

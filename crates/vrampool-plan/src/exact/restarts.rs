@@ -16,8 +16,8 @@
 use std::time::{Duration, Instant};
 
 use super::component::{Component, Order};
-use super::search::{fits, Outcome};
 use super::jitter;
+use super::search::{fits, Outcome};
 use crate::instance::Instance;
 use crate::{read_csv, validate};
 
@@ -49,7 +49,8 @@ fn descend_on_d() {
             seed += 1;
             let mut nodes = 0;
             let until = Instant::now() + Duration::from_millis(300);
-            if let Outcome::Fits(local) = fits(&part, &jitter(&base, seed, SWAPS), capacity, until, &mut nodes, u64::MAX)
+            if let Outcome::Fits(local) =
+                fits(&part, &jitter(&base, seed, SWAPS), capacity, until, &mut nodes, u64::MAX)
             {
                 let mut offsets = vec![0u64; part.len()];
                 for (&i, &offset) in part.members.iter().zip(&local) {
