@@ -1,8 +1,38 @@
-//! Benchmarks only: see `pool.rs` and `planner.rs` beside this file. What the benchmarks and the
-//! examples in `examples/` share is here.
+//! Benchmarks only: see `pool.rs`, `pair_ratio.rs` and `planner.rs` beside this file. What the
+//! benchmarks and the examples in `examples/` share is here.
 
-use vrampool_core::sizes::{KIB, MIB};
-use vrampool_core::{Pool, StreamId};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::hint::black_box;
+use std::sync::Arc;
+
+use vrampool_core::sizes::{GIB, KIB, MIB};
+use vrampool_core::{Device, Pool, PoolConfig, SimDevice, SimMode, StreamId};
+
+/// A pool with `config` over a 64 GiB simulated device that hands out addresses only.
+pub fn sim_pool(config: PoolConfig) -> Pool {
+    let device = Arc::new(SimDevice::new(64 * GIB, SimMode::AddressOnly));
+    Pool::new(device as Arc<dyn Device>, config).unwrap()
+}
+
+/// One allocation of `size` bytes on the default stream and its free: the pair the benchmarks
+/// time.
+#[inline(always)]
+pub fn pool_pair(pool: &Pool, size: u64) {
+    let a = pool.allocate(black_box(size), StreamId(0)).unwrap();
+    pool.free(black_box(a), None, None).unwrap();
+}
+
+/// One malloc and free of `layout` through the system allocator (glibc's): the pairs' baseline.
+#[inline(always)]
+pub fn malloc_pair(layout: Layout) {
+    // SAFETY: the benchmarks' layouts are non-zero; the block is freed with the same layout at
+    // once.
+    unsafe {
+        let p = System.alloc(black_box(layout));
+        assert!(!p.is_null());
+        System.dealloc(black_box(p), layout);
+    }
+}
 
 /// The `mixed` workload: 1,000 operations, each `(allocate?, size)`, over random sizes from
 /// 512 B to 8 MiB (six in ten below 16 KiB, three below 1 MiB), the same every run.

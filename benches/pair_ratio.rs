@@ -7,14 +7,12 @@
 //!
 //! Run: `cargo bench -p vrampool-benches --bench pair_ratio`
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::hint::black_box;
-use std::sync::Arc;
+use std::alloc::Layout;
 use std::time::Instant;
 
-use vrampool_core::sizes::GIB;
+use vrampool_benches::{malloc_pair, pool_pair, sim_pool};
 use vrampool_core::strategy::StrategyKind;
-use vrampool_core::{Device, Pool, PoolConfig, SimDevice, SimMode, StreamId};
+use vrampool_core::{Pool, PoolConfig};
 
 const TURNS: usize = 200;
 const PAIRS_PER_TURN: u32 = 20_000;
@@ -23,8 +21,7 @@ const SIZE: u64 = 512;
 fn pool_turn(pool: &Pool) -> f64 {
     let t = Instant::now();
     for _ in 0..PAIRS_PER_TURN {
-        let a = pool.allocate(black_box(SIZE), StreamId(0)).unwrap();
-        pool.free(black_box(a), None, None).unwrap();
+        pool_pair(pool, SIZE);
     }
     t.elapsed().as_nanos() as f64 / f64::from(PAIRS_PER_TURN)
 }
@@ -33,12 +30,7 @@ fn malloc_turn() -> f64 {
     let layout = Layout::from_size_align(SIZE as usize, 16).unwrap();
     let t = Instant::now();
     for _ in 0..PAIRS_PER_TURN {
-        // SAFETY: a non-zero layout; the block is freed with the same layout at once.
-        unsafe {
-            let p = System.alloc(black_box(layout));
-            assert!(!p.is_null());
-            System.dealloc(black_box(p), layout);
-        }
+        malloc_pair(layout);
     }
     t.elapsed().as_nanos() as f64 / f64::from(PAIRS_PER_TURN)
 }
@@ -52,8 +44,7 @@ fn main() {
     println!("| 512 B pair | pool (median turn) | malloc (median turn) | median of the turns' ratios |");
     println!("| --- | ---: | ---: | ---: |");
     for strategy in [StrategyKind::Slab, StrategyKind::BestFit, StrategyKind::Buddy, StrategyKind::Hybrid] {
-        let device = Arc::new(SimDevice::new(64 * GIB, SimMode::AddressOnly));
-        let pool = Pool::new(device as Arc<dyn Device>, PoolConfig { strategy, ..PoolConfig::default() }).unwrap();
+        let pool = sim_pool(PoolConfig { strategy, ..PoolConfig::default() });
         pool_turn(&pool);
         let (mut pools, mut mallocs, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..TURNS {

@@ -4,30 +4,27 @@
 //! Run: `cargo bench -p vrampool-benches --bench pool`; `scripts/bench-summary.py` prints the
 //! medians and ratios.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::hint::black_box;
+use std::alloc::Layout;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use vrampool_core::sizes::{GIB, KIB, MIB};
+use vrampool_core::sizes::{KIB, MIB};
 use vrampool_core::strategy::StrategyKind;
-use vrampool_benches::{mixed_ops, run_mixed};
-use vrampool_core::{Device, Pool, PoolConfig, SimDevice, SimMode, StreamId};
+use vrampool_benches::{malloc_pair, mixed_ops, pool_pair, run_mixed, sim_pool};
+use vrampool_core::{Pool, PoolConfig};
 
 const STRATEGIES: [StrategyKind; 4] = [StrategyKind::Slab, StrategyKind::BestFit, StrategyKind::Buddy, StrategyKind::Hybrid];
 const SIZES: [(u64, &str); 4] = [(512, "512B"), (64 * KIB, "64KiB"), (4 * MIB, "4MiB"), (64 * MIB, "64MiB")];
 
 fn pool(strategy: StrategyKind) -> Pool {
-    let device = Arc::new(SimDevice::new(64 * GIB, SimMode::AddressOnly));
-    Pool::new(device as Arc<dyn Device>, PoolConfig { strategy, ..PoolConfig::default() }).unwrap()
+    sim_pool(PoolConfig { strategy, ..PoolConfig::default() })
 }
 
 /// A pool that has served `size` once, so the pair measured reuses cached memory.
 fn warm_pool(strategy: StrategyKind, size: u64) -> Pool {
     let pool = pool(strategy);
-    let a = pool.allocate(size, StreamId(0)).unwrap();
-    pool.free(a, None, None).unwrap();
+    pool_pair(&pool, size);
     pool
 }
 
@@ -37,22 +34,12 @@ fn pairs(c: &mut Criterion) {
         for strategy in STRATEGIES {
             let pool = warm_pool(strategy, size);
             group.bench_function(BenchmarkId::new(strategy.name(), label), |b| {
-                b.iter(|| {
-                    let a = pool.allocate(black_box(size), StreamId(0)).unwrap();
-                    pool.free(black_box(a), None, None).unwrap();
-                })
+                b.iter(|| pool_pair(&pool, size))
             });
         }
         let layout = Layout::from_size_align(size as usize, 16).unwrap();
         group.bench_function(BenchmarkId::new("malloc", label), |b| {
-            b.iter(|| {
-                // SAFETY: a non-zero layout; the block is freed with the same layout at once.
-                unsafe {
-                    let p = System.alloc(black_box(layout));
-                    assert!(!p.is_null());
-                    System.dealloc(black_box(p), layout);
-                }
-            })
+            b.iter(|| malloc_pair(layout))
         });
     }
     group.finish();
@@ -89,8 +76,7 @@ fn threads(c: &mut Criterion) {
                         std::thread::spawn(move || {
                             barrier.wait();
                             for _ in 0..iters {
-                                let a = pool.allocate(black_box(512), StreamId(0)).unwrap();
-                                pool.free(black_box(a), None, None).unwrap();
+                                pool_pair(&pool, 512);
                             }
                         })
                     })

@@ -2,9 +2,7 @@
 //! `cargo run --release -p vrampool-benches --example mixed [-- ITERATIONS [reclaim:false]]`.
 //! Prints time per iteration (1,000 operations of random sizes, 512 B to 8 MiB, up to 64 blocks
 //! live) and the device allocations and frees per strategy.
-use std::sync::Arc;
-use vrampool_benches::{mixed_ops, run_mixed};
-use vrampool_core::sizes::GIB;
+use vrampool_benches::{mixed_ops, run_mixed, sim_pool};
 use vrampool_core::strategy::StrategyKind;
 use vrampool_core::*;
 fn main() {
@@ -13,8 +11,7 @@ fn main() {
     let reclaim = args.get(2).map(String::as_str) != Some("reclaim:false");
     let ops = mixed_ops();
     for strategy in [StrategyKind::Slab, StrategyKind::BestFit, StrategyKind::Buddy, StrategyKind::Hybrid] {
-        let device = Arc::new(SimDevice::new(64 * GIB, SimMode::AddressOnly));
-        let pool = Pool::new(device as Arc<dyn Device>, PoolConfig { strategy, reclaim, ..PoolConfig::default() }).unwrap();
+        let pool = sim_pool(PoolConfig { strategy, reclaim, ..PoolConfig::default() });
         let mut live: Vec<u64> = Vec::with_capacity(64);
         let started = std::time::Instant::now();
         for _ in 0..iterations {
