@@ -16,13 +16,12 @@
 use std::time::{Duration, Instant};
 
 use super::component::{Component, Order};
-use super::jitter;
 use super::search::{fits, Outcome};
+use super::{jitter, write_part, SWAPS};
 use crate::instance::Instance;
 use crate::{read_csv, validate};
 
 const UNIT: u64 = 1_024;
-const SWAPS: usize = 20;
 
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -53,9 +52,7 @@ fn descend_on_d() {
                 fits(&part, &jitter(&base, seed, SWAPS), capacity, until, &mut nodes, u64::MAX)
             {
                 let mut offsets = vec![0u64; part.len()];
-                for (&i, &offset) in part.members.iter().zip(&local) {
-                    offsets[i as usize] = offset;
-                }
+                write_part(&mut offsets, &part.members, local.into_iter());
                 let arena = validate(&buffers, &offsets, 1).unwrap();
                 println!(
                     "{:>5.0} s  seed {seed}: {arena} bytes ({} units)  {offsets:?}",
