@@ -93,6 +93,7 @@ def format_summary(
     out.append(rule)
     free = g("free_bytes") or max(0, g("reserved_bytes.all.current") - g("allocated_bytes.all.current"))
     out.append(line(f"Reserved but unallocated: {format_size(free)}, largest free block {format_size(g('largest_free_bytes'))}"))
+    out.append(line(f"Of it in cached blocks (freed, kept for reuse): {format_size(g('cached_bytes'))}"))
     out.append(
         line(
             f"Fragmentation: {100 * float(g('fragmentation')):.1f} %   "

@@ -530,7 +530,8 @@ impl PoolCore {
     }
 
     pub fn stats(&self) -> Stats {
-        self.counters.read(self.largest_free())
+        let (largest, free_ranges) = self.free_ranges();
+        self.counters.read(largest, free_ranges)
     }
 
     pub fn reset_peak_stats(&self) {
@@ -1175,23 +1176,26 @@ impl PoolCore {
         });
     }
 
-    fn largest_free(&self) -> u64 {
-        let mut largest = 0;
+    /// The largest free range of any strategy, and the bytes of all their free ranges.
+    fn free_ranges(&self) -> (u64, u64) {
+        let (mut largest, mut bytes) = (0, 0);
         self.for_each_arena(|arena| {
             for tier in arena.tiers.iter() {
-                largest = largest.max(tier.lock().usage().largest_free);
+                let usage = tier.lock().usage();
+                largest = largest.max(usage.largest_free);
+                bytes += usage.reserved.saturating_sub(usage.allocated);
             }
         });
-        largest
+        (largest, bytes)
     }
 
     fn oom_report(&self, requested: u64) -> OomReport {
-        let stats = self.counters.read(0);
+        let stats = self.stats();
         OomReport {
             requested,
             allocated: stats.allocated_bytes.current,
             reserved: stats.reserved_bytes.current,
-            largest_free: self.largest_free(),
+            largest_free: stats.largest_free_bytes,
             device_free: self.device.mem_info().map(|m| m.free).unwrap_or(0),
             limit: self.config.limit.is_some().then(|| self.capacity()),
         }

@@ -86,7 +86,7 @@ pub struct ReplayReport {
     pub events_per_s: f64,
     /// Segments the pool asked the device for.
     pub device_allocs: u64,
-    /// External fragmentation (1 - largest free block / free bytes) at the timeline sample with
+    /// External fragmentation (1 - largest free range / bytes in free ranges) at the sample with
     /// the most bytes allocated: how scattered the spare memory is when memory is tightest (0
     /// when the replay samples no timeline).
     pub fragmentation: f64,

@@ -236,14 +236,18 @@ impl Counters {
         self.segment.reset_peak();
     }
 
-    pub fn read(&self, largest_free: u64) -> Stats {
+    /// The counters, with the strategies' largest free range and the bytes of all their free
+    /// ranges (read by the caller under the strategies' locks).
+    pub fn read(&self, largest_free: u64, free_range_bytes: u64) -> Stats {
         let get = |a: &AtomicU64| a.load(Relaxed);
         let totals = self.fast.checkpoint();
         let [allocated_bytes, requested_bytes, active_bytes, allocation] = self.fast.read();
+        let reserved_bytes = self.reserved_bytes.read();
+        let unallocated = reserved_bytes.current.saturating_sub(allocated_bytes.current);
         Stats {
             allocated_bytes,
             requested_bytes,
-            reserved_bytes: self.reserved_bytes.read(),
+            reserved_bytes,
             active_bytes,
             allocation,
             segment: self.segment.read(),
@@ -254,6 +258,7 @@ impl Counters {
             fast_path_hits: FastCounters::hits(&totals),
             deferred_frees: get(&self.deferred_frees),
             largest_free_bytes: largest_free,
+            cached_bytes: unallocated.saturating_sub(free_range_bytes),
         }
     }
 }
@@ -273,8 +278,13 @@ pub struct Stats {
     pub num_device_free: u64,
     pub fast_path_hits: u64,
     pub deferred_frees: u64,
-    /// The largest block the pool could hand out without a new segment.
+    /// The largest free range of the strategies: the largest block the pool can cut without a
+    /// new segment, not counting cached blocks.
     pub largest_free_bytes: u64,
+    /// Freed blocks that the strategies still count as taken: held in the caches (handed out
+    /// again at their own size, and merged back into the free ranges before the pool grows) or
+    /// waiting for other streams' work.
+    pub cached_bytes: u64,
 }
 
 impl Stats {
@@ -283,9 +293,10 @@ impl Stats {
         self.reserved_bytes.current.saturating_sub(self.allocated_bytes.current)
     }
 
-    /// 1 - largest free block / all free bytes: 0 when the free memory is one block.
+    /// 1 - largest free range / bytes in free ranges: 0 when the free memory is one range.
+    /// Cached blocks are no free range: a freed block waiting in a cache is not scattered memory.
     pub fn fragmentation(&self) -> f64 {
-        match self.free_bytes() {
+        match self.free_bytes().saturating_sub(self.cached_bytes) {
             0 => 0.0,
             free => 1.0 - (self.largest_free_bytes.min(free) as f64 / free as f64),
         }
@@ -323,6 +334,7 @@ impl Stats {
             ("fast_path_hits", self.fast_path_hits),
             ("deferred_frees", self.deferred_frees),
             ("largest_free_bytes", self.largest_free_bytes),
+            ("cached_bytes", self.cached_bytes),
             ("free_bytes", self.free_bytes()),
         ] {
             pairs.push((name.to_string(), v as f64));

@@ -352,6 +352,7 @@ fn add_stats(a: &mut Stats, b: &Stats) {
     a.fast_path_hits += b.fast_path_hits;
     a.deferred_frees += b.deferred_frees;
     a.largest_free_bytes = a.largest_free_bytes.max(b.largest_free_bytes);
+    a.cached_bytes += b.cached_bytes;
 }
 
 /// The entries, by device ordinal: read with one atomic load on every call, written once under
