@@ -27,16 +27,20 @@ const NIL: u32 = u32::MAX;
 /// power of two (a bin's sizes differ by less than 1/16). Design: bins are intrusive lists over
 /// the node arena with a bitmap of non-empty bins, so filing, unfiling and finding the next
 /// non-empty bin are O(1) (an alloc+free pair measured 50-90 ns, against 150-220 ns with a
-/// `BTreeMap<(size, addr)>`); exact best fit comes from scanning the one or two bins searched.
+/// `BTreeMap<(size, addr)>`); exact best fit comes from scanning the one or two bins searched, or
+/// from a crowded bin's index.
 const LINEAR_BINS: usize = 16;
 const SUB_BINS_LOG2: u32 = 4;
 const BINS: usize = LINEAR_BINS + (64 - 9 - SUB_BINS_LOG2 as usize) * (1 << SUB_BINS_LOG2);
 const BITMAP_WORDS: usize = BINS.div_ceil(64);
 
-/// Design: a bin scan looks at no more than this many ranges, so a bin crowded with thousands of
-/// ranges costs bounded time; the fit is then the best among the ranges looked at (a fitting
-/// range deep in a crowded bin can be passed over for one in the next non-empty bin).
-const SCAN_LIMIT: usize = 32;
+/// Design: a bin is scanned whole up to this many ranges. A scan that meets more makes the bin
+/// crowded: its ranges are also ordered by (size, address) in `crowded`, where its best fit is
+/// one lookup, so a bin of thousands of ranges costs O(log n), as a tree does, and the fit stays
+/// exact. A bin stops being crowded when it falls to half as many (so a bin at the edge does not
+/// move in and out at every call). Bins that are not crowded are not counted: filing pays one
+/// test.
+const SCAN_LIMIT: u32 = 32;
 
 /// The bin of a free range of `size` bytes (< 512 goes to bin 0, which no request searches).
 fn bin_of(size: u64) -> usize {
@@ -76,6 +80,10 @@ pub struct BestFit {
     bin_heads: Vec<u32>,
     bitmap: [u64; BITMAP_WORDS],
     summary: u64,
+    /// Free ranges in each crowded bin; 0 for the others.
+    crowded_counts: Vec<u32>,
+    /// The free ranges of the crowded bins: (size, address) -> node.
+    crowded: BTreeMap<(u64, u64), u32>,
     /// Live blocks by address -> node.
     live: AddrMap<u32>,
     /// Segments by base -> (size, first node). The first node keeps its slot for the segment's
@@ -110,6 +118,8 @@ impl BestFit {
             bin_heads: vec![NIL; BINS],
             bitmap: [0; BITMAP_WORDS],
             summary: 0,
+            crowded_counts: vec![0; BINS],
+            crowded: BTreeMap::new(),
             live: AddrMap::default(),
             segments: BTreeMap::new(),
             ends: BTreeMap::new(),
@@ -146,7 +156,8 @@ impl BestFit {
 
     /// Files free node `i` at the front of its bin.
     fn file(&mut self, i: u32) {
-        let bin = bin_of(self.node(i).size);
+        let size = self.node(i).size;
+        let bin = bin_of(size);
         let head = self.bin_heads[bin];
         let node = self.node_mut(i);
         node.bin_prev = NIL;
@@ -157,25 +168,76 @@ impl BestFit {
         self.bin_heads[bin] = i;
         self.bitmap[bin / 64] |= 1 << (bin % 64);
         self.summary |= 1 << (bin / 64);
+        if self.is_crowded(bin) {
+            self.index(bin, i);
+        }
     }
 
     /// Takes free node `i` out of its bin.
     fn unfile(&mut self, i: u32) {
         let Node { size, bin_prev, bin_next, .. } = *self.node(i);
+        let bin = bin_of(size);
         if bin_next != NIL {
             self.node_mut(bin_next).bin_prev = bin_prev;
         }
         if bin_prev != NIL {
             self.node_mut(bin_prev).bin_next = bin_next;
+        } else {
+            self.bin_heads[bin] = bin_next;
+            if bin_next == NIL {
+                self.bitmap[bin / 64] &= !(1 << (bin % 64));
+                if self.bitmap[bin / 64] == 0 {
+                    self.summary &= !(1 << (bin / 64));
+                }
+            }
+        }
+        if self.is_crowded(bin) {
+            self.unindex(bin, i);
+        }
+    }
+
+    /// Enters node `i`, just filed in crowded `bin`, in `crowded`.
+    #[cold]
+    fn index(&mut self, bin: usize, i: u32) {
+        let Node { addr, size, .. } = *self.node(i);
+        self.crowded.insert((size, addr), i);
+        self.crowded_counts[bin] += 1;
+    }
+
+    /// Takes node `i`, just unfiled from crowded `bin`, out of `crowded`; a bin that falls to
+    /// half the scan limit stops being crowded.
+    #[cold]
+    fn unindex(&mut self, bin: usize, i: u32) {
+        let Node { addr, size, .. } = *self.node(i);
+        self.crowded.remove(&(size, addr));
+        self.crowded_counts[bin] -= 1;
+        if self.crowded_counts[bin] > SCAN_LIMIT / 2 {
             return;
         }
-        let bin = bin_of(size);
-        self.bin_heads[bin] = bin_next;
-        if bin_next == NIL {
-            self.bitmap[bin / 64] &= !(1 << (bin % 64));
-            if self.bitmap[bin / 64] == 0 {
-                self.summary &= !(1 << (bin / 64));
-            }
+        self.crowded_counts[bin] = 0;
+        let mut j = self.bin_heads[bin];
+        while j != NIL {
+            let Node { addr, size, bin_next, .. } = *self.node(j);
+            self.crowded.remove(&(size, addr));
+            j = bin_next;
+        }
+    }
+
+    /// (No bin is crowded while the index is empty: the common case tests one word.)
+    #[inline(always)]
+    fn is_crowded(&self, bin: usize) -> bool {
+        !self.crowded.is_empty() && self.crowded_counts[bin] != 0
+    }
+
+    /// Makes `bin` crowded: enters all its ranges in `crowded`.
+    #[cold]
+    fn crowd(&mut self, bin: usize) {
+        let mut j = self.bin_heads[bin];
+        while j != NIL {
+            let Node { addr, size, bin_next, .. } = *self.node(j);
+            self.crowded.insert((size, addr), j);
+            self.crowded_counts[bin] += 1;
+            j = bin_next;
         }
     }
 
@@ -194,35 +256,50 @@ impl BestFit {
         Some(word * 64 + self.bitmap[word].trailing_zeros() as usize)
     }
 
-    /// The smallest range of at least `size` bytes among the first `limit` ranges of `bin`.
-    fn best_in_bin(&self, bin: usize, size: u64, limit: usize) -> Option<u32> {
+    /// The smallest range of `bin` of at least `size` bytes. A bin with more ranges than a scan
+    /// looks at is crowded from then on, and asks the index.
+    #[inline(always)]
+    fn best_in_bin(&mut self, bin: usize, size: u64) -> Option<u32> {
+        if self.is_crowded(bin) {
+            return self.best_in_crowded(bin, size);
+        }
         let (mut best, mut best_size) = (NIL, u64::MAX);
         let mut i = self.bin_heads[bin];
-        for _ in 0..limit {
+        for _ in 0..SCAN_LIMIT {
             if i == NIL {
-                break;
+                return (best != NIL).then_some(best);
             }
             let node = self.node(i);
             if node.size >= size && node.size < best_size {
-                (best, best_size) = (i, node.size);
                 if node.size == size {
-                    break;
+                    return Some(i);
                 }
+                (best, best_size) = (i, node.size);
             }
             i = node.bin_next;
         }
-        (best != NIL).then_some(best)
+        if i == NIL {
+            return (best != NIL).then_some(best);
+        }
+        self.crowd(bin);
+        self.best_in_crowded(bin, size)
+    }
+
+    #[cold]
+    fn best_in_crowded(&self, bin: usize, size: u64) -> Option<u32> {
+        let (&(found, _), &i) = self.crowded.range((size, 0)..).next()?;
+        (bin_of(found) == bin).then_some(i)
     }
 
     /// Best fit: the request's own bin holds ranges both smaller and larger than it, so it is
-    /// scanned first; failing that, every range of the next non-empty bin fits.
-    fn find(&self, size: u64) -> Option<u32> {
+    /// searched first; failing that, every range of the next non-empty bin fits.
+    fn find(&mut self, size: u64) -> Option<u32> {
         let bin = bin_of(size);
-        if let Some(i) = self.best_in_bin(bin, size, SCAN_LIMIT) {
+        if let Some(i) = self.best_in_bin(bin, size) {
             return Some(i);
         }
         let bin = self.next_bin(bin + 1)?;
-        self.best_in_bin(bin, size, SCAN_LIMIT)
+        self.best_in_bin(bin, size)
     }
 
     /// A new node `[addr, addr + size)` linked in right after node `a`.
@@ -593,13 +670,18 @@ impl Strategy for BestFit {
     }
 
     fn usage(&self) -> Usage {
-        // The top non-empty bin holds the largest range; it is scanned whole.
+        // The top non-empty bin holds the largest range: its last entry in `crowded` (no higher
+        // bin has ranges), or else found by a scan.
         let top = (0..BITMAP_WORDS)
             .rev()
             .find(|&w| self.bitmap[w] != 0)
             .map(|w| w * 64 + 63 - self.bitmap[w].leading_zeros() as usize);
         let mut largest_free = 0;
         let mut i = top.map_or(NIL, |bin| self.bin_heads[bin]);
+        if top.is_some_and(|bin| self.is_crowded(bin)) {
+            largest_free = self.crowded.last_key_value().map_or(0, |(&(size, _), _)| size);
+            i = NIL;
+        }
         while i != NIL {
             largest_free = largest_free.max(self.node(i).size);
             i = self.node(i).bin_next;
@@ -688,9 +770,10 @@ mod tests {
         }
         let want = 64 * KIB + 24 * 512;
         let got = b.allocate(want).unwrap();
-        assert_eq!(got.size, want, "an exact fit among the first ranges looked at");
+        assert_eq!(got.size, want, "an exact fit");
+        // 64.5 KiB fits one of the 64.5 KiB holes (k = 18, 43, ...) exactly: nothing is split off.
         let got = b.allocate(64 * KIB + 512).unwrap();
-        assert!(got.size <= (64 * KIB + 512) * 17 / 16, "within 1/16: {got:?}");
+        assert!(holes.iter().any(|h| h.addr == got.addr && h.size == got.size), "{got:?}");
     }
 
     #[test]
@@ -741,6 +824,70 @@ mod tests {
         assert!(twins.contains(&blocks[2].addr) && twins.contains(&blocks[6].addr), "the two 16 KiB holes");
         assert_eq!(b.allocate(12 * KIB).unwrap().addr, blocks[4].addr + 20 * KIB, "12 KiB left of 32");
         assert_eq!(b.allocate(48 * KIB).unwrap().addr, 0);
+    }
+
+    /// Free ranges of `sizes` in address order, each followed by a live 512 B block so that none
+    /// merges with the next; returns the addresses. They are freed in address order, so a bin's
+    /// list meets them in the opposite order (each freed range goes in front).
+    fn holes(b: &mut BestFit, sizes: &[u64]) -> Vec<u64> {
+        let ranges: Vec<u64> = sizes
+            .iter()
+            .map(|&size| {
+                let range = b.allocate(size).unwrap().addr;
+                b.allocate(512).unwrap();
+                range
+            })
+            .collect();
+        for &addr in &ranges {
+            b.free(addr).unwrap();
+        }
+        ranges
+    }
+
+    #[test]
+    fn best_fit_is_not_first_fit_across_bins() {
+        // In address order: 1 MiB, 96 KiB, 65 KiB. First fit would cut 64.5 KiB from the 1 MiB
+        // range, many bins above the 65 KiB one that best fit takes.
+        let mut b = BestFit::default();
+        b.add_segment(seg(0, 4 * MIB));
+        let at = holes(&mut b, &[MIB, 96 * KIB, 65 * KIB]);
+        assert_ne!(bin_of(MIB), bin_of(65 * KIB));
+        assert_eq!(b.allocate(64 * KIB + 512).unwrap().addr, at[2]);
+        assert_eq!(b.allocate(90 * KIB).unwrap().addr, at[1]);
+    }
+
+    #[test]
+    fn best_fit_is_not_first_fit_inside_a_bin() {
+        // 65.5 and 67.5 KiB share the bin [64, 68) KiB; the bin's list meets 67.5 KiB first.
+        for request in [65 * KIB, 63 * KIB + 512] {
+            let mut b = BestFit::default();
+            b.add_segment(seg(0, 2 * MIB));
+            let at = holes(&mut b, &[65 * KIB + 512, 67 * KIB + 512]);
+            assert_eq!(bin_of(65 * KIB + 512), bin_of(67 * KIB + 512));
+            // 65 KiB searches its own bin; 63.5 KiB (bin [62, 64) KiB, empty) the next one.
+            assert_eq!(b.allocate(request).unwrap().addr, at[0], "request {request}: the smaller range of the bin");
+            assert_eq!(b.allocate(request).unwrap().addr, at[1], "request {request}");
+        }
+    }
+
+    #[test]
+    fn best_fit_is_exact_in_a_crowded_bin() {
+        // 40 ranges of one bin, more than a scan looks at: the smallest (65.5 KiB) is met last.
+        let mut b = BestFit::default();
+        b.add_segment(seg(0, 8 * MIB));
+        let sizes: Vec<u64> = std::iter::once(65 * KIB + 512).chain((0..39).map(|k| 66 * KIB + (k % 4) * 512)).collect();
+        assert!(sizes.len() > SCAN_LIMIT as usize && sizes.iter().all(|&s| bin_of(s) == bin_of(64 * KIB)));
+        let at = holes(&mut b, &sizes);
+        let size_at = |addr: u64| sizes[at.iter().position(|&a| a == addr).unwrap()];
+        assert_eq!(size_at(b.allocate(63 * KIB + 512).unwrap().addr), 65 * KIB + 512, "from the next bin");
+        // Each request takes the smallest range left, as the bin empties (and stops being crowded).
+        let mut taken: Vec<u64> = (1..sizes.len()).map(|_| size_at(b.allocate(65 * KIB).unwrap().addr)).collect();
+        let mut sorted = taken.clone();
+        sorted.sort_unstable();
+        assert_eq!(taken, sorted);
+        taken.dedup();
+        assert_eq!(taken, [66 * KIB, 66 * KIB + 512, 67 * KIB, 67 * KIB + 512]);
+        check_invariants(&b);
     }
 
     #[test]
@@ -838,6 +985,78 @@ mod tests {
         assert_eq!(reserved, b.usage().reserved);
         assert_eq!(allocated, b.usage().allocated);
         assert_eq!(b.live.len() as u64, b.usage().live_blocks);
+        // Each bin's count is its list's length, and `crowded` holds the crowded bins' ranges.
+        let mut indexed = 0;
+        for bin in 0..BINS {
+            let (mut len, mut i) = (0, b.bin_heads[bin]);
+            while i != NIL {
+                let n = b.node(i);
+                assert!(!b.is_crowded(bin) || b.crowded.get(&(n.size, n.addr)) == Some(&i), "bin {bin}");
+                len += 1;
+                i = n.bin_next;
+            }
+            if b.is_crowded(bin) {
+                assert_eq!(len, b.crowded_counts[bin], "bin {bin}");
+                assert!(len > SCAN_LIMIT / 2, "bin {bin} of {len} ranges is still crowded");
+                indexed += len;
+            }
+        }
+        assert_eq!(indexed as usize, b.crowded.len());
+    }
+
+    #[test]
+    fn random_crowded_bins_give_the_exact_best_fit() {
+        // Sizes of a few neighbouring bins; 1,500 blocks, then 1,000 of them freed (each range
+        // apart from the next), then random frees and allocations. Every allocation must take a
+        // smallest free range that fits, as a search over the snapshot finds it.
+        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut b = BestFit::default();
+        b.add_segment(seg(0, 256 * MIB));
+        let mut live: Vec<Block> = Vec::new();
+        let allocate = |b: &mut BestFit, live: &mut Vec<Block>, r: u64, check: bool| {
+            let size = 48 * KIB + 512 * (r % 64);
+            let free: Vec<BlockInfo> =
+                if check { b.snapshot().into_iter().flat_map(|(_, blocks)| blocks).filter(|x| !x.allocated).collect() } else { Vec::new() };
+            let block = b.allocate(size).unwrap();
+            if check {
+                let best = free.iter().filter(|x| x.size >= size).map(|x| x.size).min().unwrap();
+                let range = free.iter().find(|x| x.addr == block.addr).expect("a block is cut from the start of a free range");
+                assert_eq!(range.size, best, "{size} B from a {} B range, the best is {best} B", range.size);
+            }
+            live.push(block);
+            // A 512 B block after it, never freed, so that freed ranges stay apart.
+            b.allocate(512).unwrap();
+        };
+        for _ in 0..1500 {
+            allocate(&mut b, &mut live, next() >> 8, false);
+        }
+        for _ in 0..1000 {
+            let block = live.swap_remove((next() >> 8) as usize % live.len());
+            b.free(block.addr).unwrap();
+        }
+        check_invariants(&b);
+        let mut crowded_bins = 0;
+        for step in 0..3000 {
+            let r = next();
+            if r % 2 == 0 {
+                let block = live.swap_remove((r >> 8) as usize % live.len());
+                assert_eq!(b.free(block.addr), Some(block.size));
+            } else {
+                allocate(&mut b, &mut live, r >> 8, true);
+            }
+            if step % 97 == 0 {
+                check_invariants(&b);
+            }
+            crowded_bins = crowded_bins.max((0..BINS).filter(|&bin| b.is_crowded(bin)).count());
+        }
+        assert!(crowded_bins >= 4, "{crowded_bins} crowded bins at most");
+        check_invariants(&b);
     }
 
     #[test]
