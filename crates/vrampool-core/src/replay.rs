@@ -460,10 +460,7 @@ mod tests {
 
     fn shared_traces() -> Vec<(String, Vec<TraceEvent>)> {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces/static");
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            eprintln!("skipping: no shared traces at {}", dir.display());
-            return Vec::new();
-        };
+        let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         let mut paths: Vec<_> = entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "csv")).collect();
         paths.sort();
         paths
@@ -476,6 +473,7 @@ mod tests {
             .collect()
     }
 
+    #[vrampool_shared_traces::needs_shared_traces]
     #[test]
     fn replay_shared_instances_with_every_strategy() {
         for (name, events) in shared_traces() {
@@ -498,9 +496,7 @@ mod tests {
     #[test]
     #[ignore = "a measurement: run in release"]
     fn replay_throughput() {
-        let Some((_, events)) = shared_traces().into_iter().find(|(n, _)| n == "somas-resnet50.csv") else {
-            return;
-        };
+        let (_, events) = shared_traces().into_iter().find(|(n, _)| n == "somas-resnet50.csv").expect("somas-resnet50.csv");
         // Repeat the trace so the loop runs long enough to time.
         let mut long = Vec::new();
         for round in 0..500u64 {

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use vrampool_plan::{plan, read_csv, read_plan_csv, validate, Algorithm, Buffer, PlanOptions};
+use vrampool_shared_traces::needs_shared_traces;
 
 fn instances_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces/static")
@@ -53,6 +54,7 @@ const BUDGET: Duration = Duration::from_secs(if cfg!(debug_assertions) { 1 } els
 /// The tests take turns, so that their searches do not compete for the CPU.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+#[needs_shared_traces]
 #[test]
 fn reads_every_shared_instance() {
     let mut names: Vec<String> = std::fs::read_dir(instances_dir())
@@ -67,6 +69,7 @@ fn reads_every_shared_instance() {
     }
 }
 
+#[needs_shared_traces]
 #[test]
 fn challenging_a() {
     let plan = check("minimalloc-challenging-A.csv", BUDGET);
@@ -74,6 +77,7 @@ fn challenging_a() {
     assert_reaches_bound("A", &plan);
 }
 
+#[needs_shared_traces]
 #[test]
 fn challenging_b() {
     let plan = check("minimalloc-challenging-B.csv", BUDGET);
@@ -81,6 +85,7 @@ fn challenging_b() {
     assert_reaches_bound("B", &plan);
 }
 
+#[needs_shared_traces]
 #[test]
 fn challenging_c() {
     // The lower bound is below the best known 1,048,576, and reachable.
@@ -89,6 +94,7 @@ fn challenging_c() {
     assert_reaches_bound("C", &plan);
 }
 
+#[needs_shared_traces]
 #[test]
 fn challenging_d() {
     // The lower bound (986,112) is not reached; the best known is 1,048,576, and the search does better.
@@ -104,6 +110,7 @@ fn challenging_d() {
 /// D's best plan known, 1,003,520 bytes (980 units of 1,024 against the bound's 963), found by searches at fixed
 /// capacities with jittered orders (`exact::restarts::descend_on_d`, ignored): the buffers must be D's, and the
 /// plan valid.
+#[needs_shared_traces]
 #[test]
 fn challenging_d_stored_plan() {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/minimalloc-challenging-D-plan.csv");
@@ -113,6 +120,7 @@ fn challenging_d_stored_plan() {
     assert_eq!(validate(&buffers, &offsets, 1).unwrap(), 1_003_520);
 }
 
+#[needs_shared_traces]
 #[test]
 fn challenging_e() {
     let plan = check("minimalloc-challenging-E.csv", BUDGET);
@@ -120,6 +128,7 @@ fn challenging_e() {
     assert_reaches_bound("E", &plan);
 }
 
+#[needs_shared_traces]
 #[test]
 fn challenging_f() {
     let plan = check("minimalloc-challenging-F.csv", BUDGET);
@@ -127,6 +136,7 @@ fn challenging_f() {
     assert_reaches_bound("F", &plan);
 }
 
+#[needs_shared_traces]
 #[test]
 fn somas_resnet50() {
     let plan = check("somas-resnet50.csv", BUDGET);
