@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+from typing import Any
 
 import pytest
 
@@ -38,16 +39,24 @@ def transformer() -> "torch.nn.Module":
     )
 
 
-def check_sane(live: Liveness) -> None:
+def check_sane(live: Liveness, graph: Any = None) -> None:
+    """Every interval lies inside the run and has a known kind; given the graph, each interval's
+    size is its tensor's elements times their size (what a fresh storage holds)."""
+    nodes = {} if graph is None else {n.name: n for n in getattr(graph, "graph_module", graph).graph.nodes}
     for i in live.intervals:
         assert 0 <= i.lower < i.upper <= live.steps, i
-        assert i.size >= 0 and i.kind in ("intermediate", "input", "output")
+        assert i.kind in ("intermediate", "input", "output"), i
+        if graph is not None:
+            name, _, index = i.name.partition("[")
+            value = nodes[name].meta["val"]
+            tensor = value if isinstance(value, torch.Tensor) else value[int(index.rstrip("]") or 0)]
+            assert i.size == tensor.numel() * tensor.element_size(), (i, tensor.shape, tensor.dtype)
 
 
 def test_training_step_intervals_follow_the_graph() -> None:
     gm = trace_training_step(mlp(), (torch.randn(4, 16),))
     live = from_graph(gm)
-    check_sane(live)
+    check_sane(live, gm)
     nodes = list(gm.graph.nodes)
     by_name = {i.name: i for i in live.intervals}
     # The forward activation saved for backward lives until its last backward use, which reads
@@ -65,6 +74,11 @@ def test_training_step_intervals_follow_the_graph() -> None:
     assert {r[0] for r in live.rows()}.isdisjoint({i.id for i in inputs})
     # Gradients are outputs: kept to the end.
     assert all(i.upper == live.steps for i in live.intervals if i.kind == "output")
+    # Sizes by hand (float32, batch 4): the weights 32x16 and 8x32, their biases, the batch 4x16;
+    # the hidden activation 4x32 and its gradient; the logits 4x8; the loss, a scalar.
+    assert sorted(i.size for i in inputs) == [8 * 4, 32 * 4, 4 * 16 * 4, 8 * 32 * 4, 32 * 16 * 4]
+    sizes = {name: by_name[name].size for name in ("relu", "threshold_backward", "addmm_1", "sum_1", "mm_1", "mm_2")}
+    assert sizes == {"relu": 512, "threshold_backward": 512, "addmm_1": 128, "sum_1": 4, "mm_1": 1024, "mm_2": 2048}
 
 
 def test_in_place_ops_allocate_nothing() -> None:
@@ -90,7 +104,7 @@ def test_real_models_plan_within_one_percent_of_the_bound(make, shape) -> None:
     model = make()
     for gm in (trace_forward(model, (torch.randn(*shape),)), trace_training_step(model, (torch.randn(*shape),))):
         live = from_graph(gm)
-        check_sane(live)
+        check_sane(live, gm)
         result = live.plan(budget_ms=2000)
         assert result.lower_bound_bytes == live.lower_bound_bytes()
         assert result.arena_bytes <= 1.01 * result.lower_bound_bytes, (result.arena_bytes, result.lower_bound_bytes)
@@ -100,7 +114,7 @@ def test_exported_program() -> None:
     model = mlp()
     ep = torch.export.export(model, (torch.randn(4, 16),))
     live = from_graph(ep)
-    check_sane(live)
+    check_sane(live, ep)
     assert sum(i.kind == "input" for i in live.intervals) == 5  # 4 parameters and the input
     assert live.plan().arena_bytes >= live.lower_bound_bytes() > 0
 
@@ -158,7 +172,7 @@ def test_scaled_down_models_plan_within_one_percent_of_the_bound(make, example) 
     model = make()
     for gm in (trace_forward(model, (example(),)), trace_training_step(model, (example(),))):
         live = from_graph(gm)
-        check_sane(live)
+        check_sane(live, gm)
         result = live.plan(budget_ms=2000)
         assert result.lower_bound_bytes == live.lower_bound_bytes() > 0
         assert result.arena_bytes <= 1.01 * result.lower_bound_bytes, (result.arena_bytes, result.lower_bound_bytes)

@@ -222,35 +222,122 @@ def test_signature_keys_are_stable_and_distinct() -> None:
     assert signature_key((torch.Size([8, 3]), torch.Size([8]))) == keys[3]
 
 
-def test_threads_share_a_planned_pool_without_deadlock() -> None:
+def test_threads_share_a_planned_pool_without_deadlock_or_overlap() -> None:
     # The planned pool's lock is taken with the GIL released and its pool calls take the GIL:
-    # threads that allocate, free and step at once must neither deadlock nor overlap.
+    # threads that allocate, free and step at once must neither deadlock nor overlap. Each thread
+    # holds its buffers across a barrier where every thread has written all of its own, and checks
+    # them only after: a buffer handed to two threads at once shows as the other's pattern.
+    import collections
     import threading
 
     pool = DevicePool("sim", capacity=CAPACITY)
     planned = pool.planned()
+    threads, rounds, per_round = 4, 15, 10
+    barrier = threading.Barrier(threads, timeout=60)
     errors: List[str] = []
 
     def worker(t: int) -> None:
+        live: "collections.deque[Tuple[int, bytes]]" = collections.deque()
         try:
-            for i in range(150):
-                size = 512 * (1 + (i + t) % 7)
-                ptr = planned.allocate(size)
-                pool.native.sim_write(ptr, pattern(t, size))
-                if pool.native.sim_read(ptr, size) != pattern(t, size):
-                    errors.append(f"thread {t}: overwritten")
-                planned.deallocate(ptr)
-                if t == 0 and i % 10 == 0:
+            for r in range(rounds):
+                for k in range(per_round):
+                    size = 512 * (1 + (r + k + t) % 7)
+                    ptr = planned.allocate(size)
+                    data = pattern(t << 32 | r * per_round + k, size)
+                    pool.native.sim_write(ptr, data)
+                    live.append((ptr, data))
+                barrier.wait()  # every thread's buffers of this round are written
+                # Free all but the last three, which stay live into the next round.
+                while len(live) > 3:
+                    ptr, data = live.popleft()
+                    if pool.native.sim_read(ptr, len(data)) != data:
+                        errors.append(f"thread {t}, round {r}: {len(data)} B at {ptr:#x} overwritten")
+                    planned.deallocate(ptr)
+                if t == 0:
                     planned.step()
+                barrier.wait()  # checked before the next round writes
+            for ptr, data in live:
+                if pool.native.sim_read(ptr, len(data)) != data:
+                    errors.append(f"thread {t}: {len(data)} B at {ptr:#x} overwritten")
+                planned.deallocate(ptr)
         except Exception as e:  # noqa: BLE001 - collected for the assertion below
-            errors.append(repr(e))
+            barrier.abort()
+            errors.append(f"thread {t}: {e!r}")
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
-    for thread in threads:
+    running = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
+    for thread in running:
         thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert not any(thread.is_alive() for thread in threads), "deadlock"
+    for thread in running:
+        thread.join(timeout=120)
+    assert not any(thread.is_alive() for thread in running), "deadlock"
     assert errors == []
     stats = planned.stats()
-    assert stats["planned_allocations"] + stats["dynamic_allocations"] == 600 and stats["arena_live"] == 0
+    assert stats["planned_allocations"] + stats["dynamic_allocations"] == threads * rounds * per_round
+    assert stats["arena_live"] == 0 and pool.stats()["allocation.all.current"] == 0
+
+
+def test_threads_taking_turns_are_served_from_the_arena_without_overlap() -> None:
+    # The same sequence every iteration, made by four threads in turn: from the second iteration
+    # on it is served from the arena, each thread's buffers at planned offsets. Every thread
+    # writes all of its buffers before any is checked and freed, so an offset planned for two
+    # live buffers of different threads shows as the other thread's pattern.
+    import threading
+
+    pool = DevicePool("sim", capacity=CAPACITY)
+    planned = pool.planned()
+    threads, iterations, per_thread = 4, 6, 5
+    turn = threading.Condition()
+    state = {"turn": 0}
+    barrier = threading.Barrier(threads, timeout=60)
+    errors: List[str] = []
+
+    def in_turn(t: int, call: Callable[[], None]) -> None:
+        with turn:
+            if not turn.wait_for(lambda: state["turn"] % threads == t, timeout=60):
+                raise TimeoutError("no turn")
+            call()
+            state["turn"] += 1
+            turn.notify_all()
+
+    def worker(t: int) -> None:
+        try:
+            for it in range(iterations):
+                live: List[Tuple[int, bytes]] = []
+
+                def allocate(k: int) -> None:
+                    size = 512 * (1 + (t + k) % 5)
+                    ptr = planned.allocate(size)
+                    data = pattern(t << 32 | it << 16 | k, size)
+                    pool.native.sim_write(ptr, data)
+                    live.append((ptr, data))
+
+                def free() -> None:
+                    ptr, data = live.pop(0)
+                    if pool.native.sim_read(ptr, len(data)) != data:
+                        errors.append(f"thread {t}, iteration {it}: {len(data)} B at {ptr:#x} overwritten")
+                    planned.deallocate(ptr)
+
+                for k in range(per_thread):
+                    in_turn(t, lambda: allocate(k))
+                for _ in range(per_thread):
+                    in_turn(t, free)
+                barrier.wait()
+                if t == 0:
+                    planned.step()
+                barrier.wait()
+        except Exception as e:  # noqa: BLE001 - collected for the assertion below
+            barrier.abort()
+            errors.append(f"thread {t}: {e!r}")
+
+    running = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
+    for thread in running:
+        thread.start()
+    for thread in running:
+        thread.join(timeout=120)
+    assert not any(thread.is_alive() for thread in running), "deadlock"
+    assert errors == []
+    stats = planned.stats()
+    per_iteration = threads * per_thread
+    # The first iteration is recorded; every later one repeats it and is planned.
+    assert (stats["dynamic_allocations"], stats["planned_allocations"]) == (per_iteration, (iterations - 1) * per_iteration)
+    assert stats["fallbacks"] == 0 and stats["arena_live"] == 0

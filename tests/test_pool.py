@@ -37,7 +37,8 @@ def test_allocate_write_read_and_free(pool: DevicePool) -> None:
         pool.deallocate(buf)
         assert buf.freed
     assert pool.stats()["allocated_bytes.all.current"] == 0
-    assert pool.trim() > 0
+    reserved = pool.stats()["reserved_bytes.all.current"]
+    assert pool.trim() == reserved > 0
     assert pool.stats()["reserved_bytes.all.current"] == 0
 
 
@@ -121,12 +122,19 @@ def test_buffers_are_freed_once_when_collected() -> None:
 
 
 def test_context_manager_reports_leaks() -> None:
-    with DevicePool("sim", capacity=1 << 30) as pool:
+    with DevicePool("sim", capacity=1 << 30, track_leaks=True) as pool:
         leak = pool.allocate(123)
+        pool.deallocate(pool.allocate(4096))  # freed: no leak
     assert pool.closed
+    # The leak report, read after the pool closed, names the one block still live.
+    [report] = pool.leak_report()
+    assert (report["ptr"], report["size"], report["requested"], report["stream"]) == (leak.ptr, 512, 123, 0)
+    assert report["age_s"] is not None and 0 <= report["age_s"] < 60
+    assert report["stack"][-1].name == "test_context_manager_reports_leaks"
     assert leak.ptr  # still readable; the pool is closed
     with pytest.raises(vrampool.PoolClosedError):
         leak.free()
+    assert [b["ptr"] for b in pool.leak_report()] == [leak.ptr], "a refused free loses nothing"
 
 
 def test_streams_keep_blocks_apart() -> None:

@@ -366,7 +366,9 @@ mod tests {
         let buffers = [TraceBuffer::new(0, 0, 2, 4 * MIB), TraceBuffer::new(1, 1, 3, 2 * MIB), TraceBuffer::new(2, 2, 4, 4 * MIB)];
         let events = events_from_buffers(&buffers).unwrap();
         for strategy in ALL_STRATEGIES {
+            let started = Instant::now();
             let report = replay(&events, config(strategy)).unwrap();
+            let wall = started.elapsed().as_secs_f64();
             assert_eq!(report.strategy, strategy);
             assert_eq!(report.events, 6);
             assert_eq!(report.lower_bound_bytes, 6 * MIB, "{strategy:?}");
@@ -375,7 +377,10 @@ mod tests {
             assert_eq!(report.peak_allocated_bytes, 6 * MIB, "{strategy:?}");
             assert!(report.peak_reserved_bytes >= report.lower_bound_bytes, "{report:?}");
             assert!(report.device_allocs >= 1);
-            assert!(report.events_per_s > 0.0);
+            // The loop's time lies within the call's; events per second are events over it.
+            assert!(report.seconds > 0.0 && report.seconds <= wall, "{} s of {wall} s", report.seconds);
+            assert!((report.events_per_s * report.seconds - 6.0).abs() < 1e-6, "{report:?}");
+            assert!(report.events_per_s >= 6.0 / wall);
         }
     }
 
