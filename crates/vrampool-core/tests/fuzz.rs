@@ -3,8 +3,10 @@
 //! strategy, on a host-backed device. Every live block carries a tag checked at its free, and
 //! the invariants are checked after every operation.
 //!
-//! The seeds in `tests/fuzz-corpus/*.txt` are replayed first, then `VRAMPOOL_FUZZ_CASES`
-//! random sequences per strategy (default 32: a few seconds in a debug build).
+//! The seeds in `tests/fuzz-corpus/*.txt` are replayed first, then the failing cases proptest
+//! kept in `tests/fuzz.proptest-regressions` (commit that file), then `VRAMPOOL_FUZZ_CASES` random
+//! sequences per strategy (default 32: a few seconds in a debug build) drawn from one run seed,
+//! which a failure prints: `VRAMPOOL_FUZZ_SEED=N` draws the same sequences again.
 //! `cargo test --release -p vrampool-core --test fuzz -- --nocapture` prints the figures.
 
 use std::cell::Cell;
@@ -13,7 +15,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
+use proptest::test_runner::{Config, FileFailurePersistence, RngSeed, TestCaseError, TestError, TestRunner};
 use vrampool_core::sizes::MIB;
 use vrampool_core::strategy::StrategyKind;
 use vrampool_core::{Device, InvalidFreeReason, Pool, PoolConfig, PoolError, SimDevice, SimMode, StreamId};
@@ -413,6 +415,12 @@ fn cases() -> u32 {
     std::env::var("VRAMPOOL_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(32)
 }
 
+/// The seed the random sequences are drawn from: `VRAMPOOL_FUZZ_SEED`, else a new one.
+fn run_seed() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    std::env::var("VRAMPOOL_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| RandomState::new().hash_one(Instant::now()))
+}
+
 fn corpus() -> Vec<(String, Vec<Op>)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz-corpus");
     let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())).map(|e| e.unwrap().path()).collect();
@@ -466,7 +474,13 @@ fn corpus_format_round_trips() {
 
 fn fuzz(strategy: StrategyKind) {
     use proptest::prelude::*;
-    let config = Config { cases: cases(), failure_persistence: None, ..Config::default() };
+    let seed = run_seed();
+    let config = Config {
+        cases: cases(),
+        rng_seed: RngSeed::Fixed(seed),
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fuzz.proptest-regressions")))),
+        ..Config::default()
+    };
     let mut runner = TestRunner::new(config);
     let input = (any::<bool>(), prop::collection::vec(op::op(), 1..160));
     let started = Instant::now();
@@ -485,9 +499,13 @@ fn fuzz(strategy: StrategyKind) {
         }
         Err(TestError::Fail(why, (expandable, seq))) => {
             let lines: Vec<String> = seq.iter().map(ToString::to_string).collect();
-            panic!("{strategy:?} expandable={expandable}: {why}\nminimal sequence (a corpus seed):\n{}", lines.join("\n"));
+            panic!(
+                "{strategy:?} expandable={expandable}: {why}\nrun seed {seed} (VRAMPOOL_FUZZ_SEED={seed} draws it again; the case is kept \
+                 in tests/fuzz.proptest-regressions)\nminimal sequence (a corpus seed):\n{}",
+                lines.join("\n")
+            );
         }
-        Err(e) => panic!("{strategy:?}: {e}"),
+        Err(e) => panic!("{strategy:?}, run seed {seed}: {e}"),
     }
 }
 

@@ -1,14 +1,16 @@
 //! Fuzzing the planner by long proptest runs: random interval sets (valid and not) through every
 //! algorithm, with the validator and a pair-by-pair check as the oracles. A valid set must give a
 //! valid plan whose arena is at least the lower bound; an invalid one must give an error, never
-//! a panic. `VRAMPOOL_FUZZ_CASES` sets the number of sets (default 96: a few seconds in debug);
+//! a panic. `VRAMPOOL_FUZZ_CASES` sets the number of sets (default 96: a few seconds in debug),
+//! drawn from one run seed that a failure prints (`VRAMPOOL_FUZZ_SEED=N` draws them again), after
+//! the failing cases kept in `tests/fuzz.proptest-regressions` (commit that file);
 //! `cargo test --release -p vrampool-plan --test fuzz -- --nocapture` prints the figures.
 
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
+use proptest::test_runner::{Config, FileFailurePersistence, RngSeed, TestCaseError, TestError, TestRunner};
 use vrampool_plan::{
     best_fit_decreasing, exact_search, greedy_by_size, lower_bound, plan, validate, Algorithm, Buffer, PlanError, PlanOptions,
 };
@@ -19,6 +21,12 @@ const EXACT_BUDGET: Duration = Duration::from_millis(20);
 
 fn cases() -> u32 {
     std::env::var("VRAMPOOL_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(96)
+}
+
+/// The seed the inputs are drawn from: `VRAMPOOL_FUZZ_SEED`, else a new one.
+fn run_seed() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    std::env::var("VRAMPOOL_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| RandomState::new().hash_one(Instant::now()))
 }
 
 /// Lifetimes of several shapes: dense short ones, long nested ones, all at the same time, and
@@ -172,7 +180,13 @@ fn fuzz<S: Strategy>(name: &str, input: S, test: impl Fn(S::Value) -> Result<(),
 where
     S::Value: std::fmt::Debug,
 {
-    let mut runner = TestRunner::new(Config { cases: cases(), failure_persistence: None, ..Config::default() });
+    let seed = run_seed();
+    let mut runner = TestRunner::new(Config {
+        cases: cases(),
+        rng_seed: RngSeed::Fixed(seed),
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fuzz.proptest-regressions")))),
+        ..Config::default()
+    });
     let (started, runs) = (Instant::now(), Cell::new(0u64));
     let result = runner.run(&input, |value| {
         runs.set(runs.get() + 1);
@@ -180,8 +194,11 @@ where
     });
     match result {
         Ok(()) => eprintln!("fuzz {name}: {} inputs in {:.1} s", runs.get(), started.elapsed().as_secs_f64()),
-        Err(TestError::Fail(why, minimal)) => panic!("{name}: {why}\nminimal input: {minimal:?}"),
-        Err(e) => panic!("{name}: {e}"),
+        Err(TestError::Fail(why, minimal)) => panic!(
+            "{name}: {why}\nrun seed {seed} (VRAMPOOL_FUZZ_SEED={seed} draws it again; the case is kept in \
+             tests/fuzz.proptest-regressions)\nminimal input: {minimal:?}"
+        ),
+        Err(e) => panic!("{name}, run seed {seed}: {e}"),
     }
 }
 
