@@ -273,3 +273,34 @@ def test_replay_command_prints_the_figures(tmp_path, capsys: pytest.CaptureFixtu
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("best_fit"))
     # 2.0 MiB reserved, 2048 / 900 = 2.276 x the bound, 0.9 MiB allocated, fragmentation 0.26, one device allocation.
     assert row.split()[:8] == ["best_fit", "2.0", "MiB", "2.276x", "0.9", "MiB", "0.26", "1"]
+
+
+def test_torch_peaks_and_totals_outlast_a_released_private_pool(abi: Callable[[str], None]) -> None:
+    # A CUDA graph's private pool takes a 20 MiB + 512 B block (a 22 MiB segment) beside the main
+    # pool's 3 MiB + 100 KiB (an 8 MiB segment); both are live at once, so the device's peaks are
+    # their sums. Released and emptied, the private pool goes: its segment is given back, and its
+    # part of the peaks and the totals stays.
+    class MempoolId(ctypes.Structure):
+        _fields_ = [("first", ctypes.c_uint64), ("second", ctypes.c_uint64)]
+
+    LIB.vrampool_begin_allocate_to_pool.argtypes = [c_int, MempoolId, c_void_p]
+    LIB.vrampool_end_allocate_to_pool.argtypes = [c_int, MempoolId]
+    LIB.vrampool_release_pool.argtypes = [c_int, MempoolId]
+    abi("1GB")
+    main_block = LIB.vrampool_malloc(BIG, 0, None)
+    LIB.vrampool_begin_allocate_to_pool(0, MempoolId(1, 1), None)
+    graph_block = LIB.vrampool_malloc(20 * MIB + 512, 0, None)
+    LIB.vrampool_end_allocate_to_pool(0, MempoolId(1, 1))
+    assert (vt.memory_reserved(), vt.max_memory_reserved()) == (30 * MIB, 30 * MIB)
+    LIB.vrampool_free(graph_block, 20 * MIB + 512, 0, None)
+    LIB.vrampool_release_pool(0, MempoolId(1, 1))
+    assert _native.abi_counters()["private_pools"][0] == {"pools": [], "open": []}
+    assert (vt.memory_reserved(), vt.max_memory_reserved()) == (8 * MIB, 30 * MIB)
+    assert (vt.memory_allocated(), vt.max_memory_allocated()) == (BIG, BIG + 20 * MIB + 512)
+    s = vt.memory_stats()
+    assert tuple(s[f"allocation.all.{f}"] for f in ("current", "peak", "allocated", "freed")) == (1, 2, 2, 1)
+    assert tuple(s[f"segment.all.{f}"] for f in ("current", "peak", "allocated", "freed")) == (1, 2, 2, 1)
+    assert (s["reserved_bytes.all.allocated"], s["reserved_bytes.all.freed"]) == (30 * MIB, 22 * MIB)
+    vt.reset_peak_memory_stats()
+    assert (vt.max_memory_reserved(), vt.max_memory_allocated()) == (8 * MIB, BIG)
+    LIB.vrampool_free(main_block, BIG, 0, None)

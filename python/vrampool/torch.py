@@ -349,6 +349,9 @@ def memory_allocated(device: Device = None) -> int:
 
 
 def max_memory_allocated(device: Device = None) -> int:
+    """The most bytes in blocks handed out at once since the start or the last
+    :func:`reset_peak_memory_stats` (``torch.cuda.max_memory_allocated``). With private pools
+    (CUDA graphs, ``torch.cuda.MemPool``), each pool's peak, added up: an upper bound."""
     return int(_native.abi_stats(_device_index(device))["allocated_bytes.all.peak"])
 
 
@@ -358,6 +361,9 @@ def memory_reserved(device: Device = None) -> int:
 
 
 def max_memory_reserved(device: Device = None) -> int:
+    """The most bytes held from the device at once since the start or the last
+    :func:`reset_peak_memory_stats` (``torch.cuda.max_memory_reserved``); with private pools, as
+    :func:`max_memory_allocated` adds them up."""
     return int(_native.abi_stats(_device_index(device))["reserved_bytes.all.peak"])
 
 

@@ -157,6 +157,9 @@ struct Private {
     pools: Vec<PrivatePool>,
     /// Pools allocations are routed to, innermost last.
     open: Vec<MempoolId>,
+    /// The figures of the private pools released and gone: their totals and peaks stay in the
+    /// device's.
+    retired: Stats,
 }
 
 struct DeviceEntry {
@@ -198,10 +201,12 @@ impl DeviceEntry {
 
     /// Forgets released private pools that hold no live block (giving their memory back).
     fn drop_finished(&self, private: &mut Private) {
+        let retired = &mut private.retired;
         private.pools.retain(|p| {
             let finished = p.released && p.pool.live_blocks().is_empty();
             if finished {
                 let _ = p.pool.close();
+                add_stats(retired, &p.pool.stats());
             }
             !finished
         });
@@ -291,18 +296,24 @@ impl DeviceEntry {
         Ok(())
     }
 
-    /// The main pool's figures plus the private pools' (their peaks add up to an upper bound).
+    /// The main pool's figures plus the private pools', those gone included (their peaks add up
+    /// to an upper bound).
     fn stats(&self) -> Stats {
         let mut stats = self.pool.stats();
         for (_, pool) in self.private_pools() {
             add_stats(&mut stats, &pool.stats());
         }
+        add_stats(&mut stats, &lock(&self.private).retired);
         stats
     }
 
     fn reset_peak_stats(&self) {
         self.pool.reset_peak_stats();
         self.private_pools().iter().for_each(|(_, p)| p.reset_peak_stats());
+        let retired = &mut lock(&self.private).retired;
+        for c in [&mut retired.allocated_bytes, &mut retired.requested_bytes, &mut retired.reserved_bytes, &mut retired.active_bytes, &mut retired.allocation, &mut retired.segment] {
+            c.peak = c.current;
+        }
     }
 
     fn all_pools(&self) -> Vec<(MempoolId, PoolRef<'_>)> {
