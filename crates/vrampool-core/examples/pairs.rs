@@ -1,6 +1,8 @@
 //! Times alloc + free pairs on one thread (a quick profile target):
-//! `pairs [COUNT] [SIZE] [STRATEGY]`, by default 2,000,000 pairs of 512 B on the hybrid pool;
-//! STRATEGY `malloc` times glibc's malloc and free instead. (The ratio to malloc, on a noisy
+//! `pairs [COUNT] [SIZE] [STRATEGY] [HOLES]`, by default 2,000,000 pairs of 512 B on the hybrid
+//! pool; STRATEGY `malloc` times glibc's malloc and free instead. HOLES free ranges of SIZE plus
+//! 512 B to 3 KiB, each between live 512 B blocks, are made first: with more than 32 in SIZE's
+//! best-fit bin, the pairs search a crowded bin. (The ratio to malloc, on a noisy
 //! machine: `cargo bench -p vrampool-benches --bench pair_ratio`.)
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
@@ -48,5 +50,16 @@ fn main() {
     };
     let dev = Arc::new(SimDevice::new(64 << 30, SimMode::AddressOnly));
     let pool = Pool::new(dev as Arc<dyn Device>, PoolConfig { strategy, ..PoolConfig::default() }).unwrap();
+    let holes: u64 = args.get(4).and_then(|a| a.parse().ok()).unwrap_or(0);
+    let ranges: Vec<u64> = (0..holes)
+        .map(|k| {
+            let range = pool.allocate(size + 512 * (1 + k % 6), StreamId(0)).unwrap();
+            pool.allocate(512, StreamId(0)).unwrap();
+            range
+        })
+        .collect();
+    for range in ranges {
+        pool.free(range, None, None).unwrap();
+    }
     println!("{:.1} ns/pair", pool_pairs(&pool, n, size));
 }
