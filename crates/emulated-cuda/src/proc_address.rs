@@ -37,14 +37,19 @@ fn own_symbol(name: &str) -> Option<*mut c_void> {
     (!ptr.is_null()).then_some(ptr)
 }
 
-/// The export that answers a request for `symbol` at `version`: the newest `_vN` form that
-/// exists (the forms of one function that the emulator implements share a signature), except
+/// The export that answers a request for `symbol` at `version`: the newest implemented form
+/// (`symbol_vN` or `symbol`), else the newest stub. The forms of one function that the emulator
+/// implements share a signature, or take a prefix of the newer form's arguments (as
+/// `cuCtxGetDevice` does of `cuCtxGetDevice_v2`'s: it answers for the current context), except
 /// `cuGetProcAddress` itself, whose `_v2` (CUDA 12.0) takes one more argument.
 fn resolve(symbol: &str, version: c_int) -> Option<*mut c_void> {
     if symbol == "cuGetProcAddress" {
         return own_symbol(if version >= 12000 { "cuGetProcAddress_v2" } else { "cuGetProcAddress" });
     }
-    (2..=9).rev().find_map(|v| own_symbol(&format!("{symbol}_v{v}"))).or_else(|| own_symbol(symbol))
+    let forms: Vec<String> = (2..=9).rev().map(|v| format!("{symbol}_v{v}")).chain([symbol.to_string()]).collect();
+    let stub = |name: &String| crate::unsupported::NAMES.contains(&name.as_str());
+    let implemented = forms.iter().filter(|f| !stub(f)).find_map(|f| own_symbol(f));
+    implemented.or_else(|| forms.iter().find_map(|f| own_symbol(f)))
 }
 
 fn lookup(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int) -> Result<(), CuResult> {
@@ -54,6 +59,9 @@ fn lookup(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int) -> Resul
     // SAFETY: a NUL-terminated name, as the API requires.
     let name = unsafe { CStr::from_ptr(symbol) }.to_str().map_err(|_| abi::INVALID_VALUE)?;
     let found = if name.starts_with("cu") { resolve(name, version) } else { None };
+    if found.is_none() && crate::emulator().config.trace {
+        eprintln!("emulated CUDA driver: cuGetProcAddress: no {name}");
+    }
     // SAFETY: `pfn` is the caller's out-parameter, checked non-null.
     unsafe { pfn.write(found.unwrap_or(std::ptr::null_mut())) };
     found.map(|_| ()).ok_or(abi::NOT_FOUND)

@@ -1,5 +1,6 @@
-//! Every other function of CUDA 13.0's driver API (the names cudarc's bindings list): each
-//! exists, so that a caller looking it up never fails to load, and returns
+//! Every other function of CUDA 13.0's driver API (the names cudarc's bindings list, and the
+//! few more that cuda.bindings looks up): each exists, so that a caller looking it up never
+//! fails to load, and returns
 //! `CUDA_ERROR_NOT_SUPPORTED`, saying so on stderr the first time. Callers that pass arguments
 //! to a stub are safe: C callers clean up their own arguments, and a stub reads none.
 #![allow(non_snake_case)]
@@ -18,6 +19,8 @@ fn not_supported(name: &'static str) -> CuResult {
 
 macro_rules! not_supported {
     ($($name:ident,)*) => {
+        /// The functions stubbed here.
+        pub const NAMES: &[&str] = &[$(stringify!($name)),*];
         $(
             #[no_mangle]
             pub extern "C" fn $name() -> CuResult {
@@ -464,4 +467,42 @@ not_supported! {
     cuUserObjectRetain,
     cuWaitExternalSemaphoresAsync,
     culib,
+    cuDeviceGetNvSciSyncAttributes,
+    cuCheckpointProcessGetRestoreThreadId,
+    cuCheckpointProcessGetState,
+    cuCheckpointProcessLock,
+    cuCheckpointProcessCheckpoint,
+    cuCheckpointProcessRestore,
+    cuCheckpointProcessUnlock,
+    cuGraphicsEGLRegisterImage,
+    cuEGLStreamConsumerConnect,
+    cuEGLStreamConsumerConnectWithFlags,
+    cuEGLStreamConsumerDisconnect,
+    cuEGLStreamConsumerAcquireFrame,
+    cuEGLStreamConsumerReleaseFrame,
+    cuEGLStreamProducerConnect,
+    cuEGLStreamProducerDisconnect,
+    cuEGLStreamProducerPresentFrame,
+    cuEGLStreamProducerReturnFrame,
+    cuGraphicsResourceGetMappedEglFrame,
+    cuEventCreateFromEGLSync,
+    cuGraphicsGLRegisterBuffer,
+    cuGraphicsGLRegisterImage,
+    cuGLGetDevices,
+    cuGLCtxCreate,
+    cuGLInit,
+    cuGLRegisterBufferObject,
+    cuGLMapBufferObject,
+    cuGLUnmapBufferObject,
+    cuGLUnregisterBufferObject,
+    cuGLSetBufferObjectMapFlags,
+    cuGLMapBufferObjectAsync,
+    cuGLUnmapBufferObjectAsync,
+    cuVDPAUGetDevice,
+    cuVDPAUCtxCreate,
+    cuGraphicsVDPAURegisterVideoSurface,
+    cuGraphicsVDPAURegisterOutputSurface,
+    cuCheckpointOperationComplete,
+    cuFabricCpyBatchAsync,
+    cuTensorMapSetAllocationClass,
 }

@@ -2,7 +2,7 @@
 //! one reserved address range instead of allocating separate segments.
 //!
 //! Design: on its first growth an arena reserves an address range, then maps physical memory at
-//! the end of the mapped range, in chunks of the device's granularity, as the tier needs more.
+//! the end of the mapped range (whole units of the device's granularity) as the tier needs more.
 //! The strategy sees one segment that grows (`Strategy::grow_segment`), so a free range at the old
 //! end merges with the new space and a block can span two chunks; memory that plain segments
 //! would strand between them (a free tail too small for the next request, next to a new segment)
@@ -17,14 +17,19 @@
 //! address space (and the simulated device, which backs a reservation with host memory, stays
 //! cheap), while a stream that grows to a whole 141 GiB device ends up with at most six ranges.
 //!
-//! Each chunk is its own `map` call, because a mapping can only be unmapped whole (as with
-//! `cuMemUnmap`): so every wholly free chunk can be given back, wherever it lies.
+//! Each growth is one `map` call (one `cuMemCreate` + `cuMemMap` + `cuMemSetAccess` on CUDA) of
+//! all the units it needs: a growth of N bytes costs one physical allocation, not N / 2 MiB of
+//! them (a 40 GB growth would otherwise be 20,000 map calls, and a 32 TiB simulated one millions
+//! of bookkeeping entries). The price: a mapping is unmapped only whole (as with `cuMemUnmap`),
+//! so a trim gives back a growth's memory once all of it is free. Where the free space that the
+//! strategy would cut off (a free tail, a hole) covers only part of a mapping, that part stays
+//! free space in the strategy instead.
 //!
 //! This module keeps the device-side bookkeeping of each arena's ranges (which chunks are
 //! mapped); the pool makes the device calls and keeps the counters, under the tier's strategy
 //! lock, so the strategy's view and the mapped chunks change together.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 
 use foldhash::fast::FixedState;
 use parking_lot::Mutex;
@@ -60,14 +65,14 @@ pub(crate) struct VmArena {
     pub unavailable: bool,
 }
 
-/// A reserved address range and the chunks mapped in it.
+/// A reserved address range and the mappings in it.
 pub(crate) struct Reservation {
     pub base: u64,
     pub size: u64,
-    /// Bytes from `base` to the end of the strategy's segment (mapped chunks and holes).
+    /// Bytes from `base` to the end of the strategy's segment (mappings and holes).
     pub extent: u64,
-    /// Mapped chunks by address, each one `map` call of one unit.
-    mapped: BTreeSet<u64>,
+    /// Mappings by address -> size, each one `map` call.
+    mapped: BTreeMap<u64, u64>,
 }
 
 impl Expandable {
@@ -131,7 +136,7 @@ impl Expandable {
 
 impl Reservation {
     pub fn new(base: u64, size: u64) -> Self {
-        Self { base, size, extent: 0, mapped: BTreeSet::new() }
+        Self { base, size, extent: 0, mapped: BTreeMap::new() }
     }
 
     pub fn is_unmapped(&self) -> bool {
@@ -142,29 +147,77 @@ impl Reservation {
         addr >= self.base && addr - self.base < self.size
     }
 
-    /// The chunks of `range` that are not mapped.
-    pub fn unmapped_chunks(&self, range: Segment, unit: u64) -> Vec<u64> {
-        (0..range.size / unit).map(|k| range.base + k * unit).filter(|c| !self.mapped.contains(c)).collect()
+    /// The parts of `range` that no mapping covers, in address order.
+    pub fn gaps(&self, range: Segment) -> Vec<Segment> {
+        let end = range.base + range.size;
+        let mut gaps = Vec::new();
+        let mut at = range.base;
+        // A mapping that starts below the range may reach into it.
+        let below = self.mapped.range(..range.base).next_back().map(|(&s, &len)| (s, len));
+        for (start, len) in below.into_iter().chain(self.mapped.range(range.base..end).map(|(&s, &len)| (s, len))) {
+            if start > at {
+                gaps.push(Segment { base: at, size: start - at });
+            }
+            at = at.max(start + len);
+        }
+        if at < end {
+            gaps.push(Segment { base: at, size: end - at });
+        }
+        gaps
     }
 
-    /// The mapped chunks in `[lo, hi)`.
-    pub fn mapped_chunks(&self, lo: u64, hi: u64) -> Vec<u64> {
+    /// The mappings that lie wholly inside `[lo, hi)`.
+    pub fn mappings_within(&self, lo: u64, hi: u64) -> Vec<Segment> {
         if lo >= hi {
             return Vec::new();
         }
-        self.mapped.range(lo..hi).copied().collect()
+        self.mapped.range(lo..hi).filter(|&(&s, &len)| s + len <= hi).map(|(&base, &size)| Segment { base, size }).collect()
     }
 
-    pub fn note_mapped(&mut self, chunk: u64) {
-        self.mapped.insert(chunk);
+    /// The mapping that `at` cuts through (starts below it and ends above it), if any.
+    pub fn mapping_across(&self, at: u64) -> Option<Segment> {
+        let (&base, &size) = self.mapped.range(..at).next_back()?;
+        (base + size > at).then_some(Segment { base, size })
     }
 
-    pub fn note_unmapped(&mut self, chunk: u64) {
-        self.mapped.remove(&chunk);
+    pub fn note_mapped(&mut self, range: Segment) {
+        self.mapped.insert(range.base, range.size);
     }
 
-    /// Every mapped chunk (for the pool's drop).
-    pub fn all_chunks(&self) -> Vec<u64> {
-        self.mapped.iter().copied().collect()
+    pub fn note_unmapped(&mut self, range: Segment) {
+        self.mapped.remove(&range.base);
+    }
+
+    /// Every mapping (for the pool's drop).
+    pub fn all_mappings(&self) -> Vec<Segment> {
+        self.mapped.iter().map(|(&base, &size)| Segment { base, size }).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const U: u64 = 2 * MIB;
+
+    fn seg(base: u64, size: u64) -> Segment {
+        Segment { base, size }
+    }
+
+    #[test]
+    fn gaps_and_whole_mappings() {
+        let mut r = Reservation::new(0, 64 * U);
+        r.note_mapped(seg(0, 4 * U));
+        r.note_mapped(seg(8 * U, 2 * U));
+        assert_eq!(r.gaps(seg(0, 12 * U)), vec![seg(4 * U, 4 * U), seg(10 * U, 2 * U)]);
+        assert_eq!(r.gaps(seg(2 * U, 4 * U)), vec![seg(4 * U, 2 * U)], "a mapping from below covers the start");
+        assert!(r.gaps(seg(8 * U, 2 * U)).is_empty());
+        assert_eq!(r.mappings_within(0, 9 * U), vec![seg(0, 4 * U)], "the one at 8U reaches past 9U");
+        assert_eq!(r.mappings_within(0, 10 * U), vec![seg(0, 4 * U), seg(8 * U, 2 * U)]);
+        assert_eq!(r.mapping_across(2 * U), Some(seg(0, 4 * U)));
+        assert_eq!(r.mapping_across(4 * U), None, "a boundary cuts nothing");
+        r.note_unmapped(seg(0, 4 * U));
+        assert_eq!(r.all_mappings(), vec![seg(8 * U, 2 * U)]);
+        assert!(!r.is_unmapped());
     }
 }

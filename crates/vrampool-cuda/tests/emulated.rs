@@ -33,6 +33,7 @@ fn main() {
         ("emulated_cross_stream_reuse_waits_for_the_event", emulated_cross_stream_reuse_waits_for_the_event),
         ("emulated_trim_waits_for_queued_work", emulated_trim_waits_for_queued_work),
         ("emulated_mapped_memory_needs_set_access", emulated_mapped_memory_needs_set_access),
+        ("emulated_growth_is_one_map_and_trim_one_unmap", emulated_growth_is_one_map_and_trim_one_unmap),
         ("emulated_driver_out_of_memory_releases_and_retries", emulated_driver_out_of_memory_releases_and_retries),
         ("emulated_bad_ordinal_and_unsupported_calls_are_errors", emulated_bad_ordinal_and_unsupported_calls_are_errors),
         ("emulated_without_vmm_the_pool_uses_plain_segments", emulated_without_vmm_the_pool_uses_plain_segments),
@@ -209,6 +210,52 @@ fn emulated_mapped_memory_needs_set_access() {
     common::clear_error(0);
     dev.unmap(base, 2 * g).unwrap();
     dev.unreserve(base, 4 * g).unwrap();
+}
+
+/// The driver calls of a growth, a trim and a cross-stream reuse (figures in BENCHMARKS.md).
+fn emulated_growth_is_one_map_and_trim_one_unmap() {
+    let _serial = serial();
+    let dev = Arc::new(device());
+    let g = dev.vm_granularity().unwrap();
+    let pool = Pool::new(dev.clone() as Arc<dyn Device>, expandable_best_fit()).unwrap();
+    let counted = ["cuMemAddressReserve", "cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemRelease", "cuMemAddressFree", "cuMemAlloc", "cuMemFree", "cuCtxSynchronize", "cuEventRecord", "cuEventQuery", "cuEventCreate"];
+    let calls = |from: &[u64]| -> Vec<u64> { counted.iter().zip(from).map(|(n, f)| call_count(n) - f).collect() };
+    let now = || counted.iter().map(|n| call_count(n)).collect::<Vec<_>>();
+    // A growth of 200 MiB (100 granules): one physical allocation, one map, one access.
+    let start = now();
+    let x = pool.allocate(200 * MIB, StreamId(0)).unwrap();
+    let growth = calls(&start);
+    println!("calls for one growth of 200 MiB: {:?}", counted.iter().zip(&growth).filter(|(_, &c)| c > 0).collect::<Vec<_>>());
+    assert_eq!(&growth[..4], &[1, 1, 1, 1], "reserve, create, map, set access: once each");
+    // A second growth of 50 MiB in the same (256 MiB) range: one more of each but the reservation.
+    let start = now();
+    let y = pool.allocate(50 * MIB, StreamId(0)).unwrap();
+    assert_eq!(&calls(&start)[..4], &[0, 1, 1, 1]);
+    assert_eq!(dev.mapped_bytes(), (250 * MIB).next_multiple_of(g));
+    pool.free(x, None, None).unwrap();
+    pool.free(y, None, None).unwrap();
+    let start = now();
+    pool.empty_cache().unwrap();
+    let trim = calls(&start);
+    println!("calls for a trim of both growths: {:?}", counted.iter().zip(&trim).filter(|(_, &c)| c > 0).collect::<Vec<_>>());
+    assert_eq!(&trim[4..7], &[2, 2, 1], "one unmap and one release per growth, then the range goes");
+    assert_eq!(dev.mapped_bytes(), 0);
+    // A cross-stream reuse: one event recorded at the free, queried until done.
+    let other = dev.create_stream().unwrap();
+    let z = pool.allocate(MIB, StreamId(0)).unwrap();
+    pool.record_stream(z, other).unwrap();
+    let start = now();
+    pool.free(z, None, None).unwrap();
+    dev.synchronize().unwrap();
+    let again = pool.allocate(MIB, StreamId(0)).unwrap();
+    let reuse = calls(&start);
+    println!("calls for a cross-stream free and reuse: {:?}", counted.iter().zip(&reuse).filter(|(_, &c)| c > 0).collect::<Vec<_>>());
+    assert_eq!(reuse[10], 1, "one event recorded");
+    assert!(reuse[11] >= 1, "queried before reuse");
+    assert_eq!(again, z, "the block came back once its event was done");
+    pool.free(again, None, None).unwrap();
+    drop(pool);
+    dev.destroy_stream(other).unwrap();
 }
 
 fn emulated_driver_out_of_memory_releases_and_retries() {
