@@ -12,3 +12,6 @@ RUSTFLAGS="--cfg loom" cargo test -p vrampool-core --lib --target-dir "$CARGO_TA
 echo "== wheel and pytest"
 install_wheel
 python -m pytest -q "$@"
+echo "== the CUDA Python suites under the emulated CUDA driver (host memory, not a GPU)"
+EMULATED_CUDA_DEVICES=2 VRAMPOOL_REQUIRE_EMULATED=1 scripts/emulated-cuda.sh \
+    python -m pytest -q tests/test_cuda_gpu.py tests/test_emulated_cuda.py tests/test_torch_gpu.py

@@ -71,14 +71,22 @@ driver_fn!(fn cuDriverGetVersion(version: *mut c_int) {
 });
 
 driver_fn!(fn cuGetErrorName(error: c_uint, text: *mut *const c_char) {
-    let name = abi::code_name(error).ok_or(abi::INVALID_VALUE)?;
+    let Some(name) = abi::code_name(error) else {
+        // SAFETY: out-parameter; an unknown code gets null, as from the driver.
+        unsafe { put(text, std::ptr::null())? };
+        return Err(abi::INVALID_VALUE);
+    };
     let static_name: &'static [u8] = crate::proc_address::leak_c_string(name);
     // SAFETY: out-parameter; the string is static and NUL-terminated.
     unsafe { put(text, static_name.as_ptr() as *const c_char) }
 });
 
 driver_fn!(fn cuGetErrorString(error: c_uint, text: *mut *const c_char) {
-    let string = abi::code_string(error).ok_or(abi::INVALID_VALUE)?;
+    let Some(string) = abi::code_string(error) else {
+        // SAFETY: out-parameter; an unknown code gets null, as from the driver.
+        unsafe { put(text, std::ptr::null())? };
+        return Err(abi::INVALID_VALUE);
+    };
     // SAFETY: out-parameter; the string is static and NUL-terminated.
     unsafe { put(text, string.as_ptr() as *const c_char) }
 });

@@ -23,6 +23,7 @@ fn main() {
     if let Ok(which) = std::env::var(CHILD) {
         match which.as_str() {
             "no_vmm" => child_without_vmm(),
+            "fault_from_env" => child_with_a_fault_from_the_environment(),
             other => panic!("unknown child {other}"),
         }
         return;
@@ -37,6 +38,7 @@ fn main() {
         ("emulated_driver_out_of_memory_releases_and_retries", emulated_driver_out_of_memory_releases_and_retries),
         ("emulated_bad_ordinal_and_unsupported_calls_are_errors", emulated_bad_ordinal_and_unsupported_calls_are_errors),
         ("emulated_without_vmm_the_pool_uses_plain_segments", emulated_without_vmm_the_pool_uses_plain_segments),
+        ("emulated_a_fault_planned_in_the_environment_is_retried", emulated_a_fault_planned_in_the_environment_is_retried),
         ("emulated_fault_at_every_driver_call", emulated_fault_at_every_driver_call),
     ];
     let runnable = match common::device_present() {
@@ -331,6 +333,28 @@ fn child_without_vmm() {
     pool.empty_cache().unwrap();
     assert_eq!(dev.live_segments(), 0);
     println!("plain segments: ok");
+}
+
+/// `EMULATED_CUDA_FAIL` fails the first `cuMemCreate` as out of memory: the pool gives back what
+/// it caches and tries once more, which succeeds.
+fn emulated_a_fault_planned_in_the_environment_is_retried() {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .env(CHILD, "fault_from_env")
+        .env("EMULATED_CUDA_FAIL", "cuMemCreate:1:OUT_OF_MEMORY")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("retried: ok"));
+}
+
+fn child_with_a_fault_from_the_environment() {
+    let dev = Arc::new(device());
+    let pool = Pool::new(dev.clone() as Arc<dyn Device>, expandable_best_fit()).unwrap();
+    let block = pool.allocate(10 * MIB, StreamId(0)).expect("the retry succeeds");
+    assert_eq!(pool.stats().num_alloc_retries, 1);
+    assert_eq!(call_count("cuMemCreate"), 2, "the failed call and the retry");
+    pool.free(block, None, None).unwrap();
+    println!("retried: ok");
 }
 
 /// One pool's life on the device: growth in every tier, a cross-stream free, reuse, trim.
