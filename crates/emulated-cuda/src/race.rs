@@ -135,14 +135,19 @@ impl Races {
             }
         }
         for report in reports {
-            self.report(&mut state, report);
+            Self::report(&mut state, report);
         }
         (ids, conflicts)
     }
 
-    fn report(&self, state: &mut State, text: String) {
-        eprintln!("emulated CUDA driver: {text}");
+    fn report(state: &mut State, text: String) {
         state.count += 1;
+        Self::keep(state, text);
+    }
+
+    /// Logs a report and keeps it; in strict mode, ends the process.
+    fn keep(state: &mut State, text: String) {
+        eprintln!("emulated CUDA driver: {text}");
         if state.reports.len() == KEPT {
             state.reports.remove(0);
         }
@@ -183,18 +188,10 @@ impl Races {
         self.state.lock().strict = on;
     }
 
-    /// A fault found by the emulator itself (an illegal address), reported like a race.
+    /// A fault found by the emulator itself (an illegal address), reported like a race but
+    /// not counted as one.
     pub fn report_fault(&self, text: String) {
-        let mut state = self.state.lock();
-        eprintln!("emulated CUDA driver: {text}");
-        if state.reports.len() == KEPT {
-            state.reports.remove(0);
-        }
-        state.reports.push(text);
-        if state.strict {
-            eprintln!("emulated CUDA driver: strict mode (EMULATED_CUDA_STRICT=1): aborting");
-            std::process::abort();
-        }
+        Self::keep(&mut self.state.lock(), text);
     }
 
     pub fn reset(&self) {
