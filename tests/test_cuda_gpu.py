@@ -1,8 +1,10 @@
-"""DeviceBuffer on a real GPU: written and read through the CUDA driver, consumed zero-copy by
+"""DeviceBuffer on a CUDA device: written and read through the CUDA driver, consumed zero-copy by
 torch, CuPy and Numba (each sees what the others wrote), the CuPy allocator, the Numba EMM
 plugin and the cuda.core resource. Marked `cuda`; skipped without a CUDA device (a failure
 instead with VRAMPOOL_REQUIRE_GPU=1, as scripts/gpu-check.sh sets it on a GPU machine), and each
-library's tests skip where it is not installed. Needs no numpy."""
+library's tests skip where it is not installed. scripts/test.sh runs it under the emulated CUDA
+driver, where the Numba and cuda.core parts run and torch's and CuPy's skip (they need the CUDA
+runtime, which the emulator cannot host). Needs no numpy."""
 
 from __future__ import annotations
 
