@@ -47,6 +47,8 @@ class Driver:
         self.lib = lib
         for name, restype, argtypes in [
             ("emucuda_call_count", c_uint64, [c_char_p]),
+            ("emucuda_call_counts", c_size_t, [c_char_p, c_size_t]),
+            ("emucuda_fail", c_uint, [c_char_p, c_uint64, c_uint]),
             ("emucuda_races", c_uint64, []),
             ("emucuda_reports", c_size_t, [c_char_p, c_size_t]),
             ("emucuda_set_strict", None, [c_int]),
@@ -109,6 +111,15 @@ class Driver:
 
     def calls(self, name: str) -> int:
         return self.lib.emucuda_call_count(name.encode())
+
+    def all_calls(self) -> Dict[str, int]:
+        n = self.lib.emucuda_call_counts(None, 0)
+        buf = ctypes.create_string_buffer(n + 1)
+        self.lib.emucuda_call_counts(buf, n + 1)
+        return {name: int(count) for name, count in (line.split() for line in buf.value.decode().splitlines())}
+
+    def fail(self, name: str, nth: int, code: int = 999) -> None:
+        self.check(self.lib.emucuda_fail(name.encode(), nth, code))
 
     def races(self) -> int:
         return self.lib.emucuda_races()
@@ -386,3 +397,44 @@ def test_emulated_race_check_reports_an_unordered_write(pool: DevicePool) -> Non
     assert f"stream {a:#x}" in last and f"stream {b:#x}" in last and f"[{x.ptr:#x}, {x.ptr + MIB:#x})" in last
     pool.deallocate(x)
     EXPECTED_RACES["test_emulated_race_check_reports_an_unordered_write"] = 1
+
+
+def _pool_life(side: int) -> None:
+    """One DevicePool's life: growth in every tier, a block used on another stream, trim."""
+    pool = DevicePool(0)
+    try:
+        bufs = [pool.allocate(n) for n in (512, 300 << 10, 3 * MIB, 40 * MIB, 70 * MIB)]
+        pool.record_stream(bufs[2], side)
+        for buf in bufs:
+            pool.deallocate(buf)
+        pool.trim()
+    finally:
+        pool.close()
+        del pool
+        gc.collect()
+
+
+def test_emulated_fault_at_every_driver_call_is_a_python_error() -> None:
+    """Each driver call the backend makes, failed at each of its first two calls in turn: the
+    pool's life either finishes or raises one of vrampool's errors, and every byte goes back."""
+    side = DRIVER.stream()
+    start = DRIVER.mem_info()
+    before = DRIVER.all_calls()
+    _pool_life(side)
+    made = {n: c - before.get(n, 0) for n, c in DRIVER.all_calls().items() if n.startswith("cu") and c > before.get(n, 0)}
+    assert {"cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuEventRecord", "cuMemUnmap"} <= set(made), made
+    raised: Dict[str, int] = {}
+    for name, count in sorted(made.items()):
+        for nth in range(1, min(count, 2) + 1):
+            DRIVER.fail(name, nth)
+            try:
+                _pool_life(side)
+            except (vrampool.DeviceError, vrampool.OutOfMemoryError) as e:
+                raised[type(e).__name__] = raised.get(type(e).__name__, 0) + 1
+                assert str(e), f"{name} #{nth}: an error without a message"
+            finally:
+                DRIVER.fail(name, 0)
+            assert DRIVER.mem_info() == start, f"{name} failing at call {nth} leaked device memory"
+    assert raised.get("DeviceError", 0) > 0, raised
+    DRIVER.check(DRIVER.lib.cuStreamDestroy_v2(c_void_p(side)))
+
