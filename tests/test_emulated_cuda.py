@@ -438,3 +438,22 @@ def test_emulated_fault_at_every_driver_call_is_a_python_error() -> None:
     assert raised.get("DeviceError", 0) > 0, raised
     DRIVER.check(DRIVER.lib.cuStreamDestroy_v2(c_void_p(side)))
 
+
+
+def test_emulated_async_copies_with_pageable_memory_behave_as_the_drivers(pool: DevicePool) -> None:
+    """An asynchronous copy into pageable host memory returns once it is done, and one from it
+    takes the bytes when it is called (Numba's copy_to_host relies on the first)."""
+    a = DRIVER.stream()
+    buf = pool.allocate(MIB, stream=a)
+    DRIVER.check(DRIVER.lib.emucuda_launch_fill(buf.ptr, MIB, 7, 30_000, c_void_p(a)))
+    host = ctypes.create_string_buffer(MIB)
+    DRIVER.check(DRIVER.lib.cuMemcpyDtoHAsync_v2(host, c_uint64(buf.ptr), c_size_t(MIB), c_void_p(a)))
+    assert host.raw == b"\x07" * MIB, "returned before the delayed kernel and the copy were done"
+    src = ctypes.create_string_buffer(b"\x01" * MIB, MIB)
+    DRIVER.check(DRIVER.lib.emucuda_launch_fill(buf.ptr, 16, 9, 30_000, c_void_p(a)))
+    DRIVER.check(DRIVER.lib.cuMemcpyHtoDAsync_v2(c_uint64(buf.ptr), src, c_size_t(MIB), c_void_p(a)))
+    ctypes.memset(src, 2, MIB)  # the copy is still queued behind the kernel: it has the bytes already
+    DRIVER.check(DRIVER.lib.cuStreamSynchronize(c_void_p(a)))
+    assert DRIVER.read(buf.ptr, MIB) == b"\x01" * MIB
+    pool.deallocate(buf)
+    DRIVER.check(DRIVER.lib.cuStreamDestroy_v2(c_void_p(a)))

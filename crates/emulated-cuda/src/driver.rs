@@ -403,7 +403,10 @@ driver_fn!(fn cuMemFreeHost(p: *mut c_void) {
 
 // ---- copies and memsets ----
 
-/// Queues a copy on `stream`; `sync`: the host then waits for it.
+/// Queues a copy on `stream`; `sync`: the host then waits for it. As with the driver, an
+/// asynchronous copy is synchronous where it involves pageable host memory (anything but
+/// `cuMemAllocHost`'s): from it, the bytes are staged before the call returns; into it, the
+/// call returns once the copy is done.
 fn copy(stream: u64, dst: u64, src: u64, len: usize, sync: bool) -> Result<(), CuResult> {
     let e = emulator();
     e.current()?;
@@ -418,8 +421,20 @@ fn copy(stream: u64, dst: u64, src: u64, len: usize, sync: bool) -> Result<(), C
     if accesses.is_empty() {
         return Err(abi::INVALID_VALUE); // host to host: not a device copy
     }
-    e.queue(&stream, Work::Copy { dst, src, len }, &accesses);
-    if sync {
+    let (src_pageable, dst_pageable) = {
+        let memory = e.memory.read();
+        let pageable = |addr: u64| matches!(memory.place(addr), Place::Host) && !memory.is_pinned(addr, len);
+        (pageable(src), pageable(dst))
+    };
+    let work = if src_pageable {
+        // SAFETY: the caller passes `len` readable bytes at `src` (a host buffer), read now.
+        let bytes = unsafe { std::slice::from_raw_parts(src as *const u8, len as usize) }.to_vec();
+        Work::CopyStaged { dst, bytes }
+    } else {
+        Work::Copy { dst, src, len }
+    };
+    e.queue(&stream, work, &accesses);
+    if sync || dst_pageable {
         e.host_waits(&stream)?;
     }
     Ok(())

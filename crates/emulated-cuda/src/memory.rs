@@ -308,6 +308,11 @@ impl Memory {
         Ok(true)
     }
 
+    /// Whether `[addr, addr + len)` lies in page-locked host memory of ours (`cuMemAllocHost`).
+    pub fn is_pinned(&self, addr: u64, len: u64) -> bool {
+        self.host.range(..=addr).next_back().is_some_and(|(&base, &bytes)| addr.saturating_add(len) <= base + bytes as u64)
+    }
+
     pub fn alloc_host(&mut self, size: usize) -> Result<u64, CuResult> {
         let bytes = (size.max(1) as u64).next_multiple_of(PAGE);
         let base = map_anonymous(bytes, libc::PROT_READ | libc::PROT_WRITE).ok_or(abi::OUT_OF_MEMORY)?;

@@ -23,6 +23,8 @@ pub enum Work {
     /// memset: `len` elements of `width` bytes at `dst`.
     Fill { dst: u64, count: u64, value: u32, width: u8 },
     Copy { dst: u64, src: u64, len: u64 },
+    /// A copy from pageable host memory, staged when it was queued (as the driver stages it).
+    CopyStaged { dst: u64, bytes: Vec<u8> },
     /// The test-only kernel: sleeps `delay`, then fills `[dst, dst + len)` with `value`.
     Kernel { dst: u64, len: u64, value: u8, delay: Duration },
     /// Waits until `on` has done its first `upto` pieces of work.
@@ -33,7 +35,7 @@ impl Work {
     fn name(&self) -> &'static str {
         match self {
             Work::Fill { .. } => "memset",
-            Work::Copy { .. } => "copy",
+            Work::Copy { .. } | Work::CopyStaged { .. } => "copy",
             Work::Kernel { .. } => "kernel",
             Work::Wait { .. } => "wait",
         }
@@ -196,6 +198,7 @@ fn execute(stream: &Stream, work: &Work) {
             });
         }
         Work::Copy { dst, src, len } => emulator.device_copy(stream, dst, src, len),
+        Work::CopyStaged { dst, ref bytes } => emulator.device_copy(stream, dst, bytes.as_ptr() as u64, bytes.len() as u64),
     }
 }
 
