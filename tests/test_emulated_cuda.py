@@ -133,6 +133,9 @@ class Driver:
 
 DRIVER = Driver(_emulator())
 STRICT = os.environ.get("EMULATED_CUDA_STRICT") == "1"
+#: The test kernel's delay where a test needs its work still pending at the next call: long
+#: enough that a loaded CI machine does not finish it first.
+PENDING_US = 400_000
 
 
 #: Races a test causes on purpose, by test name (every other test must cause none).
@@ -368,7 +371,7 @@ def test_emulated_cross_stream_reuse_is_free_of_races(pool: DevicePool) -> None:
     DRIVER.check(DRIVER.lib.cuStreamSynchronize(c_void_p(a)))
     pool.record_stream(x, b)
     # A delayed kernel on b still writes x when x is freed and the same size asked for on a.
-    DRIVER.check(DRIVER.lib.emucuda_launch_fill(x.ptr, 4 * MIB, 0xB0, 80_000, c_void_p(b)))
+    DRIVER.check(DRIVER.lib.emucuda_launch_fill(x.ptr, 4 * MIB, 0xB0, PENDING_US, c_void_p(b)))
     xp = x.ptr
     pool.deallocate(x)
     y = pool.allocate(4 * MIB, stream=a)
@@ -386,7 +389,7 @@ def test_emulated_race_check_reports_an_unordered_write(pool: DevicePool) -> Non
     DRIVER.lib.emucuda_set_strict(0)
     before = DRIVER.races()
     try:
-        DRIVER.check(DRIVER.lib.emucuda_launch_fill(x.ptr, MIB, 1, 50_000, c_void_p(a)))
+        DRIVER.check(DRIVER.lib.emucuda_launch_fill(x.ptr, MIB, 1, PENDING_US, c_void_p(a)))
         DRIVER.check(DRIVER.lib.cuMemsetD8Async(x.ptr, 0, MIB, c_void_p(b)))
         seen = DRIVER.races() - before
         DRIVER.check(DRIVER.lib.cuCtxSynchronize())

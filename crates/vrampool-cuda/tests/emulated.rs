@@ -19,6 +19,11 @@ use vrampool_cuda::{sys, CudaDevice};
 /// emulated machine (the emulator reads its configuration once, at the first call).
 const CHILD: &str = "VRAMPOOL_EMULATED_CHILD";
 
+/// How long the test kernel waits before it writes, where a test needs its work still pending
+/// at the next call (a race to see, a block that must not come back yet): long enough that a
+/// loaded CI machine does not finish it first.
+const PENDING_US: u32 = 400_000;
+
 fn main() {
     if let Ok(which) = std::env::var(CHILD) {
         match which.as_str() {
@@ -73,7 +78,7 @@ fn emulated_race_check_sees_unordered_work() {
     let seg = dev.alloc_segment(4 * MIB).unwrap();
     // A kernel on a still writes when b zeroes the same bytes: a race, with both streams named.
     let seen = races_during(|| {
-        common::launch_fill(seg, MIB, 0xab, 50_000, a.0);
+        common::launch_fill(seg, MIB, 0xab, PENDING_US, a.0);
         dev.fill_zero(seg + MIB / 2, MIB, b).unwrap();
     });
     assert_eq!(seen, 1);
@@ -98,7 +103,7 @@ fn emulated_race_check_sees_unordered_work() {
     assert!(back[MIB as usize / 2..3 * MIB as usize / 2].iter().all(|&x| x == 0));
     // The host reading bytes a stream still writes, through a driver call, is a race too.
     let seen = races_during(|| {
-        common::launch_fill(seg, MIB, 1, 50_000, a.0);
+        common::launch_fill(seg, MIB, 1, PENDING_US, a.0);
         dev.copy_to_host(seg, &mut back[..16]).unwrap();
     });
     assert_eq!(seen, 1);
@@ -122,7 +127,7 @@ fn emulated_legacy_stream_orders_blocking_streams_only() {
     // A non-blocking stream (what CudaDevice makes) is not ordered with the legacy stream.
     let s = dev.create_stream().unwrap();
     let seen = races_during(|| {
-        common::launch_fill(seg, MIB, 3, 30_000, s.0);
+        common::launch_fill(seg, MIB, 3, PENDING_US, s.0);
         dev.fill_zero(seg, MIB, StreamId(0)).unwrap();
         dev.synchronize().unwrap();
     });
@@ -146,7 +151,7 @@ fn emulated_cross_stream_reuse_waits_for_the_event() {
         let e = dev.record_event(a).unwrap();
         dev.stream_wait_event(b, e).unwrap();
         dev.release_event(e);
-        common::launch_fill(x, size, 0xb0, 80_000, b.0);
+        common::launch_fill(x, size, 0xb0, PENDING_US, b.0);
         pool.free(x, None, None).unwrap();
         let y = pool.allocate(size, a).unwrap();
         assert!(y + size <= x || x + size <= y, "the block came back while b's kernel still writes it");
@@ -175,7 +180,7 @@ fn emulated_trim_waits_for_queued_work() {
         let pool = Pool::new(dev.clone() as Arc<dyn Device>, config).unwrap();
         let seen = races_during(|| {
             let x = pool.allocate(8 * MIB, s).unwrap();
-            common::launch_fill(x, 8 * MIB, 7, 50_000, s.0);
+            common::launch_fill(x, 8 * MIB, 7, PENDING_US, s.0);
             // Freed on its own stream: reusable there at once, in stream order.
             pool.free(x, None, None).unwrap();
             assert!(pool.empty_cache().unwrap() >= 8 * MIB);
