@@ -42,6 +42,7 @@ fn main() {
         ("emulated_growth_is_one_map_and_trim_one_unmap", emulated_growth_is_one_map_and_trim_one_unmap),
         ("emulated_driver_out_of_memory_releases_and_retries", emulated_driver_out_of_memory_releases_and_retries),
         ("emulated_bad_ordinal_and_unsupported_calls_are_errors", emulated_bad_ordinal_and_unsupported_calls_are_errors),
+        ("emulated_get_proc_address_hands_out_implemented_forms_then_stubs", emulated_get_proc_address_hands_out_implemented_forms_then_stubs),
         ("emulated_without_vmm_the_pool_uses_plain_segments", emulated_without_vmm_the_pool_uses_plain_segments),
         ("emulated_a_fault_planned_in_the_environment_is_retried", emulated_a_fault_planned_in_the_environment_is_retried),
         ("emulated_fault_at_every_driver_call", emulated_fault_at_every_driver_call),
@@ -175,6 +176,7 @@ fn emulated_trim_waits_for_queued_work() {
     let _serial = serial();
     let dev = Arc::new(device());
     let s = dev.create_stream().unwrap();
+    let faults = common::faults();
     for expandable in [false, true] {
         let config = PoolConfig { expandable, ..expandable_best_fit() };
         let pool = Pool::new(dev.clone() as Arc<dyn Device>, config).unwrap();
@@ -186,7 +188,7 @@ fn emulated_trim_waits_for_queued_work() {
             assert!(pool.empty_cache().unwrap() >= 8 * MIB);
         });
         assert_eq!(seen, 0, "expandable {expandable}: {}", common::reports());
-        assert_eq!(common::faults(), 0, "the kernel found its memory mapped");
+        assert_eq!(common::faults(), faults, "the kernel found its memory mapped");
     }
     dev.destroy_stream(s).unwrap();
 }
@@ -315,6 +317,38 @@ fn emulated_bad_ordinal_and_unsupported_calls_are_errors() {
         Err(DeviceError::Driver(text)) => assert_eq!(text, "cuGraphCreate failed: CUDA_ERROR_NOT_SUPPORTED (801): operation not supported"),
         other => panic!("{other:?}"),
     }
+}
+
+/// `cuGetProcAddress` (how cuda.bindings, cuda.core and Numba find every function): the newest
+/// implemented form of a name, else its stub, else not found.
+fn emulated_get_proc_address_hands_out_implemented_forms_then_stubs() {
+    use std::ffi::{c_void, CStr};
+    let _serial = serial();
+    device().bind_to_thread().unwrap();
+    let lookup = |name: &CStr, version: i32| {
+        let mut pfn: *mut c_void = std::ptr::null_mut();
+        let mut status = sys::CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+        // SAFETY: a NUL-terminated name and live out-parameters.
+        let rc = unsafe { sys::cuGetProcAddress_v2(name.as_ptr(), &mut pfn, version, 0, &mut status) };
+        (rc, pfn, status)
+    };
+    // SAFETY: only looks the exports up.
+    let export = |name: &[u8]| unsafe { *sys::culib().get::<*mut c_void>(name).unwrap() };
+    let (rc, pfn, status) = lookup(c"cuMemAlloc", 3020);
+    assert_eq!(rc, sys::cudaError_enum::CUDA_SUCCESS);
+    assert_eq!(status, sys::CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS);
+    assert_eq!(pfn, export(b"cuMemAlloc_v2"), "the _v2 form");
+    // cuCtxGetDevice_v2 is a stub: the implemented first form answers (for the current context).
+    assert_eq!(lookup(c"cuCtxGetDevice", 13000).1, export(b"cuCtxGetDevice"));
+    // A function the emulator does not implement: its stub, which says so.
+    let (rc, stub, _) = lookup(c"cuGraphCreate", 12000);
+    assert!(rc == sys::cudaError_enum::CUDA_SUCCESS && !stub.is_null());
+    // SAFETY: the stub reads no argument and returns a CUresult.
+    let stub: extern "C" fn() -> sys::CUresult = unsafe { std::mem::transmute(stub) };
+    assert_eq!(stub(), sys::cudaError_enum::CUDA_ERROR_NOT_SUPPORTED);
+    let (rc, pfn, status) = lookup(c"cuNoSuchFunction", 12000);
+    assert_eq!((rc, pfn.is_null()), (sys::cudaError_enum::CUDA_ERROR_NOT_FOUND, true));
+    assert_eq!(status, sys::CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
 }
 
 fn emulated_without_vmm_the_pool_uses_plain_segments() {
