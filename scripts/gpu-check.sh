@@ -253,7 +253,11 @@ print(out)
     esac
 else
     echo "no vrampool wheel staged (and no built module): see $0 --stage DIR" >>"$OUT/python.log"
-    record python fail 1 0 python.log
+    if [ "$VRAMPOOL_REQUIRE_GPU" = 1 ]; then
+        record python fail 1 0 python.log
+    else
+        record python skipped 0 0 python.log
+    fi
 fi
 
 # ---- 5. summary ----
