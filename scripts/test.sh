@@ -6,7 +6,8 @@ cd "$root"
 echo "== cargo test --workspace"
 cargo test --workspace
 echo "== vrampool-cuda's device tests under the emulated CUDA driver (host memory, not a GPU)"
-EMULATED_CUDA_DEVICES=2 EMULATED_CUDA_MEMORY=48GiB scripts/emulated-cuda.sh cargo test -p vrampool-cuda
+EMULATED_CUDA_DEVICES=2 EMULATED_CUDA_MEMORY=48GiB VRAMPOOL_REQUIRE_EMULATED=1 VRAMPOOL_REQUIRE_GPU=1 \
+    scripts/emulated-cuda.sh cargo test -p vrampool-cuda
 echo "== loom models of the lock-free structures (magazine rings, live-block table)"
 RUSTFLAGS="--cfg loom" cargo test -p vrampool-core --lib --target-dir "$CARGO_TARGET_DIR/loom" -- loom_tests
 echo "== wheel and pytest"

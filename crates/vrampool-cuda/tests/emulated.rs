@@ -1,6 +1,8 @@
 //! Tests that need the emulated CUDA driver (`scripts/emulated-cuda.sh`): they read its call
 //! counts, plan its faults, read its stream-order race check and queue its delayed test
-//! kernel. Without it every test is reported as ignored. None of these figures is a GPU figure.
+//! kernel. Without it every test is reported as ignored (also on a GPU: these tests need the
+//! emulator's own entry points), or fails with `VRAMPOOL_REQUIRE_EMULATED=1`. None of these
+//! figures is a GPU figure.
 //!
 //! Each test that means to see a race or a fault turns strict mode off for its length (in
 //! strict mode the first one ends the process); every other test asserts that none was seen.
@@ -52,7 +54,7 @@ fn main() {
         Ok(()) => Err("the CUDA driver is not the emulated one (run under scripts/emulated-cuda.sh)".into()),
         Err(why) => Err(format!("{why}; run under scripts/emulated-cuda.sh")),
     };
-    common::run(tests, runnable)
+    common::run(tests, runnable, "VRAMPOOL_REQUIRE_EMULATED")
 }
 
 /// Runs `body` with strict mode off and gives back the races it caused.

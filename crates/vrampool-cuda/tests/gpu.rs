@@ -25,7 +25,7 @@ fn main() {
         ("pool_over_cuda_with_eight_threads", pool_over_cuda_with_eight_threads),
         ("pool_strategies_and_cross_stream_frees", pool_strategies_and_cross_stream_frees),
     ];
-    common::run(tests, common::device_present())
+    common::run(tests, common::device_present(), "VRAMPOOL_REQUIRE_GPU")
 }
 
 /// A small deterministic generator (xorshift64*), so failures replay.

@@ -4,7 +4,8 @@
 //! The binaries use libtest-mimic instead of the standard harness so that, without a CUDA
 //! device (a GPU, or the emulated driver loaded by `scripts/emulated-cuda.sh`), every test is
 //! reported as *ignored*, never as passed. With `VRAMPOOL_REQUIRE_GPU=1` (scripts/gpu-check.sh
-//! sets it on a GPU machine) a missing device fails the run instead.
+//! sets it on a GPU machine) a missing device fails the device tests instead, and with
+//! `VRAMPOOL_REQUIRE_EMULATED=1` (scripts/test.sh) a missing emulated driver fails its tests.
 #![allow(dead_code)] // each binary uses its own part
 
 use std::ffi::{c_char, c_int, c_uint, CString};
@@ -24,12 +25,13 @@ pub fn serial() -> MutexGuard<'static, ()> {
 }
 
 /// Runs `tests` (name, body) if `runnable` says so, else reports each as ignored and prints
-/// why (`skipped: ...`, the line scripts/gpu-check.sh looks for).
-pub fn run(tests: Vec<(&'static str, fn())>, runnable: Result<(), String>) -> ! {
+/// why (`skipped: ...`, the line scripts/gpu-check.sh looks for), or fails the run when the
+/// environment variable `require` is 1.
+pub fn run(tests: Vec<(&'static str, fn())>, runnable: Result<(), String>, require: &str) -> ! {
     let args = Arguments::from_args();
     if let Err(why) = &runnable {
-        if std::env::var("VRAMPOOL_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-            eprintln!("VRAMPOOL_REQUIRE_GPU=1 but {why}");
+        if std::env::var(require).is_ok_and(|v| v == "1") {
+            eprintln!("{require}=1 but {why}");
             std::process::exit(101);
         }
         println!("skipped: {why}");
