@@ -17,13 +17,15 @@
 //! address space (and the simulated device, which backs a reservation with host memory, stays
 //! cheap), while a stream that grows to a whole 141 GiB device ends up with at most six ranges.
 //!
-//! Each growth is one `map` call (one `cuMemCreate` + `cuMemMap` + `cuMemSetAccess` on CUDA) of
-//! all the units it needs: a growth of N bytes costs one physical allocation, not N / 2 MiB of
-//! them (a 40 GB growth would otherwise be 20,000 map calls, and a 32 TiB simulated one millions
-//! of bookkeeping entries). The price: a mapping is unmapped only whole (as with `cuMemUnmap`),
-//! so a trim gives back a growth's memory once all of it is free. Where the free space that the
-//! strategy would cut off (a free tail, a hole) covers only part of a mapping, that part stays
-//! free space in the strategy instead.
+//! A growth is mapped in at most `MAPS_PER_GROWTH` pieces of whole units (each one `cuMemCreate`
+//! + `cuMemMap` + `cuMemSetAccess` on CUDA), not one per unit: a 40 GB growth would otherwise be
+//! 20,000 map calls, and a 32 TiB simulated one millions of bookkeeping entries. Not one piece
+//! either: a mapping is unmapped only whole (as with `cuMemUnmap`), so a trim gives a piece back
+//! once all of it is free, and one piece per growth would keep a whole growth mapped for one live
+//! block. Growths up to `MAPS_PER_GROWTH` units keep one unit a piece; larger ones give back in
+//! steps of a `MAPS_PER_GROWTH`th of the growth. Where the free space that the strategy would cut
+//! off (a free tail, a hole) covers only part of a piece, that part stays free space in the
+//! strategy instead.
 //!
 //! This module keeps the device-side bookkeeping of each arena's ranges (which chunks are
 //! mapped); the pool makes the device calls and keeps the counters, under the tier's strategy
@@ -41,6 +43,8 @@ use crate::strategy::{Segment, StrategyKind};
 
 /// An arena's first reservation, and how much larger each next one is.
 const FIRST_RESERVATION: u64 = 256 * MIB;
+/// The most `map` calls one growth makes (see the module's documentation).
+pub(crate) const MAPS_PER_GROWTH: u64 = 32;
 const RESERVATION_GROWTH: u64 = 4;
 
 /// Expandable mode of a pool: which tier grows an expandable segment, and in what unit.
@@ -194,6 +198,18 @@ impl Reservation {
     }
 }
 
+/// `gap` (whole units) cut into at most `MAPS_PER_GROWTH` pieces of whole units, in address
+/// order, the last one possibly shorter.
+pub(crate) fn pieces(gap: Segment, unit: u64) -> impl Iterator<Item = Segment> {
+    let units = gap.size / unit;
+    let piece = units.div_ceil(MAPS_PER_GROWTH).max(1) * unit;
+    let end = gap.base + gap.size;
+    (0..units.div_ceil(piece / unit)).map(move |k| {
+        let base = gap.base + k * piece;
+        Segment { base, size: piece.min(end - base) }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,5 +235,19 @@ mod tests {
         r.note_unmapped(seg(0, 4 * U));
         assert_eq!(r.all_mappings(), vec![seg(8 * U, 2 * U)]);
         assert!(!r.is_unmapped());
+    }
+
+    #[test]
+    fn a_growth_is_cut_into_at_most_maps_per_growth_pieces() {
+        let cut = |units: u64| pieces(seg(8 * U, units * U), U).collect::<Vec<_>>();
+        assert_eq!(cut(3), vec![seg(8 * U, U), seg(9 * U, U), seg(10 * U, U)], "small growths: a unit a piece");
+        assert_eq!(cut(MAPS_PER_GROWTH).len() as u64, MAPS_PER_GROWTH);
+        let large = cut(20_000);
+        assert_eq!(large.len() as u64, MAPS_PER_GROWTH, "a 40 GB growth is 32 maps, not 20,000");
+        assert!(large.windows(2).all(|w| w[0].base + w[0].size == w[1].base), "contiguous");
+        assert_eq!(large.iter().map(|p| p.size).sum::<u64>(), 20_000 * U);
+        assert!(large.iter().all(|p| p.size % U == 0));
+        assert_eq!(cut(33).len(), 17, "two units a piece, the last one alone");
+        assert_eq!(pieces(seg(0, (1 << 45) / U * U), U).count() as u64, MAPS_PER_GROWTH, "32 TiB");
     }
 }

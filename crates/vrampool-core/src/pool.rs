@@ -28,7 +28,7 @@ use crate::config::{Limit, PoolConfig, Scrub};
 use crate::device::{Device, EventId, StreamId};
 use crate::live_table::{BlockMeta, LiveTable, Removal};
 use crate::error::{DeviceError, InvalidFreeReason, OomReport, PoolError, Result};
-use crate::expandable::{Expandable, Reservation};
+use crate::expandable::{pieces, Expandable, Reservation};
 use crate::fast_gate::FastGate;
 use crate::event_log::{EventKind, EventLog, LogEvent};
 use crate::sizes::{class_size, classes_up_to, round_up, MIN_BLOCK};
@@ -792,7 +792,7 @@ impl PoolCore {
                 }
             };
             let r = &mut arena.reservations[i];
-            let mapped = self.map_range(r, range, stream);
+            let mapped = self.map_range(r, range, unit, stream);
             let taken = mapped.is_ok() && if into_hole { strategy.map_hole(range) } else { strategy.grow_segment(r.base, range.size) };
             if taken {
                 if !into_hole {
@@ -813,11 +813,11 @@ impl PoolCore {
         })
     }
 
-    /// Maps what `range` (whole units) lacks, within the cap: one `map` call per unmapped part,
-    /// which is one call for the whole range unless an earlier unmap failed inside it. On a
-    /// failure, unmaps what it mapped and returns the error.
-    fn map_range(&self, r: &mut Reservation, range: Segment, stream: StreamId) -> Result<()> {
-        let gaps = r.gaps(range);
+    /// Maps what `range` (whole units) lacks, within the cap, in at most `MAPS_PER_GROWTH`
+    /// pieces per unmapped part (see `expandable::pieces`). On a failure, unmaps what it mapped
+    /// and returns the error.
+    fn map_range(&self, r: &mut Reservation, range: Segment, unit: u64, stream: StreamId) -> Result<()> {
+        let gaps: Vec<Segment> = r.gaps(range).into_iter().flat_map(|gap| pieces(gap, unit)).collect();
         let total: u64 = gaps.iter().map(|g| g.size).sum();
         self.commit(total)?;
         for (k, &gap) in gaps.iter().enumerate() {

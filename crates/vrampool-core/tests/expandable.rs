@@ -1,6 +1,6 @@
-//! Expandable segments: the best-fit tier grows one reserved address range with one mapping per
-//! growth, trims by unmapping the wholly free mappings, and falls back to plain segments where it
-//! must.
+//! Expandable segments: the best-fit tier grows one reserved address range by mapping chunks (at
+//! most 32 a growth), trims by unmapping the wholly free ones, and falls back to plain segments
+//! where it must.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -49,13 +49,13 @@ fn expandable_runs(pool: &Pool) -> Vec<(StreamId, u64, u64)> {
 }
 
 #[test]
-fn growth_maps_into_one_reservation_once_per_growth_instead_of_new_segments() {
+fn growth_maps_chunks_into_one_reservation_instead_of_new_segments() {
     let dev = Arc::new(SimDevice::new(4 * GIB, SimMode::AddressOnly));
     let pool = pool_with(&dev, StrategyKind::Hybrid, true, None);
     let blocks: Vec<u64> = (0..8).map(|_| pool.allocate(3 * MIB, S0).unwrap()).collect();
     let counters = dev.counters();
     assert_eq!(counters.alloc_calls, 0, "no plain segment for the best-fit tier");
-    assert_eq!(counters.map_calls, 8, "24 MiB in eight growths, one map each (not 12 chunks)");
+    assert_eq!(counters.map_calls, 12, "24 MiB in 2 MiB chunks");
     let runs = expandable_runs(&pool);
     assert_eq!(runs.len(), 1, "{runs:?}");
     let (_, base, size) = runs[0];
@@ -64,16 +64,16 @@ fn growth_maps_into_one_reservation_once_per_growth_instead_of_new_segments() {
         assert_eq!(b, base + k as u64 * 3 * MIB, "blocks follow each other across chunk boundaries");
     }
     let stats = pool.stats();
-    assert_eq!((stats.segment.current, stats.reserved_bytes.current, stats.num_device_alloc), (1, 24 * MIB, 8));
+    assert_eq!((stats.segment.current, stats.reserved_bytes.current, stats.num_device_alloc), (1, 24 * MIB, 12));
     // A freed block is reused without any device call; a larger request maps only what the free
     // tail lacks.
     pool.free(blocks[7], None, None).unwrap();
     let again = pool.allocate(3 * MIB, S0).unwrap();
-    assert_eq!((again, dev.counters().map_calls), (blocks[7], 8));
+    assert_eq!((again, dev.counters().map_calls), (blocks[7], 12));
     pool.free(again, None, None).unwrap();
     let big = pool.allocate(7 * MIB, S0).unwrap();
     assert_eq!(big, blocks[7], "the free 3 MiB at the end grew by 4 MiB");
-    assert_eq!(dev.counters().map_calls, 9, "one map of the 4 MiB it lacks");
+    assert_eq!(dev.counters().map_calls, 14);
     check_consistent(&pool, &dev);
 
     // The same with expandable segments off: plain segments of 6 MiB (room for two blocks).
@@ -108,7 +108,7 @@ fn a_block_spans_two_mapped_chunks() {
 }
 
 #[test]
-fn trim_unmaps_only_wholly_free_mappings_and_holes_map_back() {
+fn trim_unmaps_only_wholly_free_chunks_and_holes_map_back() {
     let dev = Arc::new(SimDevice::new(512 * MIB, SimMode::HostBacked));
     let pool = pool_with(&dev, StrategyKind::Hybrid, true, None);
     let blocks: Vec<u64> = (0..10).map(|_| pool.allocate(4 * MIB, S0).unwrap()).collect();
@@ -126,9 +126,9 @@ fn trim_unmaps_only_wholly_free_mappings_and_holes_map_back() {
     assert_eq!(used, 40 * MIB);
     let unmaps = dev.counters().unmap_calls;
     let released = pool.trim().unwrap();
-    assert_eq!(released, 24 * MIB, "five 4 MiB growths inside, one at the end");
+    assert_eq!(released, 24 * MIB, "10 chunks inside, 2 at the end");
     assert_eq!(dev.counters().used, used - released, "physical memory went back");
-    assert_eq!(dev.counters().unmap_calls - unmaps, 6, "one unmap per growth");
+    assert_eq!(dev.counters().unmap_calls - unmaps, 12);
     for k in kept {
         assert_eq!(dev.read(blocks[k], 64).unwrap(), vec![k as u8; 64], "live blocks keep their bytes");
         assert_eq!(dev.read(blocks[k] + 4 * MIB - 64, 64).unwrap(), vec![k as u8; 64]);
@@ -143,7 +143,7 @@ fn trim_unmaps_only_wholly_free_mappings_and_holes_map_back() {
     let maps = dev.counters().map_calls;
     let c = pool.allocate(6 * MIB, S0).unwrap();
     assert_eq!(c, base + 8 * MIB);
-    assert_eq!(dev.counters().map_calls - maps, 1, "one map of the 6 MiB");
+    assert_eq!(dev.counters().map_calls - maps, 3);
     dev.write(c + 6 * MIB - 8, b"in a map").unwrap();
     check_consistent(&pool, &dev);
 
@@ -280,7 +280,7 @@ fn a_failed_map_at_any_point_leaves_the_pool_consistent_and_leaks_nothing() {
         drop(pool);
         assert_eq!(dev.counters().used, 0);
     }
-    assert!(faults >= 10, "the workload maps at {faults} points");
+    assert!(faults > 30, "the workload maps chunks at {faults} points");
 }
 
 #[test]
@@ -456,23 +456,23 @@ fn cached_memory_at_the_end_grows_in_place_without_a_release_and_retry() {
 }
 
 #[test]
-fn before_growing_the_tier_unmaps_its_own_free_mappings_inside_but_keeps_its_free_tail() {
+fn before_growing_the_tier_unmaps_its_own_free_chunks_inside_but_keeps_its_free_tail() {
     let dev = Arc::new(SimDevice::new(GIB, SimMode::AddressOnly));
     let pool = pool_with(&dev, StrategyKind::BestFit, true, None);
-    // [a 6 MiB | b 2 MiB | c 2 MiB | d 2 MiB]: four growths, one mapping each.
+    // [a 6 MiB | b 2 MiB | c 2 MiB | d 2 MiB]: six chunks mapped.
     let [a, b, c, d] = [6, 2, 2, 2].map(|mib| pool.allocate(mib * MIB, S0).unwrap());
     let base = a;
     assert_eq!((b, c, d), (base + 6 * MIB, base + 8 * MIB, base + 10 * MIB));
     pool.free(a, None, None).unwrap();
     pool.free(d, None, None).unwrap();
-    assert_eq!(dev.counters().map_calls, 4);
+    assert_eq!(dev.counters().map_calls, 6);
     // 8 MiB fits neither the 6 MiB free inside nor the 2 MiB free at the end: the tier grows.
-    // First a's free mapping inside is unmapped (it becomes a hole); the free tail stays mapped
-    // and the growth extends it by 6 MiB in one map, so the block starts where d was.
+    // First its three free chunks inside are unmapped (they become a hole); the free tail stays
+    // mapped and the growth extends it by three chunks, so the block starts where d was.
     let big = pool.allocate(8 * MIB, S0).unwrap();
     assert_eq!(big, base + 10 * MIB);
     let counters = dev.counters();
-    assert_eq!((counters.unmap_calls, counters.map_calls), (1, 5), "the tail was not unmapped and mapped again");
+    assert_eq!((counters.unmap_calls, counters.map_calls), (3, 9), "the tail was not unmapped and mapped again");
     assert_eq!(pool.stats().reserved_bytes.current, 12 * MIB, "b, c and the new block; not the 6 MiB hole");
     check_consistent(&pool, &dev);
     // The hole maps again when a block needs it.
@@ -561,42 +561,43 @@ mod random {
 }
 
 #[test]
-fn a_mapping_in_part_use_stays_whole_and_its_free_part_stays_usable() {
+fn a_large_growth_is_mapped_in_at_most_32_pieces_and_given_back_piece_by_piece() {
     let dev = Arc::new(SimDevice::new(GIB, SimMode::HostBacked));
     let pool = pool_with(&dev, StrategyKind::BestFit, true, None);
+    // 100 MiB is 50 units of 2 MiB: 25 pieces of 4 MiB, not 50 maps (nor one).
     let big = pool.allocate(100 * MIB, S0).unwrap();
-    assert_eq!(dev.counters().map_calls, 1);
+    assert_eq!(dev.counters().map_calls, 25);
     pool.free(big, None, None).unwrap();
     let small = pool.allocate(10 * MIB, S0).unwrap();
     assert_eq!(small, big, "the freed growth serves the next block");
-    // Trim: the mapping is only partly free, so it stays, free part included.
-    assert_eq!(pool.trim().unwrap(), 0);
-    assert_eq!((dev.counters().unmap_calls, dev.counters().used), (0, 100 * MIB));
+    // Trim: the 22 pieces past the block go back; the piece the block ends in stays whole.
+    assert_eq!(pool.trim().unwrap(), 88 * MIB);
+    assert_eq!((dev.counters().unmap_calls, dev.counters().used), (22, 12 * MIB));
     check_consistent(&pool, &dev);
-    // The free 90 MiB is still the strategy's: a block there makes no device call.
+    // The free 2 MiB of that piece is still the strategy's: a block there makes no device call.
     let maps = dev.counters().map_calls;
-    let rest = pool.allocate(80 * MIB, S0).unwrap();
+    let rest = pool.allocate(2 * MIB, S0).unwrap();
     assert_eq!(rest, small + 10 * MIB);
     assert_eq!(dev.counters().map_calls, maps);
-    dev.write(rest + 80 * MIB - 8, b"the end.").unwrap();
+    dev.write(rest + 2 * MIB - 8, b"the end.").unwrap();
     pool.free(small, None, None).unwrap();
     pool.free(rest, None, None).unwrap();
-    assert_eq!(pool.trim().unwrap(), 100 * MIB, "wholly free: one unmap gives it all back");
-    assert_eq!(dev.counters().unmap_calls, 1);
+    assert_eq!(pool.trim().unwrap(), 12 * MIB, "wholly free: the three pieces go back");
+    assert_eq!(dev.counters().unmap_calls, 25);
     check_consistent(&pool, &dev);
 }
 
 #[test]
-fn a_huge_growth_is_one_map_call() {
-    // 32 TiB on the address-only device: one map and one entry of bookkeeping, not 16 million.
+fn a_huge_growth_is_32_map_calls() {
+    // 32 TiB on the address-only device: 32 maps and as many entries of bookkeeping, not 16 million.
     const TIB: u64 = 1 << 40;
     let dev = Arc::new(SimDevice::new(64 * TIB, SimMode::AddressOnly));
     let pool = pool_with(&dev, StrategyKind::BestFit, true, None);
     let block = pool.allocate(32 * TIB, S0).unwrap();
-    assert_eq!((dev.counters().map_calls, dev.counters().used), (1, 32 * TIB));
+    assert_eq!((dev.counters().map_calls, dev.counters().used), (32, 32 * TIB));
     assert_eq!(expandable_runs(&pool), vec![(S0, block, 32 * TIB)]);
     pool.free(block, None, None).unwrap();
     assert_eq!(pool.trim().unwrap(), 32 * TIB);
-    assert_eq!((dev.counters().unmap_calls, dev.counters().used), (1, 0));
+    assert_eq!((dev.counters().unmap_calls, dev.counters().used), (32, 0));
     check_consistent(&pool, &dev);
 }
