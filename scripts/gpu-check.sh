@@ -2,24 +2,33 @@
 # GPU checks for vrampool's CUDA device, in one command, meant for the GPU machine.
 #
 #   scripts/gpu-check.sh [--require-gpu]   run the checks; results and logs go to $OUT (./gpu-out)
-#   scripts/gpu-check.sh --stage DIR       build the test and benchmark binaries HERE into DIR,
-#                                          for a GPU machine that has no cargo (carry DIR there)
+#   scripts/gpu-check.sh --stage DIR       build everything the checks need HERE into DIR, for a
+#                                          GPU machine with no cargo and no network (carry DIR)
 #
-# Run mode, from the repo root:
-#   1. env.txt      nvidia-smi, driver, toolchain
-#   2. tests.log    `cargo test --offline --release -p vrampool-cuda -- --nocapture`, or the staged
-#                   test binaries (VRAMPOOL_GPU_BIN, default gpu-bin/) when there is no cargo
+# --stage puts in DIR: the release test binaries of vrampool-cuda (unit-tests, gpu-tests,
+# emulated-tests), the benchmark (gpu_bench), the abi3 wheel (vrampool-*.whl, for any Python >=
+# 3.9) and wheels of pytest and its dependencies, stripped of debug info (well under 64 MiB).
+#
+# Run mode, from the repo root (with VRAMPOOL_GPU_BIN=DIR: the staged files; else cargo):
+#   1. env.txt      nvidia-smi, driver, toolchain, Python, torch
+#   2. tests.log    the Rust CUDA tests: `cargo test --offline --release -p vrampool-cuda`, or the
+#                   staged test binaries (emulated-tests reports itself ignored on a real driver)
 #   3. bench.json   crates/vrampool-cuda/examples/gpu_bench.rs (+ bench.log): alloc+free latency
 #                   of vrampool's strategies vs cuMemAlloc and cuMemAllocAsync
-#   4. python.log   Python GPU tests, only if the native module is importable and such tests exist
+#   4. python.log   the Python GPU tests (tests/test_cuda_gpu.py, tests/test_torch_gpu.py) on the
+#                   staged wheel, installed with --no-deps into a scratch folder (python.xml:
+#                   JUnit results; torch_gpu.json: the training comparison's figures;
+#                   torch_hooks.json: the torch version and the allocator hooks it took)
 #   5. summary.json each step's status, rc and seconds
 #
-# The GPU machine has no network: cargo runs with --offline, so the crates must be vendored
-# (`cargo vendor` + .cargo/config.toml) or ~/.cargo/registry carried, or the binaries staged.
 # Every step runs under `timeout`, inside an overall budget (GPU_CHECK_BUDGET_S, 460 s).
 # Where nvidia-smi lists a GPU (or with --require-gpu), a missing CUDA device is a failure, not
 # a skip (VRAMPOOL_REQUIRE_GPU=1 reaches the tests). Exit status: 0 when every step passed or was
 # skipped, 1 when one failed, 2 on bad usage.
+#
+# Rehearsal without a GPU (everything but torch's CUDA half, which needs the CUDA runtime):
+#   scripts/gpu-check.sh --stage gpu-bin
+#   EMULATED_CUDA_MEMORY=48GiB VRAMPOOL_GPU_BIN=gpu-bin OUT=/tmp/gpu-out scripts/emulated-cuda.sh scripts/gpu-check.sh
 set -uo pipefail
 
 cd "$(dirname "$0")/.." || exit 2
@@ -30,12 +39,17 @@ TARGET_DIR=${CARGO_TARGET_DIR:-target}
 stage() {
     local dir=$1
     mkdir -p "$dir" || return 1
+    dir=$(cd "$dir" && pwd)
+    # The build tools (cargo's target folder, maturin, pip) come from the project's venv.
+    source scripts/env.sh || return 1
+    TARGET_DIR=$CARGO_TARGET_DIR
     echo "== building release test binaries into $dir"
     local json
     json=$(cargo test --release -p vrampool-cuda --no-run --message-format=json) || return 1
     printf '%s\n' "$json" | python3 -c '
 import json, shutil, sys
 dest = sys.argv[1]
+names = {"gpu": "gpu-tests", "emulated": "emulated-tests", "vrampool_cuda": "unit-tests"}
 for line in sys.stdin:
     try:
         msg = json.loads(line)
@@ -43,7 +57,7 @@ for line in sys.stdin:
         continue
     exe = msg.get("executable") if msg.get("reason") == "compiler-artifact" else None
     if exe and msg.get("profile", {}).get("test"):
-        name = "gpu-tests" if msg["target"]["name"] == "gpu" else "unit-tests"
+        name = names[msg["target"]["name"]]
         shutil.copy2(exe, f"{dest}/{name}")
         print(f"   {exe} -> {dest}/{name}")
 ' "$dir" || return 1
@@ -51,8 +65,14 @@ for line in sys.stdin:
     cargo build --release -p vrampool-cuda --example gpu_bench || return 1
     cp "$TARGET_DIR/release/examples/gpu_bench" "$dir/gpu_bench" || return 1
     # Debug info is most of the size; the working tree that travels is limited.
-    if command -v strip >/dev/null; then strip --strip-debug "$dir"/*; fi
-    ls -la "$dir"
+    if command -v strip >/dev/null; then strip --strip-debug "$dir"/*-tests "$dir/gpu_bench"; fi
+    echo "== building the abi3 wheel and fetching pytest's"
+    rm -f "$dir"/*.whl
+    maturin build --release --quiet --out "$dir" || return 1
+    python -m pip download --quiet --only-binary=:all: --dest "$dir/wheels" "$(grep '^pytest==' requirements-dev.txt)" || return 1
+    git rev-parse HEAD >"$dir/COMMIT" 2>/dev/null || true
+    ls -la "$dir" "$dir/wheels"
+    du -sh "$dir"
     echo "staged; carry '$dir' and run: VRAMPOOL_GPU_BIN=$dir scripts/gpu-check.sh"
 }
 
@@ -119,6 +139,11 @@ fi
 export VRAMPOOL_REQUIRE_GPU=${REQUIRE:-0}
 echo "== gpu required: $VRAMPOOL_REQUIRE_GPU (see $OUT/env.txt)"
 
+{
+    echo "--- python"
+    python3 -c 'import sys; print(sys.version)' 2>&1 || echo "python3: absent"
+    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>&1 | tail -1
+} >>"$OUT/env.txt"
 if command -v cargo >/dev/null && [ -z "${VRAMPOOL_GPU_BIN:-}" ]; then
     MODE=cargo
 elif [ -x "$BIN/gpu-tests" ]; then
@@ -137,7 +162,7 @@ case $MODE in
     staged)
         LAST_RC=0
         T0=$(date +%s)
-        for exe in "$BIN/unit-tests" "$BIN/gpu-tests"; do
+        for exe in "$BIN/unit-tests" "$BIN/gpu-tests" "$BIN/emulated-tests"; do
             [ -x "$exe" ] || continue
             run_step "tests ($exe)" tests.log 120 "$exe" --nocapture
             [ "$LAST_RC" -ne 0 ] && break
@@ -183,20 +208,56 @@ else
     esac
 fi
 
-# ---- 4. Python (optional: only where the native module is built and GPU tests exist) ----
-PY_TESTS=()
-for f in tests/test_*gpu*.py tests/gpu; do [ -e "$f" ] && PY_TESTS+=("$f"); done
-if [ -d python/vrampool ] && [ ${#PY_TESTS[@]} -gt 0 ] && command -v python3 >/dev/null \
-    && PYTHONPATH=python python3 -c 'import vrampool._native' 2>/dev/null; then
-    : >"$OUT/python.log"
-    PYTHONPATH=python run_step python python.log 240 python3 -m pytest -q "${PY_TESTS[@]}"
+# ---- 4. Python: the GPU tests on the staged wheel (or the built module where there is no stage) ----
+PY_TESTS=(tests/test_cuda_gpu.py tests/test_torch_gpu.py)
+SITE=$(mktemp -d)
+trap 'rm -rf "$SITE"' EXIT
+: >"$OUT/python.log"
+PY_READY=
+if [ "$MODE" = staged ] && ls "$BIN"/vrampool-*.whl >/dev/null 2>&1; then
+    # --no-deps: the machine's own torch, CuPy, Numba and cuda-python stay as they are.
+    if python3 -m pip install --quiet --no-deps --no-index --target "$SITE" "$BIN"/vrampool-*.whl >>"$OUT/python.log" 2>&1; then
+        PY_READY=1
+        python3 -c 'import pytest' 2>/dev/null \
+            || python3 -m pip install --quiet --no-deps --no-index --target "$SITE" "$BIN"/wheels/*.whl >>"$OUT/python.log" 2>&1 \
+            || PY_READY=
+    fi
+    PY_PATH=$SITE
+elif PYTHONPATH=python python3 -c 'import vrampool._native' 2>/dev/null; then
+    PY_READY=1
+    PY_PATH=python
+fi
+if [ -n "$PY_READY" ]; then
+    PYTHONPATH=$PY_PATH timeout 60 python3 -c '
+import json, sys
+out = {"python": sys.version.split()[0]}
+try:
+    import torch, vrampool.torch as vt
+    vt.allocator()
+    out.update(torch=torch.__version__, hooks=vt.hooks())
+except Exception as e:
+    out["error"] = repr(e)
+json.dump(out, open(sys.argv[1], "w"), indent=1)
+print(out)
+' "$OUT/torch_hooks.json" >>"$OUT/python.log" 2>&1
+    PYTHONPATH=$PY_PATH OUT=$OUT run_step python python.log 240 python3 -m pytest -q -rs -p no:cacheprovider \
+        --junitxml="$OUT/python.xml" "${PY_TESTS[@]}"
     case $LAST_RC in
-        0) record python pass 0 "$LAST_SECONDS" python.log ;;
+        0) if grep -q ' passed' "$OUT/python.log"; then
+               record python pass 0 "$LAST_SECONDS" python.log
+           else
+               record python skipped 0 "$LAST_SECONDS" python.log
+           fi ;;
         5) record python skipped 5 "$LAST_SECONDS" python.log ;; # pytest: no tests collected
         *) record python fail "$LAST_RC" "$LAST_SECONDS" python.log ;;
     esac
 else
-    record python skipped 0 0 ""
+    echo "no vrampool wheel staged (and no built module): see $0 --stage DIR" >>"$OUT/python.log"
+    if [ "$VRAMPOOL_REQUIRE_GPU" = 1 ]; then
+        record python fail 1 0 python.log
+    else
+        record python skipped 0 0 python.log
+    fi
 fi
 
 # ---- 5. summary ----

@@ -2,7 +2,7 @@
 //! one reserved address range instead of allocating separate segments.
 //!
 //! Design: on its first growth an arena reserves an address range, then maps physical memory at
-//! the end of the mapped range, in chunks of the device's granularity, as the tier needs more.
+//! the end of the mapped range (whole units of the device's granularity) as the tier needs more.
 //! The strategy sees one segment that grows (`Strategy::grow_segment`), so a free range at the old
 //! end merges with the new space and a block can span two chunks; memory that plain segments
 //! would strand between them (a free tail too small for the next request, next to a new segment)
@@ -17,14 +17,21 @@
 //! address space (and the simulated device, which backs a reservation with host memory, stays
 //! cheap), while a stream that grows to a whole 141 GiB device ends up with at most six ranges.
 //!
-//! Each chunk is its own `map` call, because a mapping can only be unmapped whole (as with
-//! `cuMemUnmap`): so every wholly free chunk can be given back, wherever it lies.
+//! A growth is mapped in at most `MAPS_PER_GROWTH` pieces of whole units (each one `cuMemCreate`
+//! + `cuMemMap` + `cuMemSetAccess` on CUDA), not one per unit: a 40 GB growth would otherwise be
+//! 20,000 map calls, and a 32 TiB simulated one millions of bookkeeping entries. Not one piece
+//! either: a mapping is unmapped only whole (as with `cuMemUnmap`), so a trim gives a piece back
+//! once all of it is free, and one piece per growth would keep a whole growth mapped for one live
+//! block. Growths up to `MAPS_PER_GROWTH` units keep one unit a piece; larger ones give back in
+//! steps of a `MAPS_PER_GROWTH`th of the growth. Where the free space that the strategy would cut
+//! off (a free tail, a hole) covers only part of a piece, that part stays free space in the
+//! strategy instead.
 //!
 //! This module keeps the device-side bookkeeping of each arena's ranges (which chunks are
 //! mapped); the pool makes the device calls and keeps the counters, under the tier's strategy
 //! lock, so the strategy's view and the mapped chunks change together.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 
 use foldhash::fast::FixedState;
 use parking_lot::Mutex;
@@ -36,6 +43,8 @@ use crate::strategy::{Segment, StrategyKind};
 
 /// An arena's first reservation, and how much larger each next one is.
 const FIRST_RESERVATION: u64 = 256 * MIB;
+/// The most `map` calls one growth makes (see the module's documentation).
+pub(crate) const MAPS_PER_GROWTH: u64 = 32;
 const RESERVATION_GROWTH: u64 = 4;
 
 /// Expandable mode of a pool: which tier grows an expandable segment, and in what unit.
@@ -60,14 +69,14 @@ pub(crate) struct VmArena {
     pub unavailable: bool,
 }
 
-/// A reserved address range and the chunks mapped in it.
+/// A reserved address range and the mappings in it.
 pub(crate) struct Reservation {
     pub base: u64,
     pub size: u64,
-    /// Bytes from `base` to the end of the strategy's segment (mapped chunks and holes).
+    /// Bytes from `base` to the end of the strategy's segment (mappings and holes).
     pub extent: u64,
-    /// Mapped chunks by address, each one `map` call of one unit.
-    mapped: BTreeSet<u64>,
+    /// Mappings by address -> size, each one `map` call.
+    mapped: BTreeMap<u64, u64>,
 }
 
 impl Expandable {
@@ -131,7 +140,7 @@ impl Expandable {
 
 impl Reservation {
     pub fn new(base: u64, size: u64) -> Self {
-        Self { base, size, extent: 0, mapped: BTreeSet::new() }
+        Self { base, size, extent: 0, mapped: BTreeMap::new() }
     }
 
     pub fn is_unmapped(&self) -> bool {
@@ -142,29 +151,103 @@ impl Reservation {
         addr >= self.base && addr - self.base < self.size
     }
 
-    /// The chunks of `range` that are not mapped.
-    pub fn unmapped_chunks(&self, range: Segment, unit: u64) -> Vec<u64> {
-        (0..range.size / unit).map(|k| range.base + k * unit).filter(|c| !self.mapped.contains(c)).collect()
+    /// The parts of `range` that no mapping covers, in address order.
+    pub fn gaps(&self, range: Segment) -> Vec<Segment> {
+        let end = range.base + range.size;
+        let mut gaps = Vec::new();
+        let mut at = range.base;
+        // A mapping that starts below the range may reach into it.
+        let below = self.mapped.range(..range.base).next_back().map(|(&s, &len)| (s, len));
+        for (start, len) in below.into_iter().chain(self.mapped.range(range.base..end).map(|(&s, &len)| (s, len))) {
+            if start > at {
+                gaps.push(Segment { base: at, size: start - at });
+            }
+            at = at.max(start + len);
+        }
+        if at < end {
+            gaps.push(Segment { base: at, size: end - at });
+        }
+        gaps
     }
 
-    /// The mapped chunks in `[lo, hi)`.
-    pub fn mapped_chunks(&self, lo: u64, hi: u64) -> Vec<u64> {
+    /// The mappings that lie wholly inside `[lo, hi)`.
+    pub fn mappings_within(&self, lo: u64, hi: u64) -> Vec<Segment> {
         if lo >= hi {
             return Vec::new();
         }
-        self.mapped.range(lo..hi).copied().collect()
+        self.mapped.range(lo..hi).filter(|&(&s, &len)| s + len <= hi).map(|(&base, &size)| Segment { base, size }).collect()
     }
 
-    pub fn note_mapped(&mut self, chunk: u64) {
-        self.mapped.insert(chunk);
+    /// The mapping that `at` cuts through (starts below it and ends above it), if any.
+    pub fn mapping_across(&self, at: u64) -> Option<Segment> {
+        let (&base, &size) = self.mapped.range(..at).next_back()?;
+        (base + size > at).then_some(Segment { base, size })
     }
 
-    pub fn note_unmapped(&mut self, chunk: u64) {
-        self.mapped.remove(&chunk);
+    pub fn note_mapped(&mut self, range: Segment) {
+        self.mapped.insert(range.base, range.size);
     }
 
-    /// Every mapped chunk (for the pool's drop).
-    pub fn all_chunks(&self) -> Vec<u64> {
-        self.mapped.iter().copied().collect()
+    pub fn note_unmapped(&mut self, range: Segment) {
+        self.mapped.remove(&range.base);
+    }
+
+    /// Every mapping (for the pool's drop).
+    pub fn all_mappings(&self) -> Vec<Segment> {
+        self.mapped.iter().map(|(&base, &size)| Segment { base, size }).collect()
+    }
+}
+
+/// `gap` (whole units) cut into at most `MAPS_PER_GROWTH` pieces of whole units, in address
+/// order, the last one possibly shorter.
+pub(crate) fn pieces(gap: Segment, unit: u64) -> impl Iterator<Item = Segment> {
+    let units = gap.size / unit;
+    let piece = units.div_ceil(MAPS_PER_GROWTH).max(1) * unit;
+    let end = gap.base + gap.size;
+    (0..units.div_ceil(piece / unit)).map(move |k| {
+        let base = gap.base + k * piece;
+        Segment { base, size: piece.min(end - base) }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const U: u64 = 2 * MIB;
+
+    fn seg(base: u64, size: u64) -> Segment {
+        Segment { base, size }
+    }
+
+    #[test]
+    fn gaps_and_whole_mappings() {
+        let mut r = Reservation::new(0, 64 * U);
+        r.note_mapped(seg(0, 4 * U));
+        r.note_mapped(seg(8 * U, 2 * U));
+        assert_eq!(r.gaps(seg(0, 12 * U)), vec![seg(4 * U, 4 * U), seg(10 * U, 2 * U)]);
+        assert_eq!(r.gaps(seg(2 * U, 4 * U)), vec![seg(4 * U, 2 * U)], "a mapping from below covers the start");
+        assert!(r.gaps(seg(8 * U, 2 * U)).is_empty());
+        assert_eq!(r.mappings_within(0, 9 * U), vec![seg(0, 4 * U)], "the one at 8U reaches past 9U");
+        assert_eq!(r.mappings_within(0, 10 * U), vec![seg(0, 4 * U), seg(8 * U, 2 * U)]);
+        assert_eq!(r.mapping_across(2 * U), Some(seg(0, 4 * U)));
+        assert_eq!(r.mapping_across(4 * U), None, "a boundary cuts nothing");
+        r.note_unmapped(seg(0, 4 * U));
+        assert_eq!(r.all_mappings(), vec![seg(8 * U, 2 * U)]);
+        assert!(!r.is_unmapped());
+    }
+
+    #[test]
+    fn a_growth_is_cut_into_at_most_maps_per_growth_pieces() {
+        let cut = |units: u64| pieces(seg(8 * U, units * U), U).collect::<Vec<_>>();
+        assert_eq!(cut(3), vec![seg(8 * U, U), seg(9 * U, U), seg(10 * U, U)], "small growths: a unit a piece");
+        assert_eq!(cut(MAPS_PER_GROWTH).len() as u64, MAPS_PER_GROWTH);
+        let large = cut(20_000);
+        assert_eq!(large.len() as u64, MAPS_PER_GROWTH, "a 40 GB growth is 32 maps, not 20,000");
+        assert!(large.windows(2).all(|w| w[0].base + w[0].size == w[1].base), "contiguous");
+        assert_eq!(large.iter().map(|p| p.size).sum::<u64>(), 20_000 * U);
+        assert!(large.iter().all(|p| p.size % U == 0));
+        assert_eq!(cut(33).len(), 17, "two units a piece, the last one alone");
+        assert_eq!(pieces(seg(0, (1 << 45) / U * U), U).count() as u64, MAPS_PER_GROWTH, "32 TiB");
     }
 }

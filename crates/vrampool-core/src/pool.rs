@@ -28,7 +28,7 @@ use crate::config::{Limit, PoolConfig, Scrub};
 use crate::device::{Device, EventId, StreamId};
 use crate::live_table::{BlockMeta, LiveTable, Removal};
 use crate::error::{DeviceError, InvalidFreeReason, OomReport, PoolError, Result};
-use crate::expandable::{Expandable, Reservation};
+use crate::expandable::{pieces, Expandable, Reservation};
 use crate::fast_gate::FastGate;
 use crate::event_log::{EventKind, EventLog, LogEvent};
 use crate::sizes::{class_size, classes_up_to, round_up, MIN_BLOCK};
@@ -793,7 +793,7 @@ impl PoolCore {
                 }
             };
             let r = &mut arena.reservations[i];
-            let mapped = self.map_chunks(r, range, unit, stream);
+            let mapped = self.map_range(r, range, unit, stream);
             let taken = mapped.is_ok() && if into_hole { strategy.map_hole(range) } else { strategy.grow_segment(r.base, range.size) };
             if taken {
                 if !into_hole {
@@ -803,8 +803,8 @@ impl PoolCore {
             }
             if mapped.is_ok() {
                 debug_assert!(false, "the strategy refused memory mapped for it");
-                let chunks = r.mapped_chunks(range.base, range.base + range.size);
-                self.unmap_chunks(r, chunks, unit, stream);
+                let mappings = r.mappings_within(range.base, range.base + range.size);
+                self.unmap_ranges(r, mappings, stream);
             }
             // A range reserved just now with nothing mapped goes back at once.
             if r.extent == 0 && r.is_unmapped() && self.device.unreserve(r.base, r.size).is_ok() {
@@ -814,41 +814,43 @@ impl PoolCore {
         })
     }
 
-    /// Maps the chunks of `range` not mapped yet, within the cap; on a failure, unmaps the ones
-    /// it mapped and returns the error.
-    fn map_chunks(&self, r: &mut Reservation, range: Segment, unit: u64, stream: StreamId) -> Result<()> {
-        let chunks = r.unmapped_chunks(range, unit);
-        self.commit(chunks.len() as u64 * unit)?;
-        for (k, &chunk) in chunks.iter().enumerate() {
+    /// Maps what `range` (whole units) lacks, within the cap, in at most `MAPS_PER_GROWTH`
+    /// pieces per unmapped part (see `expandable::pieces`). On a failure, unmaps what it mapped
+    /// and returns the error.
+    fn map_range(&self, r: &mut Reservation, range: Segment, unit: u64, stream: StreamId) -> Result<()> {
+        let gaps: Vec<Segment> = r.gaps(range).into_iter().flat_map(|gap| pieces(gap, unit)).collect();
+        let total: u64 = gaps.iter().map(|g| g.size).sum();
+        self.commit(total)?;
+        for (k, &gap) in gaps.iter().enumerate() {
             self.counters.num_device_alloc.fetch_add(1, Relaxed);
-            if let Err(e) = self.device.map(chunk, unit) {
-                self.committed.fetch_sub((chunks.len() - k) as u64 * unit, Relaxed);
-                self.unmap_chunks(r, chunks[..k].to_vec(), unit, stream);
+            if let Err(e) = self.device.map(gap.base, gap.size) {
+                self.committed.fetch_sub(gaps[k..].iter().map(|g| g.size).sum::<u64>(), Relaxed);
+                self.unmap_ranges(r, gaps[..k].to_vec(), stream);
                 return Err(e.into());
             }
             if r.is_unmapped() {
                 self.counters.segment.add(1);
             }
-            r.note_mapped(chunk);
-            self.counters.reserved_bytes.add(unit);
-            self.log(EventKind::SegmentAlloc, chunk, unit, stream);
+            r.note_mapped(gap);
+            self.counters.reserved_bytes.add(gap.size);
+            self.log(EventKind::SegmentAlloc, gap.base, gap.size, stream);
         }
         Ok(())
     }
 
-    /// Unmaps `chunks` (mapped chunks of `r`); returns the bytes given back and the first error.
-    /// A chunk that fails to unmap stays mapped and counted, and is tried again later.
-    fn unmap_chunks(&self, r: &mut Reservation, chunks: Vec<u64>, unit: u64, stream: StreamId) -> (u64, Option<DeviceError>) {
+    /// Unmaps `mappings` (whole mappings of `r`); returns the bytes given back and the first
+    /// error. A mapping that fails to unmap stays mapped and counted, and is tried again later.
+    fn unmap_ranges(&self, r: &mut Reservation, mappings: Vec<Segment>, stream: StreamId) -> (u64, Option<DeviceError>) {
         let (mut bytes, mut first_error) = (0, None);
-        for chunk in chunks {
+        for m in mappings {
             self.counters.num_device_free.fetch_add(1, Relaxed);
-            match self.device.unmap(chunk, unit) {
+            match self.device.unmap(m.base, m.size) {
                 Ok(()) => {
-                    r.note_unmapped(chunk);
-                    bytes += unit;
-                    self.committed.fetch_sub(unit, Relaxed);
-                    self.counters.reserved_bytes.sub(unit);
-                    self.log(EventKind::SegmentFree, chunk, unit, stream);
+                    r.note_unmapped(m);
+                    bytes += m.size;
+                    self.committed.fetch_sub(m.size, Relaxed);
+                    self.counters.reserved_bytes.sub(m.size);
+                    self.log(EventKind::SegmentFree, m.base, m.size, stream);
                     if r.is_unmapped() {
                         self.counters.segment.sub(1);
                     }
@@ -861,12 +863,13 @@ impl PoolCore {
         (bytes, first_error)
     }
 
-    /// Gives back the wholly free chunks of the arena's expandable segments: cuts them off their
-    /// ends, unmaps the ones inside (they become holes), and unreserves a range when nothing is
-    /// mapped in it any more. When the tier is about to grow, the newest range keeps its free
-    /// tail, which the growth extends (unmapping it would only map it again). Runs under the
-    /// tier's strategy lock, device calls included: a growth could otherwise take a chunk as
-    /// mapped while it is being unmapped.
+    /// Gives back the wholly free mappings of the arena's expandable segments: cuts the free
+    /// tail off their ends, unmaps the free holes inside them, and unreserves a range when
+    /// nothing is mapped in it any more. A mapping goes only whole: where the strategy's cut (a
+    /// tail or a hole) covers only part of one, that part is made free space again. When the
+    /// tier is about to grow, the newest range keeps its free tail, which the growth extends
+    /// (unmapping it would only map it again). Runs under the tier's strategy lock, device
+    /// calls included: a growth could otherwise take memory as mapped while it is unmapped.
     fn shrink_expandable(&self, vm: &Expandable, strategy: &mut dyn Strategy, stream: StreamId, grows: bool) -> (u64, Option<DeviceError>) {
         let unit = vm.unit;
         vm.with_arena(stream, |arena| {
@@ -876,12 +879,29 @@ impl PoolCore {
                 let keep_tail = grows && newest == Some(r.base);
                 let moved = if keep_tail { 0 } else { strategy.shrink_free_tail(r.base, unit) };
                 r.extent = r.extent.saturating_sub(moved);
-                // Everything mapped past the end (also chunks an earlier unmap failed to give back).
-                let mut chunks = r.mapped_chunks(r.base + r.extent, r.base + r.size);
-                for hole in strategy.unmap_free_chunks(r.base, unit, keep_tail) {
-                    chunks.extend(r.mapped_chunks(hole.base, hole.base + hole.size));
+                let end = r.base + r.extent;
+                if let Some(m) = r.mapping_across(end).filter(|_| r.extent > 0) {
+                    // The new end cuts a mapping that is still in use below it: keep it whole.
+                    if strategy.grow_segment(r.base, m.base + m.size - end) {
+                        r.extent = m.base + m.size - r.base;
+                    }
                 }
-                let (unmapped, error) = self.unmap_chunks(r, chunks, unit, stream);
+                // Everything mapped past the end (also mappings an earlier unmap failed to give back).
+                let mut mappings = r.mappings_within(r.base + r.extent, r.base + r.size);
+                for hole in strategy.unmap_free_chunks(r.base, unit, keep_tail) {
+                    let inside = r.mappings_within(hole.base, hole.base + hole.size);
+                    // The parts of the hole that lie in a mapping reaching out of it stay free.
+                    let mut at = hole.base;
+                    for m in inside.iter().chain([&Segment { base: hole.base + hole.size, size: 0 }]) {
+                        if m.base > at {
+                            let kept = strategy.map_hole(Segment { base: at, size: m.base - at });
+                            debug_assert!(kept, "a part of a hole just made is a hole");
+                        }
+                        at = m.base + m.size;
+                    }
+                    mappings.extend(inside);
+                }
+                let (unmapped, error) = self.unmap_ranges(r, mappings, stream);
                 bytes += unmapped;
                 if let Some(e) = error {
                     first_error.get_or_insert(e);
@@ -1306,18 +1326,15 @@ impl Drop for PoolCore {
         for e in std::mem::take(&mut *self.deferred.lock()) {
             e.events.into_iter().for_each(|ev| self.device.release_event(ev));
         }
-        let (reservations, unit) = match &self.vm {
-            Some(vm) => (vm.take_all(), vm.unit),
-            None => (Vec::new(), 0),
-        };
+        let reservations = self.vm.as_ref().map(Expandable::take_all).unwrap_or_default();
         // An expandable segment's runs show in the snapshot too: they go with their reservation.
         segments.retain(|s| !reservations.iter().any(|r| r.contains(s.base)));
         for s in segments {
             let _ = self.device.free_segment(s.base, s.size);
         }
         for r in reservations {
-            for chunk in r.all_chunks() {
-                let _ = self.device.unmap(chunk, unit);
+            for m in r.all_mappings() {
+                let _ = self.device.unmap(m.base, m.size);
             }
             let _ = self.device.unreserve(r.base, r.size);
         }

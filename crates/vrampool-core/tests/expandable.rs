@@ -1,5 +1,6 @@
-//! Expandable segments: the best-fit tier grows one reserved address range by mapping chunks,
-//! trims by unmapping the wholly free ones, and falls back to plain segments where it must.
+//! Expandable segments: the best-fit tier grows one reserved address range by mapping chunks (at
+//! most 32 a growth), trims by unmapping the wholly free ones, and falls back to plain segments
+//! where it must.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -557,4 +558,46 @@ mod random {
             prop_assert_eq!(pool.stats().segment.current, 0);
         }
     }
+}
+
+#[test]
+fn a_large_growth_is_mapped_in_at_most_32_pieces_and_given_back_piece_by_piece() {
+    let dev = Arc::new(SimDevice::new(GIB, SimMode::HostBacked));
+    let pool = pool_with(&dev, StrategyKind::BestFit, true, None);
+    // 100 MiB is 50 units of 2 MiB: 25 pieces of 4 MiB, not 50 maps (nor one).
+    let big = pool.allocate(100 * MIB, S0).unwrap();
+    assert_eq!(dev.counters().map_calls, 25);
+    pool.free(big, None, None).unwrap();
+    let small = pool.allocate(10 * MIB, S0).unwrap();
+    assert_eq!(small, big, "the freed growth serves the next block");
+    // Trim: the 22 pieces past the block go back; the piece the block ends in stays whole.
+    assert_eq!(pool.trim().unwrap(), 88 * MIB);
+    assert_eq!((dev.counters().unmap_calls, dev.counters().used), (22, 12 * MIB));
+    check_consistent(&pool, &dev);
+    // The free 2 MiB of that piece is still the strategy's: a block there makes no device call.
+    let maps = dev.counters().map_calls;
+    let rest = pool.allocate(2 * MIB, S0).unwrap();
+    assert_eq!(rest, small + 10 * MIB);
+    assert_eq!(dev.counters().map_calls, maps);
+    dev.write(rest + 2 * MIB - 8, b"the end.").unwrap();
+    pool.free(small, None, None).unwrap();
+    pool.free(rest, None, None).unwrap();
+    assert_eq!(pool.trim().unwrap(), 12 * MIB, "wholly free: the three pieces go back");
+    assert_eq!(dev.counters().unmap_calls, 25);
+    check_consistent(&pool, &dev);
+}
+
+#[test]
+fn a_huge_growth_is_32_map_calls() {
+    // 32 TiB on the address-only device: 32 maps and as many entries of bookkeeping, not 16 million.
+    const TIB: u64 = 1 << 40;
+    let dev = Arc::new(SimDevice::new(64 * TIB, SimMode::AddressOnly));
+    let pool = pool_with(&dev, StrategyKind::BestFit, true, None);
+    let block = pool.allocate(32 * TIB, S0).unwrap();
+    assert_eq!((dev.counters().map_calls, dev.counters().used), (32, 32 * TIB));
+    assert_eq!(expandable_runs(&pool), vec![(S0, block, 32 * TIB)]);
+    pool.free(block, None, None).unwrap();
+    assert_eq!(pool.trim().unwrap(), 32 * TIB);
+    assert_eq!((dev.counters().unmap_calls, dev.counters().used), (32, 0));
+    check_consistent(&pool, &dev);
 }

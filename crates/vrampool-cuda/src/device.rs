@@ -36,6 +36,9 @@ struct VirtualMemory {
     reservations: BTreeMap<u64, u64>,
     /// Mapped ranges inside reservations: start -> mapping.
     mappings: BTreeMap<u64, Mapping>,
+    /// Physical allocations no longer mapped whose `cuMemRelease` failed: tried again at the
+    /// next unmap and at drop, so that a failed release does not leak the memory.
+    unreleased: Vec<u64>,
 }
 
 #[derive(Default)]
@@ -351,16 +354,19 @@ impl Device for CudaDevice {
         // SAFETY: the range lies in one reservation of ours and overlaps no mapping (checked
         // under the lock we hold); `allocation` is exactly `bytes` long.
         if let Err(e) = unsafe { calls::mem_map(addr, bytes, allocation) } {
-            // SAFETY: created above, mapped nowhere, released once.
-            let _ = unsafe { calls::mem_release(allocation) };
+            // Created above, mapped nowhere.
+            release_or_keep(&mut vm, allocation);
             return Err(e);
         }
         // SAFETY: the range was mapped just above.
         if let Err(e) = unsafe { calls::mem_set_access(addr, bytes, self.device) } {
-            // SAFETY: undoes the map above (nothing can have used the range: it had no access)
-            // and releases the allocation once.
-            let _ = unsafe { calls::mem_unmap(addr, bytes) };
-            let _ = unsafe { calls::mem_release(allocation) };
+            // SAFETY: undoes the map above (nothing can have used the range: it had no access).
+            if unsafe { calls::mem_unmap(addr, bytes) }.is_ok() {
+                release_or_keep(&mut vm, allocation);
+            } else {
+                // Still mapped: the record keeps it, so a later unmap (or the drop) frees it.
+                vm.mappings.insert(addr, Mapping { size, allocation });
+            }
             return Err(e);
         }
         vm.mappings.insert(addr, Mapping { size, allocation });
@@ -383,12 +389,17 @@ impl Device for CudaDevice {
             // context is idle, so no queued work still touches it.
             unsafe { calls::mem_unmap(addr, bytes) }
         });
+        let mut vm = self.vm.lock();
         if let Err(e) = result {
-            self.vm.lock().mappings.insert(addr, mapping);
+            vm.mappings.insert(addr, mapping);
             return Err(e);
         }
-        // SAFETY: the allocation's only mapping is gone; released once (the record is removed).
-        unsafe { calls::mem_release(mapping.allocation) }
+        // The range is unmapped, whatever the releases below say: a failed one is kept and
+        // tried again, and the pool sees the unmap it asked for.
+        for allocation in std::mem::take(&mut vm.unreleased).into_iter().chain([mapping.allocation]) {
+            release_or_keep(&mut vm, allocation);
+        }
+        Ok(())
     }
 
     fn record_event(&self, stream: StreamId) -> DeviceResult<EventId> {
@@ -471,6 +482,10 @@ impl Drop for CudaDevice {
                 let _ = unsafe { calls::mem_unmap(addr, mapping.size as usize) };
                 let _ = unsafe { calls::mem_release(mapping.allocation) };
             }
+            for allocation in vm.unreleased {
+                // SAFETY: unmapped physical memory whose release failed before; released once.
+                let _ = unsafe { calls::mem_release(allocation) };
+            }
             for (base, size) in vm.reservations {
                 // SAFETY: our reservation, its mappings all gone; freed once.
                 let _ = unsafe { calls::address_free(base, size as usize) };
@@ -492,6 +507,16 @@ impl Drop for CudaDevice {
         drop(current);
         // SAFETY: balances the retain in `new`, once.
         let _ = unsafe { calls::primary_ctx_release(self.device) };
+    }
+}
+
+/// Releases `allocation`, which no mapping uses any more; on a failure keeps it in
+/// `vm.unreleased` to be released later.
+fn release_or_keep(vm: &mut VirtualMemory, allocation: u64) {
+    // SAFETY: the callers pass physical allocations of ours that are mapped nowhere and that
+    // no record other than this call holds, so each is released once.
+    if unsafe { calls::mem_release(allocation) }.is_err() {
+        vm.unreleased.push(allocation);
     }
 }
 
