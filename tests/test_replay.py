@@ -11,7 +11,7 @@ import pytest
 import vrampool
 from vrampool.capture import from_snapshot
 from vrampool.cli import main
-from vrampool.trace import ALL, REPORT_KEYS, STRATEGIES, live_bytes_timeline, read_trace, recorded_reserved_timeline, replay, summary
+from vrampool.trace import ALL, COMPARE, PEERS, REPORT_KEYS, STRATEGIES, live_bytes_timeline, read_trace, recorded_reserved_timeline, replay, summary
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "static"
 needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason="../shared/traces/static is not beside the repo")
@@ -48,7 +48,7 @@ def test_small_trace_figures() -> None:
 
 def test_replay_all_returns_every_strategy_and_the_plan(tmp_path: Path) -> None:
     reports = replay(write_trace(tmp_path / "t.csv", SMALL), strategy="all")
-    assert [r["strategy"] for r in reports] == list(ALL) == list(STRATEGIES) + ["hybrid+vm", "plan"]
+    assert [r["strategy"] for r in reports] == list(ALL) == ["default", *PEERS, *STRATEGIES, "plan"]
     assert {r["lower_bound_bytes"] for r in reports} == {6 * MIB}
     for r in reports:
         assert set(REPORT_KEYS) <= set(r), r["strategy"]
@@ -119,6 +119,10 @@ def test_what_if_reports_what_pytorch_reserved(tmp_path: Path, capsys: pytest.Ca
     out = capsys.readouterr().out
     assert "vs recorded" in out
     assert any(line.startswith("recorded") and "20.0 MiB" in line for line in out.splitlines()), out
+    # The model of PyTorch's allocator predicts the 20 MiB segment two 3 MiB blocks share.
+    assert "PyTorch reserved 20.0 MiB; the torch model predicts 20.0 MiB (1.000x)" in out
+    assert main(["replay", str(path), "--strategy", "default"]) == 0
+    assert "the torch model predicts" in capsys.readouterr().out, "the model's row is added to any selection"
 
 
 def test_replay_rejects_bad_arguments() -> None:
@@ -128,16 +132,19 @@ def test_replay_rejects_bad_arguments() -> None:
         replay([(0, 1, 2)])
     with pytest.raises(ValueError, match="upper"):
         replay([(0, 2, 2, 100)])
-    with pytest.raises(ValueError, match="unknown pool setting `colour`"):
+    with pytest.raises(ValueError, match="unknown option `colour`"):
         replay(SMALL, conf="colour:blue")
 
 
 def test_cli_json_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_trace(tmp_path / "t.csv", SMALL)
     assert main(["replay", str(path), "--json"]) == 0
+    compared = json.loads(capsys.readouterr().out)
+    assert [r["strategy"] for r in compared] == list(COMPARE)
+    assert main(["replay", str(path), "--strategy", "default", "--json"]) == 0
     one = json.loads(capsys.readouterr().out)
     assert isinstance(one, dict) and set(REPORT_KEYS) <= set(one)
-    assert one["strategy"] == "hybrid" and one["lower_bound_bytes"] == 6 * MIB
+    assert one["strategy"] == "default" and one["lower_bound_bytes"] == 6 * MIB
     assert main(["replay", str(path), "--strategy", "all", "--json"]) == 0
     several = json.loads(capsys.readouterr().out)
     assert isinstance(several, list) and [r["strategy"] for r in several] == list(ALL)

@@ -63,6 +63,10 @@ class Trace:
 
     events: List[Event] = dataclasses.field(default_factory=list)
     reserved: List[Tuple[int, int]] = dataclasses.field(default_factory=list)
+    #: Which allocator recorded it: ``"pytorch"`` (a snapshot), ``"vrampool"`` (an event log), or None.
+    recorded_by: Optional[str] = None
+    #: The snapshot's allocator mapped expandable segments (``expandable_segments:True``).
+    recorded_expandable: bool = False
 
     def peak_reserved_bytes(self) -> Optional[int]:
         """The most the recording allocator reserved, or None when the trace doesn't say."""
@@ -333,7 +337,13 @@ def from_snapshot(snapshot: Union[Dict[str, Any], str, Path], device: Optional[i
         except ValueError as e:
             raise ValueError(f"{where} ({action}): {e}") from None
     live, total = _snapshot_segments(snapshot.get("segments"), device)
-    return builder.finish(live, total)
+    trace = builder.finish(live, total)
+    trace.recorded_by = "pytorch"
+    segments = snapshot.get("segments") or []
+    trace.recorded_expandable = any(isinstance(e, dict) and e.get("action") in ("segment_map", "segment_unmap") for e in traces[device]) or any(
+        isinstance(seg, dict) and seg.get("is_expandable") for seg in segments
+    )
+    return trace
 
 
 def _snapshot_segments(segments: Any, device: int) -> Tuple[List[Tuple[int, int, int]], Optional[int]]:
@@ -392,7 +402,9 @@ def from_event_log(events: Iterable[Union[Sequence[Any], Dict[str, Any]]]) -> Tr
             builder.apply(kind, entry)
         except ValueError as e:
             raise ValueError(f"event {index}: {e}") from None
-    return builder.finish()
+    trace = builder.finish()
+    trace.recorded_by = "vrampool"
+    return trace
 
 
 def _storage_tracker_class() -> type:

@@ -17,12 +17,13 @@ from vrampool.planner import ALGORITHMS, plan
 
 T = TypeVar("T")
 MIB = 1 << 20
-#: The rows of the demo's table, in order.
-DEMO_STRATEGIES = ("buddy", "slab", "best_fit", "hybrid", "hybrid+vm", "plan")
+#: The rows of the demo's table, in order: vrampool as installed beside PyTorch's allocator, the
+#: other allocators' models, then the pool's strategies one by one and the static plan.
+DEMO_STRATEGIES = ("default", "torch", "torch+expandable", "rmm", "cupy", "async", "slab", "best_fit", "buddy", "hybrid", "plan")
 #: The demo's extra row, hybrid+vm with small blocks past 16 KiB left to the mapped best-fit tier:
 #: on the demo's traces a slab segment per size class costs more than best-fit's slack there
 #: (BENCHMARKS.md, "Replay of real training traces").
-TUNED = ("hybrid+vm*", "hybrid+vm", "small_max:64KB")
+TUNED = ("default*", "default", "small_max:64KB")
 
 
 class CommandError(Exception):
@@ -31,6 +32,19 @@ class CommandError(Exception):
 
 def _mib(n: float) -> str:
     return f"{n / MIB:,.1f} MiB"
+
+
+def _size(text: str) -> int:
+    """Bytes from a size such as ``80GB`` (binary units, as PyTorch's are)."""
+    from vrampool import _native
+
+    try:
+        size = _native.parse_size(text)
+    except ValueError as e:
+        raise CommandError(f"--memory: {e}") from None
+    if size == 0:
+        raise CommandError("--memory must be at least 1 byte")
+    return size
 
 
 def _progress(items: Iterable[T], total: int, desc: str, quiet: bool = False) -> Iterable[T]:
@@ -43,26 +57,47 @@ def _progress(items: Iterable[T], total: int, desc: str, quiet: bool = False) ->
 
 
 def format_reports(reports: Sequence[Mapping[str, Any]]) -> str:
-    """The replay table: what each strategy reserved beside the lower bound (and beside what
-    the recording allocator reserved, when the trace says)."""
+    """The replay table: what each row reserved beside the lower bound, beside the ``torch``
+    row's figures when there is one (``vs torch``: reserved, and device calls), and beside what
+    the recording allocator reserved when the trace says. Rows of models that guess at an
+    allocator's internals say ``approximate``; rows that ran out of a limited device's memory
+    say ``OOM``."""
     bound = reports[0]["lower_bound_bytes"]
     recorded = reports[0].get("recorded_reserved_bytes")
-    columns = f"{'strategy':<10} {'peak reserved':>14} {'reserved/bound':>15} {'peak allocated':>15} {'frag':>5} {'device allocs':>14} {'events/s':>12}"
+    torch = next((r for r in reports if r["strategy"] == "torch"), None)
+    columns = f"{'strategy':<18} {'peak reserved':>14} {'reserved/bound':>15}"
+    if torch:
+        columns += f" {'vs torch':>9}"
+    columns += f" {'device allocs':>14}"
+    if torch:
+        columns += f" {'vs torch':>9}"
+    columns += f" {'peak allocated':>15} {'frag':>5} {'events/s':>12}"
     if recorded:
         columns += f" {'vs recorded':>12}"
     lines = [columns, "-" * len(columns)]
     for r in reports:
         frag = "-" if r.get("fragmentation") is None else f"{r['fragmentation']:.2f}"
-        line = (
-            f"{r['strategy']:<10} {_mib(r['peak_reserved_bytes']):>14} {r['peak_reserved_bytes'] / bound if bound else 1.0:>14.3f}x "
-            f"{_mib(r['peak_allocated_bytes']):>15} {frag:>5} {r['device_allocs']:>14,} {r['events_per_s']:>12,.0f}"
-        )
+        line = f"{r['strategy']:<18} {_mib(r['peak_reserved_bytes']):>14} {r['peak_reserved_bytes'] / bound if bound else 1.0:>14.3f}x"
+        if torch:
+            line += f" {_ratio(r['peak_reserved_bytes'], torch['peak_reserved_bytes']):>9}"
+        line += f" {r['device_allocs']:>14,}"
+        if torch:
+            line += f" {_ratio(r['device_allocs'], torch['device_allocs']):>9}"
+        line += f" {_mib(r['peak_allocated_bytes']):>15} {frag:>5} {r['events_per_s']:>12,.0f}"
         if recorded:
             line += f" {r['peak_reserved_bytes'] / recorded:>11.3f}x"
+        if r.get("approximate"):
+            line += "  approximate"
+        if r.get("out_of_memory"):
+            line += "  OOM"
         lines.append(line)
     if recorded:
-        lines.append(f"{'recorded':<10} {_mib(recorded):>14} {recorded / bound if bound else 1.0:>14.3f}x   (what the recording allocator reserved)")
+        lines.append(f"{'recorded':<18} {_mib(recorded):>14} {recorded / bound if bound else 1.0:>14.3f}x   (what the recording allocator reserved)")
     return "\n".join(lines)
+
+
+def _ratio(value: float, base: float) -> str:
+    return f"{value / base:.2f}x" if base else "-"
 
 
 def _without_timeline(report: Mapping[str, Any]) -> Dict[str, Any]:
@@ -70,18 +105,24 @@ def _without_timeline(report: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 def replay_command(args: argparse.Namespace) -> int:
-    """`vrampool replay`: a table of what each strategy reserved beside the lower bound, or JSON
-    (without the timelines, which ``--plot`` draws)."""
+    """`vrampool replay`: a table of what each row reserved beside the lower bound and PyTorch's
+    allocator, or JSON (without the timelines, which ``--plot`` draws). On a PyTorch snapshot, the
+    model of PyTorch's allocator (with or without expandable segments, as the snapshot was made)
+    is always a row, so its prediction stands beside what PyTorch reserved."""
     from vrampool.capture import Trace
     from vrampool.plot import memory_timeline_svg
     from vrampool.trace import load, recorded_reserved_timeline, repeated, replay_each, strategy_names
 
+    capacity = _size(args.memory) if args.memory else None
     try:
         trace = load(args.trace)
         if args.repeat > 1:
             trace = Trace.from_rows(repeated(trace.rows(), args.repeat))
         names = strategy_names(args.strategy)
-        reports = list(_progress(replay_each(trace, names, args.conf), len(names), "replay", args.json))
+        model = _recording_model(trace)
+        if model and model not in names:
+            names.append(model)
+        reports = list(_progress(replay_each(trace, names, args.conf, capacity=capacity), len(names), "replay", args.json))
     except (OSError, ValueError) as e:
         raise CommandError(f"{args.trace}: {e}") from None
     if args.plot:
@@ -89,13 +130,25 @@ def replay_command(args: argparse.Namespace) -> int:
         _write(Path(args.plot), svg)
     if args.json:
         out = [_without_timeline(r) for r in reports]
-        print(json.dumps(out if args.strategy == "all" else out[0]))
+        print(json.dumps(out[0] if len(out) == 1 else out))
         return 0
-    print(f"{args.trace}: {reports[0]['events']:,} events, lower bound {_mib(reports[0]['lower_bound_bytes'])}\n")
+    print(f"{args.trace}: {reports[0]['events']:,} events, lower bound {_mib(reports[0]['lower_bound_bytes'])}" + (f", device of {_mib(capacity)} (simulated)" if capacity else "") + "\n")
     print(format_reports(reports))
+    if model:
+        predicted = next(r for r in reports if r["strategy"] == model)
+        recorded = predicted["recorded_reserved_bytes"]
+        print(f"\nPyTorch reserved {_mib(recorded)}; the {model} model predicts {_mib(predicted['peak_reserved_bytes'])} ({predicted['peak_reserved_bytes'] / recorded:.3f}x)")
     if args.plot:
         print(f"\nplot: {args.plot}")
     return 0
+
+
+def _recording_model(trace: Any) -> Optional[str]:
+    """The model of the allocator that recorded ``trace``: PyTorch's, for a snapshot, with
+    expandable segments if the snapshot mapped memory; None for other traces."""
+    if trace.recorded_by != "pytorch":
+        return None
+    return "torch+expandable" if trace.recorded_expandable else "torch"
 
 
 def _write(path: Path, text: str) -> None:
@@ -188,12 +241,13 @@ def demo_command(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> None:
     from vrampool.plot import memory_timeline_svg, segment_map_svg
-    from vrampool.trace import check_conf, peak_segments, replay_each
+    from vrampool.trace import check_conf, peak_segments, replay_each, split_conf
     from vrampool.workloads import capture_workload
 
-    check_conf(args.conf)
+    check_conf(args.conf, DEMO_STRATEGIES)
     out = Path(args.out)
-    print(f"vrampool demo: {args.steps} training steps of each model, captured on the CPU and replayed on the simulated device\n")
+    print(f"vrampool demo: {args.steps} training steps of each model, captured on the CPU and replayed on the simulated device")
+    print("(default: vrampool as install() and DevicePool(0) set it up; torch, torch+expandable, rmm, cupy, async: models of those allocators)\n")
     for model in ("gpt", "cnn"):
         what = "a small GPT, sequence length varying per step" if model == "gpt" else "a small CNN, batch size varying per step"
         trace = capture_workload(model, args.steps, args.seed, lambda b, m=model: _progress(b, args.steps, f"capture {m}"), args.scale)
@@ -206,8 +260,8 @@ def _demo(args: argparse.Namespace) -> None:
         print(format_reports(reports))
         print(f"{TUNED[0]}: {TUNED[1]} with {TUNED[2]}\n")
         _write(out / f"{model}-memory.svg", memory_timeline_svg(reports, f"{model}: memory over {args.steps} training steps"))
-        segments = peak_segments(trace, "hybrid+vm", args.conf)
-        _write(out / f"{model}-segments.svg", segment_map_svg(segments, f"{model}: hybrid+vm segments at the peak"))
+        segments = peak_segments(trace, "default", split_conf(["default"], args.conf)["default"])
+        _write(out / f"{model}-segments.svg", segment_map_svg(segments, f"{model}: default pool's segments at the peak"))
     print(f"plots and traces: {out}/ (<model>-memory.svg, <model>-segments.svg, <model>-trace.jsonl)")
 
 
@@ -230,7 +284,7 @@ def gpu_comparison(steps: int, scale: int = 1) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from vrampool.trace import ALL, STRATEGIES, VM_SUFFIX
+    from vrampool.trace import ALL, COMPARE, DEFAULT, PEERS, STRATEGIES, VM_SUFFIX
     from vrampool.workloads import MODELS
 
     parser = argparse.ArgumentParser(prog="vrampool", description="GPU memory pool tools.")
@@ -254,12 +308,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="trace file (.jsonl, or .csv for rows); default <model>-trace.jsonl")
     p.add_argument("--json", action="store_true", help="print JSON instead of a line for people")
 
-    p = sub.add_parser("replay", help="replay a trace through the strategies and the static plan")
+    p = sub.add_parser("replay", help="replay a trace through vrampool, models of PyTorch's, RMM's, CuPy's allocators and the static plan")
     p.add_argument("trace", help=trace_help)
-    names = STRATEGIES + tuple(s + VM_SUFFIX for s in STRATEGIES) + ("plan", "all")
-    p.add_argument("--strategy", default="hybrid", choices=names, help=f"one row, or all ({', '.join(ALL)})")
-    p.add_argument("--conf", default="", help="other pool options, as in VRAMPOOL_CONF (e.g. round_up_divisions:4)")
-    p.add_argument("--json", action="store_true", help="print JSON (a list when several strategies run)")
+    rows = ", ".join((DEFAULT,) + PEERS + STRATEGIES + ("NAME" + VM_SUFFIX, "plan"))
+    p.add_argument(
+        "--strategy",
+        default="compare",
+        help=f"rows, separated by commas: {rows}; compare ({', '.join(COMPARE)}, the default) or all ({', '.join(ALL)})",
+    )
+    p.add_argument("--conf", default="", help="options: the pool's as in VRAMPOOL_CONF (small_max:64KB) and the models' own (max_split_size_mb:256 for torch); each row takes the keys it knows")
+    p.add_argument("--memory", help="the simulated device's memory (e.g. 80GB): a row that runs out says OOM")
+    p.add_argument("--json", action="store_true", help="print JSON (a list when several rows run)")
     p.add_argument("--plot", help="write an SVG of allocated and reserved bytes over the replay")
     p.add_argument("--repeat", type=int, default=1, help="replay the trace this many times back to back (a warm pool, for events/s)")
 

@@ -136,6 +136,22 @@ impl PoolConfig {
 }
 
 impl PoolConfig {
+    /// The keys `apply_text` takes.
+    pub const KEYS: [&'static str; 12] = [
+        "strategy",
+        "small_max",
+        "large_min",
+        "alignment",
+        "round_up_divisions",
+        "limit",
+        "record_events",
+        "expandable",
+        "expandable_segments",
+        "scrub",
+        "track_leaks",
+        "reclaim",
+    ];
+
     pub fn validate(&self) -> Result<(), PoolError> {
         let bad = |msg: String| Err(PoolError::InvalidConfig(msg));
         if !self.alignment.is_power_of_two() || self.alignment < MIN_BLOCK || self.alignment > GIB {
