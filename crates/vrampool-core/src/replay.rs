@@ -607,6 +607,25 @@ mod tests {
         assert!(replay_prepared(&prepared, &ReplayTarget::Pool(PoolConfig::default()), roomy).unwrap().out_of_memory.is_none());
     }
 
+    #[test]
+    fn large_tensors_cost_the_default_pool_at_most_a_page_each() {
+        // Logits-like pairs (output and gradient) of a sequence length that changes every step.
+        let mut buffers = Vec::new();
+        for (step, mib) in [120u64, 80, 160, 100, 140, 90].into_iter().enumerate() {
+            let (t, size, id) = (step as u64 * 10, mib * MIB + 4096 * step as u64 + 1, step as u64 * 2);
+            buffers.push(TraceBuffer::new(id, t, t + 3, size));
+            buffers.push(TraceBuffer::new(id + 1, t + 1, t + 4, size));
+        }
+        let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap();
+        let bound = prepared.lower_bound_bytes();
+        let default = replay_prepared(&prepared, &ReplayTarget::Pool(PoolConfig::default()), ReplayOptions::default()).unwrap();
+        assert!(default.peak_allocated_bytes <= bound + 2 * 2 * MIB, "{default:?}");
+        assert!(default.peak_reserved_bytes <= bound + 2 * 2 * MIB, "{default:?}");
+        // A plain buddy rounds each to a power of two: 160 MiB + a bit takes 256 MiB.
+        let buddy = replay_prepared(&prepared, &ReplayTarget::Pool(config(StrategyKind::Buddy)), ReplayOptions::default()).unwrap();
+        assert!(buddy.peak_allocated_bytes >= 2 * 256 * MIB, "{buddy:?}");
+    }
+
     fn shared_traces() -> Vec<(String, Vec<TraceEvent>)> {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces/static");
         let Ok(entries) = std::fs::read_dir(&dir) else {
