@@ -160,21 +160,71 @@ def _write(path: Path, text: str) -> None:
 
 
 def capture_command(args: argparse.Namespace) -> int:
-    """`vrampool capture`: records a built-in model's CPU training steps as a trace file."""
-    from vrampool.workloads import capture_workload
+    """`vrampool capture`: records a model's training steps as a trace file (one per rank with
+    ``--ranks``), under fake tensors unless ``--real``."""
+    from vrampool.training import ModelFunctionError, capture_model, capture_ranks, load_model_function
+    from vrampool.workloads import DEMO_MODELS, MODELS, capture_workload
 
-    output = Path(args.output or f"{args.model}-trace.jsonl")
-    trace = capture_workload(args.model, args.steps, args.seed, lambda b: _progress(b, args.steps, f"capture {args.model}", args.json), args.scale)
+    lengths = _lengths(args.seq)
+    steps = args.steps or (12 if args.model in DEMO_MODELS else len(lengths or [1]))
+    builtin = args.model in MODELS
+    if not builtin and ":" not in args.model:
+        raise CommandError(f"--model {args.model!r}: a built-in ({', '.join(MODELS)}) or module:function (path/to/file.py:function)")
+    if args.ranks > 1 and not args.parallel:
+        raise CommandError("--ranks needs --parallel ddp or --parallel fsdp")
+    bar = lambda items, what=f"capture {args.model}": _progress(items, steps, what, args.json)  # noqa: E731
     try:
-        trace.write(output)
-    except OSError as e:
-        raise CommandError(f"cannot write {output}: {e}") from None
-    figures = {"model": args.model, "steps": args.steps, "scale": args.scale, "output": str(output), "events": len(trace.events), "peak_live_bytes": trace.peak_allocated_bytes()}
+        if builtin and not args.parallel:
+            traces = [capture_workload(args.model, steps, args.seed, bar, args.scale, fake=args.fake, batch=args.batch, lengths=lengths)]
+        else:
+            if builtin:
+                from vrampool.workloads import model_function
+
+                fn = model_function(args.model, steps, args.seed, args.scale, args.batch, lengths)
+            else:
+                if args.batch or args.seq or args.scale != 1:
+                    raise CommandError("--batch, --seq and --scale are for the built-in models: a model function sets its own batch")
+                fn = load_model_function(args.model)
+            if args.parallel:
+                traces = capture_ranks(fn, args.ranks, args.parallel, steps, fake=args.fake, name=args.model)
+            else:
+                traces = [capture_model(fn, steps, fake=args.fake, name=args.model, progress=bar)]
+    except ModelFunctionError as e:
+        raise CommandError(str(e)) from None
+    except ValueError as e:
+        raise CommandError(f"--model {args.model}: {e}") from None
+    stem = Path(args.model.split(":")[-1]).name if not builtin else args.model
+    output = Path(args.output or f"{stem}-trace.jsonl")
+    paths = [output] if len(traces) == 1 else [output.with_name(f"{output.stem}-rank{r}{output.suffix}") for r in range(len(traces))]
+    for trace, path in zip(traces, paths):
+        try:
+            trace.write(path)
+        except OSError as e:
+            raise CommandError(f"cannot write {path}: {e}") from None
+    figures = [
+        {"model": args.model, "steps": steps, "fake": args.fake, "output": str(path), "events": len(t.events), "peak_live_bytes": t.peak_allocated_bytes()}
+        for t, path in zip(traces, paths)
+    ]
     if args.json:
-        print(json.dumps(figures))
-    else:
-        print(f"{output}: {args.steps} steps of {args.model}, {len(trace.rows()):,} buffers, peak live {_mib(figures['peak_live_bytes'])}")
+        print(json.dumps(figures[0] if len(figures) == 1 else figures))
+        return 0
+    how = "fake tensors" if args.fake else "the CPU, for real"
+    for f, t in zip(figures, traces):
+        print(f"{f['output']}: {steps} steps of {args.model} on {how}, {len(t.rows()):,} buffers, peak live {_mib(f['peak_live_bytes'])}")
     return 0
+
+
+def _lengths(text: Optional[str]) -> Optional[List[int]]:
+    """``--seq``: one length, or lengths separated by commas."""
+    if not text:
+        return None
+    try:
+        lengths = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise CommandError(f"--seq {text!r}: expected lengths separated by commas, e.g. 512,1024") from None
+    if not lengths or min(lengths) < 1:
+        raise CommandError(f"--seq {text!r}: lengths must be at least 1")
+    return lengths
 
 
 def summary_command(args: argparse.Namespace) -> int:
@@ -300,11 +350,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", type=int, default=8, help="batches this many times the usual (more memory, more CPU time)")
     p.add_argument("--conf", default="", help="pool options for every strategy, as in VRAMPOOL_CONF (e.g. small_max:16KB)")
 
-    p = sub.add_parser("capture", help="record a built-in model's CPU training steps as a trace")
-    p.add_argument("--model", required=True, choices=MODELS)
-    p.add_argument("--steps", type=int, default=12)
+    p = sub.add_parser("capture", help="record a model's training steps as a trace, under fake tensors (no memory needed) or for real")
+    p.add_argument("--model", required=True, help=f"a built-in ({', '.join(MODELS)}) or module:function / path/to/file.py:function returning (model, batch) or a training step")
+    p.add_argument("--steps", type=int, help="training steps (default 12 for gpt and cnn, else one per --seq length)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--scale", type=int, default=1, help="batches this many times the usual (more memory, more CPU time)")
+    p.add_argument("--scale", type=int, default=1, help="gpt and cnn: batches this many times the usual")
+    p.add_argument("--batch", type=int, help="gpt2-medium and llama: sequences per batch (default 8)")
+    p.add_argument("--seq", help="gpt2-medium and llama: sequence length, or lengths separated by commas, one per step (default 1024)")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--fake", dest="fake", action="store_true", default=True, help="under fake tensors: shapes and lifetimes, no compute, no memory (the default)")
+    how.add_argument("--real", dest="fake", action="store_false", help="run the steps for real on the CPU (for models with ops fake tensors cannot run)")
+    p.add_argument("--parallel", choices=("ddp", "fsdp"), help="ranks of data-parallel or FSDP2 training, through torch's fake process group")
+    p.add_argument("--ranks", type=int, default=1, help="with --parallel: the world size (one trace per rank: NAME-rankR.jsonl)")
     p.add_argument("--output", help="trace file (.jsonl, or .csv for rows); default <model>-trace.jsonl")
     p.add_argument("--json", action="store_true", help="print JSON instead of a line for people")
 
@@ -341,8 +398,9 @@ COMMANDS = {"demo": demo_command, "capture": capture_command, "replay": replay_c
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
-    for option in ("steps", "repeat", "scale"):
-        if getattr(args, option, 1) < 1:
+    for option in ("steps", "repeat", "scale", "ranks", "batch"):
+        value = getattr(args, option, 1)
+        if value is not None and value < 1:
             print(f"vrampool {args.command}: --{option} must be at least 1", file=sys.stderr)
             return 1
     try:
