@@ -9,7 +9,9 @@
 //! start of a power-of-two block whose unused tail goes back at once as smaller free buddies.
 //! Freeing it frees each buddy of the run, and they merge as buddies do. Segments are then cut to
 //! the request too (its size in whole 2 MiB units), so a large tensor costs at most a unit more
-//! than its size, where plain buddy blocks cost up to twice it.
+//! than its size, where plain buddy blocks cost up to twice it. A wholly free segment takes only a
+//! request it fits closely (as a dedicated segment does): one much larger stays wholly free, so
+//! that the pool can give it back, rather than being cut into pieces that keep it reserved.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -75,6 +77,8 @@ struct BuddySegment {
     /// or tree node per block; it costs 2 bits of host memory per 2^min_order bytes of segment
     /// (512 KiB per GiB at 512 B, far less where min_order is larger).
     free: Vec<BitTree>,
+    /// Blocks handed out from it.
+    live: u32,
 }
 
 pub struct Buddy {
@@ -215,7 +219,7 @@ impl Buddy {
         let usable = self.usable(size);
         let top = 63 - usable.leading_zeros(); // the largest piece's order
         let free = (self.min_order..=top).map(|k| BitTree::new((usable >> k) as usize)).collect();
-        let seg = BuddySegment { base, size, free };
+        let seg = BuddySegment { base, size, free, live: 0 };
         let slot = match self.spare_slots.pop() {
             Some(slot) => {
                 self.slots[slot as usize] = Some(seg);
@@ -237,15 +241,26 @@ impl Buddy {
     }
 
     /// Takes the lowest free block of at least order `order` (lowest slot, then lowest address)
-    /// and splits it down to `order`, keeping the lower half each time: (slot, base, offset).
-    fn take_block(&mut self, order: u32) -> Option<(u32, u64, u64)> {
+    /// of a segment that welcomes a block of `exact` bytes, and splits it down to `order`, keeping
+    /// the lower half each time: (slot, base, offset).
+    fn take_block(&mut self, order: u32, exact: u64) -> Option<(u32, u64, u64)> {
         let want = order - self.min_order;
-        let fitting = self.nonempty >> want;
-        if fitting == 0 {
-            return None;
-        }
-        let from = want + fitting.trailing_zeros();
-        let slot = self.with_free[from as usize].first()? as u32;
+        let mut fitting = self.nonempty >> want;
+        let (from, slot) = loop {
+            if fitting == 0 {
+                return None;
+            }
+            let from = want + fitting.trailing_zeros();
+            let slot = if self.trim {
+                self.with_free[from as usize].iter().find(|&slot| self.welcomes(slot as u32, exact))
+            } else {
+                self.with_free[from as usize].first()
+            };
+            if let Some(slot) = slot {
+                break (from, slot as u32);
+            }
+            fitting &= fitting - 1;
+        };
         let seg = self.slots.get(slot as usize)?.as_ref()?;
         let (base, pos) = (seg.base, seg.free.get(from as usize)?.first()? as u64);
         self.take_free(slot, from, pos);
@@ -255,6 +270,21 @@ impl Buddy {
             self.put_free(slot, i, (offset >> (i + self.min_order)) | 1);
         }
         Some((slot, base, offset))
+    }
+
+    /// Whether segment `slot` may take a block of `exact` bytes: a segment in use may, a wholly
+    /// free one only if the block fills it to within an eighth (and the 2 MiB rounding), as a
+    /// dedicated segment is reused.
+    fn welcomes(&self, slot: u32, exact: u64) -> bool {
+        let Some(Some(seg)) = self.slots.get(slot as usize) else { return false };
+        seg.live > 0 || seg.size - exact.min(seg.size) <= exact / 8 + DEDICATED_ROUNDING
+    }
+
+    /// Counts a block handed out from segment `slot` (or given back, with `by` -1).
+    fn count_live(&mut self, slot: u32, by: i32) {
+        if let Some(Some(seg)) = self.slots.get_mut(slot as usize) {
+            seg.live = seg.live.saturating_add_signed(by);
+        }
     }
 
     /// Frees block `offset` of `order` in `slot`, merging upwards while its buddy lies inside the
@@ -302,7 +332,7 @@ impl Buddy {
         let (slot, base, offset) = match self.take_run(high, exact) {
             Some(found) => found,
             None => {
-                let (slot, base, offset) = self.take_block(high + 1)?;
+                let (slot, base, offset) = self.take_block(high + 1, exact)?;
                 for (piece, order) in pieces_of(offset + exact, offset + (1 << (high + 1))) {
                     self.put_free(slot, order - self.min_order, piece >> order);
                 }
@@ -310,6 +340,7 @@ impl Buddy {
             }
         };
         self.live.insert(base + offset, Live { size: exact, slot, order: high + 1 });
+        self.count_live(slot, 1);
         self.allocated += exact;
         Some(Block { addr: base + offset, size: exact })
     }
@@ -327,6 +358,9 @@ impl Buddy {
             .take(RUN_CANDIDATES)
             .collect();
         let (slot, head) = heads.into_iter().find(|&(slot, pos)| {
+            if !self.welcomes(slot, exact) {
+                return false;
+            }
             let start = pos << high;
             let Some(Some(seg)) = self.slots.get(slot as usize) else { return false };
             start + exact <= self.usable(seg.size)
@@ -392,9 +426,10 @@ impl Strategy for Buddy {
             }
         }
         let order = size.next_power_of_two().trailing_zeros().max(self.min_order);
-        let (slot, base, offset) = self.take_block(order)?;
         let block_size = 1u64 << order;
+        let (slot, base, offset) = self.take_block(order, block_size)?;
         self.live.insert(base + offset, Live { size: block_size, slot, order });
+        self.count_live(slot, 1);
         self.allocated += block_size;
         Some(Block { addr: base + offset, size: block_size })
     }
@@ -408,6 +443,7 @@ impl Strategy for Buddy {
         }
         let Some(Some(seg)) = self.slots.get(slot as usize) else { return Some(size) };
         let offset = addr - seg.base;
+        self.count_live(slot, -1);
         if size.is_power_of_two() {
             self.release(slot, offset, order);
         } else {
@@ -799,37 +835,50 @@ mod tests {
     fn the_tail_of_a_larger_block_goes_back_as_smaller_buddies() {
         let mut b = trimmed();
         b.add_segment(seg(0, 256 * MIB));
-        let x = b.allocate(160 * MIB).unwrap();
-        assert_eq!(x, Block { addr: 0, size: 160 * MIB });
-        // The 96 MiB tail is free as 32 MiB at 160 and 64 MiB at 192.
-        assert_eq!(b.usage().largest_free, 64 * MIB);
-        assert_eq!(b.allocate(64 * MIB).unwrap().addr, 192 * MIB);
-        assert_eq!(b.allocate(32 * MIB).unwrap().addr, 160 * MIB);
+        // 232 MiB spells no run in a 256 MiB piece: the piece is cut and its 24 MiB tail is free
+        // as 8 MiB at 232 and 16 MiB at 240.
+        assert_eq!(b.allocate(232 * MIB).unwrap(), Block { addr: 0, size: 232 * MIB });
+        assert_eq!(b.usage().largest_free, 16 * MIB);
+        assert_eq!(b.allocate(16 * MIB).unwrap().addr, 240 * MIB);
+        assert_eq!(b.allocate(8 * MIB).unwrap().addr, 232 * MIB);
         assert!(b.allocate(512).is_none());
-        b.free(160 * MIB).unwrap();
-        b.free(0).unwrap();
-        b.free(192 * MIB).unwrap();
+        for addr in [232 * MIB, 0, 240 * MIB] {
+            b.free(addr).unwrap();
+        }
         assert_eq!(b.release_free_segments(), vec![seg(0, 256 * MIB)], "every buddy merged back");
     }
 
     #[test]
     fn a_run_takes_free_buddies_out_of_the_blocks_that_hold_them() {
         let mut b = trimmed();
-        // Pieces 128 MiB at 0 and 64 MiB at 128: a 160 MiB run takes the first and half the second.
+        // Pieces 128 MiB at 0 and 64 MiB at 128: a 176 MiB run takes the first and 48 MiB of the
+        // second (32 at 128, 16 at 160), which leaves 16 MiB at 176 free.
         b.add_segment(seg(0, 192 * MIB));
-        assert_eq!(b.allocate(160 * MIB).unwrap(), Block { addr: 0, size: 160 * MIB });
-        assert_eq!(b.allocate(32 * MIB).unwrap().addr, 160 * MIB);
+        assert_eq!(b.allocate(176 * MIB).unwrap(), Block { addr: 0, size: 176 * MIB });
+        assert_eq!(b.usage().largest_free, 16 * MIB);
+        assert_eq!(b.allocate(16 * MIB).unwrap().addr, 176 * MIB);
         b.free(0).unwrap();
-        b.free(160 * MIB).unwrap();
+        b.free(176 * MIB).unwrap();
         assert_eq!(b.release_free_segments(), vec![seg(0, 192 * MIB)]);
-        // A run whose rest is taken is passed over for a larger block's head.
-        b.add_segment(seg(GIB, 512 * MIB));
-        let head = b.allocate(128 * MIB).unwrap();
-        let middle = b.allocate(100 * MIB).unwrap();
-        assert_eq!((head.addr, middle.addr), (GIB, GIB + 128 * MIB));
-        b.free(head.addr).unwrap();
-        // 160 MiB: the free 128 MiB at the start is followed by `middle`: no run there.
-        assert_eq!(b.allocate(160 * MIB).unwrap().addr, GIB + 256 * MIB);
+    }
+
+    #[test]
+    fn a_wholly_free_segment_takes_only_a_block_that_nearly_fills_it() {
+        let mut b = trimmed();
+        b.add_segment(seg(0, GIB));
+        assert!(b.allocate(100 * MIB).is_none(), "a 1 GiB segment kept whole for a 100 MiB block");
+        b.add_segment(seg(2 * GIB, 100 * MIB));
+        assert_eq!(b.allocate(100 * MIB).unwrap().addr, 2 * GIB);
+        // The idle segment can go back whole.
+        assert_eq!(b.release_free_segments(), vec![seg(0, GIB)]);
+        // A segment in use takes any block that fits in it.
+        b.add_segment(seg(4 * GIB, GIB));
+        assert_eq!(b.allocate(920 * MIB).unwrap().addr, 4 * GIB);
+        assert_eq!(b.allocate(64 * MIB).unwrap().addr, 4 * GIB + 960 * MIB);
+        // Without `trim` the buddy cuts any free segment.
+        let mut plain = Buddy::default();
+        plain.add_segment(seg(0, GIB));
+        assert_eq!(plain.allocate(100 * MIB).unwrap().size, 128 * MIB);
     }
 
     #[test]
