@@ -1,4 +1,4 @@
-"""The `vrampool` command: demo, capture, replay, summary, plan.
+"""The `vrampool` command: demo, capture, replay, fit, summary, plan.
 
 Tables are for people and ``--json`` is for machines; progress bars go to stderr, and only when
 it is a terminal. Bad input gives one line on stderr and exit code 1, never a traceback.
@@ -47,7 +47,7 @@ def _size(text: str) -> int:
     return size
 
 
-def _progress(items: Iterable[T], total: int, desc: str, quiet: bool = False) -> Iterable[T]:
+def _progress(items: Iterable[T], total: Optional[int], desc: str, quiet: bool = False) -> Iterable[T]:
     """``items`` under a tqdm bar on stderr, unless ``quiet`` or stderr is not a terminal."""
     if quiet or not sys.stderr.isatty():
         return items
@@ -227,6 +227,76 @@ def _lengths(text: Optional[str]) -> Optional[List[int]]:
     return lengths
 
 
+def fit_command(args: argparse.Namespace) -> int:
+    """`vrampool fit`: the largest batch size (or sequence length) whose training steps fit in
+    ``--memory`` under each allocator, on the simulated device."""
+    from vrampool.fit import DoesNotFit, fit_model
+    from vrampool.plot import fit_svg
+    from vrampool.training import ModelFunctionError, load_model_function
+    from vrampool.workloads import DEMO_MODELS, MODELS, model_function
+
+    memory = _size(args.memory)
+    what = "batch size" if args.over == "batch" else "sequence length"
+    if args.model in DEMO_MODELS:
+        raise CommandError(f"--model {args.model}: fit takes a GPU-scale built-in ({', '.join(m for m in MODELS if m not in DEMO_MODELS)}) or module:function")
+    if args.model in MODELS:
+        if args.over == "batch":
+            seq = args.seq or 1024
+            fn = lambda size: model_function(args.model, batch=size, lengths=[seq])()  # noqa: E731
+            setting = f"sequence length {seq}"
+        else:
+            batch = args.batch or 8
+            fn = lambda size: model_function(args.model, batch=batch, lengths=[size])()  # noqa: E731
+            setting = f"batch size {batch}"
+    elif ":" in args.model:
+        if args.batch or args.seq:
+            raise CommandError("--batch and --seq are for the built-in models: a model function takes the size itself")
+        try:
+            fn = load_model_function(args.model)
+        except ModelFunctionError as e:
+            raise CommandError(str(e)) from None
+        setting = f"the {what} passed to {args.model}"
+    else:
+        raise CommandError(f"--model {args.model!r}: a built-in ({', '.join(MODELS)}) or module:function taking the {what}")
+
+    try:
+        result = fit_model(fn, memory, args.strategy.split(","), steps=args.steps, max_size=args.max, progress=lambda sizes: _progress(sizes, None, f"fit {args.model}", args.json))
+    except DoesNotFit as e:
+        raise CommandError(f"{args.model} does not fit: {e}") from None
+    except (ModelFunctionError, ValueError) as e:
+        raise CommandError(str(e)) from None
+    if args.plot:
+        _write(Path(args.plot), fit_svg(result, what, f"{args.model}: what fits in {_gib(memory)} (simulated)"))
+    if args.json:
+        print(json.dumps({"model": args.model, "over": args.over, "steps": args.steps, **result.to_json()}))
+        return 0
+    print(f"{args.model}, {setting}, {args.steps} training steps, on a simulated device of {_gib(memory)}\n")
+    print(format_fit(result, what))
+    if args.plot:
+        print(f"\nplot: {args.plot}")
+    return 0
+
+
+def _gib(n: float) -> str:
+    """GiB from 1 GiB on, MiB below."""
+    return f"{n / (1 << 30):,.2f} GiB" if n >= 1 << 30 else _mib(n)
+
+
+def format_fit(result: Any, what: str) -> str:
+    """The fit table: each allocator's largest size, beside torch's, and what it reserved there."""
+    torch = result.largest.get("torch")
+    columns = f"{'allocator':<18} {'largest ' + what:>22} {'vs torch':>9} {'peak reserved':>14} {'live bytes':>12}"
+    lines = [columns, "-" * len(columns)]
+    for name in result.allocators:
+        largest = result.largest[name]
+        at = result.probe(largest)
+        vs = _ratio(largest, torch) if torch else "-"
+        reserved = _gib(at.peak_reserved_bytes[name]) if at else "-"
+        live = _gib(at.lower_bound_bytes) if at else "-"
+        lines.append(f"{name:<18} {largest:>22,} {vs:>9} {reserved:>14} {live:>12}")
+    return "\n".join(lines)
+
+
 def summary_command(args: argparse.Namespace) -> int:
     """`vrampool summary`: what a trace holds, before replaying it."""
     from vrampool.trace import summary
@@ -379,6 +449,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", help="write an SVG of allocated and reserved bytes over the replay")
     p.add_argument("--repeat", type=int, default=1, help="replay the trace this many times back to back (a warm pool, for events/s)")
 
+    from vrampool.fit import ALLOCATORS, MAX_SIZE
+
+    p = sub.add_parser("fit", help="the largest batch (or sequence length) whose training steps fit in --memory, under each allocator (simulated)")
+    p.add_argument("--model", required=True, help="a built-in (gpt2-medium, llama) or module:function taking the batch size (or sequence length)")
+    p.add_argument("--memory", required=True, help="the device's memory, e.g. 80GB (binary units)")
+    p.add_argument("--over", choices=("batch", "seq"), default="batch", help="grow the batch size (default) or the sequence length")
+    p.add_argument("--batch", type=int, help="built-ins with --over seq: sequences per batch (default 8)")
+    p.add_argument("--seq", type=int, help="built-ins with --over batch: sequence length (default 1024)")
+    p.add_argument("--steps", type=int, default=2, help="training steps per try (the second runs on the first one's cache)")
+    p.add_argument("--strategy", default=",".join(ALLOCATORS), help=f"allocators, separated by commas (default {','.join(ALLOCATORS)})")
+    p.add_argument("--max", type=int, default=MAX_SIZE, help="the largest size tried")
+    p.add_argument("--json", action="store_true", help="print JSON: each allocator's largest size and every probe")
+    p.add_argument("--plot", help="write an SVG of peak reserved against the size, per allocator")
+
     p = sub.add_parser("summary", help="what a trace holds: events, buffers, sizes by tier, lifetimes")
     p.add_argument("trace", help=trace_help)
     p.add_argument("--json", action="store_true")
@@ -393,12 +477,12 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMANDS = {"demo": demo_command, "capture": capture_command, "replay": replay_command, "summary": summary_command, "plan": plan_command}
+COMMANDS = {"demo": demo_command, "capture": capture_command, "replay": replay_command, "fit": fit_command, "summary": summary_command, "plan": plan_command}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
-    for option in ("steps", "repeat", "scale", "ranks", "batch"):
+    for option in ("steps", "repeat", "scale", "ranks", "batch", "max"):
         value = getattr(args, option, 1)
         if value is not None and value < 1:
             print(f"vrampool {args.command}: --{option} must be at least 1", file=sys.stderr)
