@@ -181,3 +181,13 @@ def test_shared_instances_reserve_at_least_the_bound(capsys: pytest.CaptureFixtu
             assert r["peak_reserved_bytes"] >= r["lower_bound_bytes"] > 0, (path.name, r)
     assert main(["replay", str(TRACES / "somas-resnet50.csv"), "--strategy", "all", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)) == len(ALL)
+
+
+@pytest.mark.parametrize("model", ["gpt", "cnn"])
+def test_default_reserves_no_more_than_pytorchs_allocator_on_the_demos_traces(model: str) -> None:
+    pytest.importorskip("torch")
+    from vrampool.workloads import capture_workload
+
+    trace = capture_workload(model, steps=6, scale=2, fake=True)
+    default, torch, expandable = replay(trace, strategy="compare")
+    assert default["peak_reserved_bytes"] <= min(torch["peak_reserved_bytes"], expandable["peak_reserved_bytes"]), (default, torch, expandable)

@@ -20,10 +20,6 @@ MIB = 1 << 20
 #: The rows of the demo's table, in order: vrampool as installed beside PyTorch's allocator, the
 #: other allocators' models, then the pool's strategies one by one and the static plan.
 DEMO_STRATEGIES = ("default", "torch", "torch+expandable", "rmm", "cupy", "async", "slab", "best_fit", "buddy", "hybrid", "plan")
-#: The demo's extra row, hybrid+vm with small blocks past 16 KiB left to the mapped best-fit tier:
-#: on the demo's traces a slab segment per size class costs more than best-fit's slack there
-#: (BENCHMARKS.md, "Replay of real training traces").
-TUNED = ("default*", "default", "small_max:64KB")
 
 
 class CommandError(Exception):
@@ -372,13 +368,9 @@ def _demo(args: argparse.Namespace) -> None:
         what = "a small GPT, sequence length varying per step" if model == "gpt" else "a small CNN, batch size varying per step"
         trace = capture_workload(model, args.steps, args.seed, lambda b, m=model: _progress(b, args.steps, f"capture {m}"), args.scale)
         _write(out / f"{model}-trace.jsonl", trace.to_jsonl())
-        runs = [(name, name, args.conf) for name in DEMO_STRATEGIES] + [(TUNED[0], TUNED[1], ",".join(filter(None, (TUNED[2], args.conf))))]
-        reports = []
-        for label, name, conf in _progress(runs, len(runs), f"replay {model}"):
-            reports.append({**next(replay_each(trace, name, conf)), "strategy": label})
+        reports = list(_progress(replay_each(trace, DEMO_STRATEGIES, args.conf), len(DEMO_STRATEGIES), f"replay {model}"))
         print(f"{model}: {what}: {len(trace.rows()):,} buffers, {reports[0]['events']:,} events, lower bound {_mib(reports[0]['lower_bound_bytes'])}")
-        print(format_reports(reports))
-        print(f"{TUNED[0]}: {TUNED[1]} with {TUNED[2]}\n")
+        print(format_reports(reports) + "\n")
         _write(out / f"{model}-memory.svg", memory_timeline_svg(reports, f"{model}: memory over {args.steps} training steps"))
         segments = peak_segments(trace, "default", split_conf(["default"], args.conf)["default"])
         _write(out / f"{model}-segments.svg", segment_map_svg(segments, f"{model}: default pool's segments at the peak"))
