@@ -147,7 +147,7 @@ def bad_batch() -> Any:
 @pytest.mark.parametrize(
     "fn, message",
     [
-        (raises, "raises raised KeyError: 'no such checkpoint'; capture with --real instead"),
+        (raises, "raises raised KeyError: 'no such checkpoint' (under fake tensors: if it runs for real, capture with --real)"),
         (wrong, "wrong returned a int; expected (model, batch)"),
         (not_a_module, "returned a str as the model"),
         (data_dependent, "op aten._local_scalar_dense.default cannot run on fake tensors: its result depends on the data"),
@@ -195,7 +195,7 @@ def test_capture_command_fake_real_ranks_and_bad_functions(tmp_path: Path, capsy
     assert main(["replay", ranks[1]["output"], "--strategy", "default", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["lower_bound_bytes"] == ranks[1]["peak_live_bytes"]
     for args, message in [
-        (["--model", f"{script}:broken"], "broken raised RuntimeError: CUDA is required; capture with --real instead"),
+        (["--model", f"{script}:broken"], "broken raised RuntimeError: CUDA is required (under fake tensors: if it runs for real, capture with --real)"),
         (["--model", "gpt2-medium", "--scale", "2"], "takes a batch size, not a scale"),
         (["--model", "gpt", "--batch", "2"], "sets its own batches"),
         (["--model", "llama", "--seq", "10,x"], "--seq"),

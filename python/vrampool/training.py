@@ -41,6 +41,7 @@ import contextlib
 import importlib
 import importlib.util
 import itertools
+import logging
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
@@ -114,9 +115,9 @@ def _failure(name: str, what: str, error: BaseException, fake: bool) -> str:
             UnsupportedOperatorException: "it has no fake-tensor implementation",
         }[type(error)]
         return f"{name}: op {op} cannot run on fake tensors: {why}; capture with --real instead"
-    hint = "; capture with --real instead" if fake else ""
     if fake and isinstance(error, UnsupportedFakeTensorException):
-        return f"{name}: fake tensors cannot run it: {error.reason}{hint}"
+        return f"{name}: fake tensors cannot run it: {error.reason}; capture with --real instead"
+    hint = " (under fake tensors: if it runs for real, capture with --real)" if fake else ""
     return f"{name} {what} {type(error).__name__}: {_first_line(error)}{hint}"
 
 
@@ -316,8 +317,21 @@ def capture_model(
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must lie in [0, {world_size}), got {rank}")
     distributed = _process_group(world_size, rank) if parallel else contextlib.nullcontext()
-    with distributed:
+    with distributed, _quiet_fake_tensor_log():
         return _capture(fn, steps, name, progress, parallel, world_size, fake, optimizer)
+
+
+@contextlib.contextmanager
+def _quiet_fake_tensor_log() -> Iterator[None]:
+    """The fake mode logs a traceback before it raises an op's error; the capture reports the
+    error in one line instead."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _capture(

@@ -123,10 +123,14 @@ def token_batches(batch: int, lengths: Sequence[int], vocab: int) -> Iterator[Tu
         yield text[:, :-1], text[:, 1:]
 
 
-def _gpu_scale(name: str) -> Tuple[Callable[[], Any], int]:
-    from vrampool.models import gpt2_medium, llama_1b
+def _gpu_scale(name: str, longest: int) -> Tuple[Callable[[], Any], int]:
+    """The model's builder and vocabulary; GPT-2's learned positions (1,024 of them) are made as
+    many as the longest sequence needs."""
+    from vrampool.models import gpt, llama_1b
 
-    return {"gpt2-medium": (gpt2_medium, 50257), "llama": (llama_1b, 32000)}[name]
+    if name == "gpt2-medium":
+        return (lambda: gpt(layers=24, d_model=1024, heads=16, seq_len=max(1024, longest), vocab=50257)), 50257
+    return llama_1b, 32000
 
 
 def model_function(name: str, steps: int = 12, seed: int = 0, scale: int = 1, batch: Optional[int] = None, lengths: Optional[Sequence[int]] = None) -> Callable[[], Any]:
@@ -142,9 +146,9 @@ def model_function(name: str, steps: int = 12, seed: int = 0, scale: int = 1, ba
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
     if scale != 1:
         raise ValueError(f"{name} takes a batch size, not a scale")
-    build, vocab = _gpu_scale(name)
     batch = BATCH if batch is None else batch
     lengths = list(lengths) if lengths else [SEQUENCE]
+    build, vocab = _gpu_scale(name, max(lengths))
     if batch < 1 or min(lengths) < 1:
         raise ValueError(f"batch and sequence lengths must be at least 1, got {batch} and {lengths}")
     return lambda: (build(), token_batches(batch, lengths, vocab))
