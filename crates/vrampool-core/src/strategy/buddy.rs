@@ -40,9 +40,7 @@ impl Default for BuddyConfig {
     }
 }
 
-/// Free runs a trimmed request looks at before it cuts a larger block instead: enough for the
-/// few large blocks of a large tier, and a bound on the cost of a miss.
-const RUN_CANDIDATES: usize = 64;
+
 
 /// Dedicated segments (requests above 2^max_order) are rounded up to this, as the device's
 /// allocation granularity usually is.
@@ -346,7 +344,8 @@ impl Buddy {
     }
 
     /// A free block of order `high` (the run's head) followed by free memory for the rest of
-    /// `exact` bytes, carved out: (slot, base, offset). Looks at the first `RUN_CANDIDATES` heads.
+    /// `exact` bytes, carved out: (slot, base, offset). Every free block of that order is a
+    /// candidate (a large tier holds few), so a segment just added for the request is found.
     fn take_run(&mut self, high: u32, exact: u64) -> Option<(u32, u64, u64)> {
         let level = (high - self.min_order) as usize;
         let heads: Vec<(u32, u64)> = self.with_free[level]
@@ -355,7 +354,6 @@ impl Buddy {
                 let seg = self.slots[slot].as_ref().expect("a slot with free blocks holds a segment");
                 seg.free[level].iter().map(move |pos| (slot as u32, pos as u64))
             })
-            .take(RUN_CANDIDATES)
             .collect();
         let (slot, head) = heads.into_iter().find(|&(slot, pos)| {
             if !self.welcomes(slot, exact) {
@@ -860,6 +858,25 @@ mod tests {
         b.free(0).unwrap();
         b.free(176 * MIB).unwrap();
         assert_eq!(b.release_free_segments(), vec![seg(0, 192 * MIB)]);
+    }
+
+    #[test]
+    fn a_new_segment_serves_its_request_behind_many_heads_that_cannot() {
+        // Seventy segments whose free 128 MiB head is followed by a live 8 MiB block: no 144 MiB
+        // run anywhere but in the segment added for it.
+        let mut b = trimmed();
+        for i in 0..70 {
+            b.add_segment(seg(i * GIB, 136 * MIB));
+        }
+        let heads: Vec<u64> = (0..70).map(|_| b.allocate(128 * MIB).unwrap().addr).collect();
+        for i in 0..70 {
+            assert_eq!(b.allocate(8 * MIB).unwrap().addr, i * GIB + 128 * MIB);
+        }
+        for addr in heads {
+            b.free(addr).unwrap();
+        }
+        b.add_segment(seg(100 * GIB, b.segment_size_for(144 * MIB)));
+        assert_eq!(b.allocate(144 * MIB).unwrap().addr, 100 * GIB);
     }
 
     #[test]
