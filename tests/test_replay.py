@@ -123,6 +123,15 @@ def test_what_if_reports_what_pytorch_reserved(tmp_path: Path, capsys: pytest.Ca
     assert "PyTorch reserved 20.0 MiB; the torch model predicts 20.0 MiB (1.000x)" in out
     assert main(["replay", str(path), "--strategy", "default"]) == 0
     assert "the torch model predicts" in capsys.readouterr().out, "the model's row is added to any selection"
+    # A snapshot that mapped memory was made with expandable segments: that model stands beside it.
+    # Two 3 MiB blocks in the large pool's one 20 MiB page.
+    mapped = {
+        "device_traces": [[{"action": "segment_map", "addr": seg, "size": 20 * MIB, "stream": 0}] + snapshot["device_traces"][0][1:]],
+        "segments": [{"device": 0, "total_size": 20 * MIB, "stream": 0, "blocks": [], "is_expandable": True}],
+    }
+    path.write_bytes(pickle.dumps(mapped))
+    assert main(["replay", str(path), "--strategy", "default"]) == 0
+    assert "PyTorch reserved 20.0 MiB; the torch+expandable model predicts 20.0 MiB (1.000x)" in capsys.readouterr().out
 
 
 def test_replay_rejects_bad_arguments() -> None:
