@@ -56,7 +56,7 @@ def memory_timeline_svg(
     reports: Sequence[Mapping[str, Any]],
     title: str = "Memory over the replay",
     recorded: Optional[Tuple[Sequence[int], Sequence[int]]] = None,
-    width: int = 960,
+    width: int = 1000,
     height: int = 440,
 ) -> str:
     """Reserved (solid) and allocated (dotted) bytes per replay report over its timeline, one
@@ -66,7 +66,7 @@ def memory_timeline_svg(
 
     Each line is an element with ``class="series"`` and ``data-strategy`` / ``data-kind``
     (``reserved``, ``allocated``, ``lower-bound``) attributes, for tests and scripts."""
-    left, right, top, bottom = 80, 200, 36, 50
+    left, right, top, bottom = 80, 240, 36, 50
     plot_w, plot_h = width - left - right, height - top - bottom
     series: List[Tuple[str, str, str, List[Tuple[float, float]]]] = []  # strategy, kind, colour, points
     for index, report in enumerate(reports):
@@ -154,14 +154,14 @@ def segment_map_svg(segments: Sequence[Mapping[str, Any]], title: str = "Segment
     return _svg(width, bottom + 24, body, title)
 
 
-def fit_svg(result: Any, what: str = "batch size", title: str = "What fits", width: int = 960, height: int = 440) -> str:
+def fit_svg(result: Any, what: str = "batch size", title: str = "What fits", width: int = 1000, height: int = 440) -> str:
     """Peak reserved against the size probed (``vrampool.fit.FitResult``), one line per
     allocator through the sizes that fit and a cross where it ran out, with the live bytes (the
     lower bound) dashed and the device's memory as a line. Sizes are on a log scale.
 
     Each line is an element with ``class="series"`` and ``data-strategy``; each cross a
     ``<path class="oom" data-strategy=...>``."""
-    left, right, top, bottom = 80, 200, 36, 50
+    left, right, top, bottom = 80, 250, 36, 50
     plot_w, plot_h = width - left - right, height - top - bottom
     probes = sorted(result.probes, key=lambda p: p.size)
     sizes = [p.size for p in probes] or [1]
@@ -182,8 +182,11 @@ def fit_svg(result: Any, what: str = "batch size", title: str = "What fits", wid
         value = k * step * gib
         body.append(f'<line x1="{left - 4}" x2="{left + plot_w}" y1="{y(value):.1f}" y2="{y(value):.1f}" stroke="#eee"/>')
         body.append(f'<text class="y-tick" x="{left - 8}" y="{y(value) + 4:.1f}" text-anchor="end" {FONT}>{_number(k * step)} GiB</text>')
+    labelled = -math.inf
     for size in sizes:
-        body.append(f'<text class="x-tick" x="{x(size):.1f}" y="{top + plot_h + 16}" text-anchor="middle" {FONT}>{size:,}</text>')
+        if x(size) - labelled >= 48:  # bisection's sizes crowd together: label those with room
+            labelled = x(size)
+            body.append(f'<text class="x-tick" x="{x(size):.1f}" y="{top + plot_h + 16}" text-anchor="middle" {FONT}>{size:,}</text>')
     body.append(f'<text x="{left + plot_w / 2:.0f}" y="{height - 12}" text-anchor="middle" {FONT}>{escape(what)} (log scale)</text>')
     body.append(
         f'<line class="series" data-strategy="memory" x1="{left}" x2="{left + plot_w}" y1="{y(result.memory):.1f}" y2="{y(result.memory):.1f}" stroke="#000" stroke-width="1.5"/>'
