@@ -12,7 +12,7 @@ import pytest
 import vrampool
 from vrampool.capture import from_snapshot
 from vrampool.cli import main
-from vrampool.trace import ALL, REPORT_KEYS, STRATEGIES, live_bytes_timeline, read_trace, recorded_reserved_timeline, replay, summary
+from vrampool.trace import ALL, COMPARE, PEERS, REPORT_KEYS, STRATEGIES, live_bytes_timeline, read_trace, recorded_reserved_timeline, replay, summary
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "static"
 needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason="../shared/traces/static is not beside the repo")
@@ -57,7 +57,7 @@ def test_small_trace_figures() -> None:
 
 def test_replay_all_returns_every_strategy_and_the_plan(tmp_path: Path) -> None:
     reports = replay(write_trace(tmp_path / "t.csv", SMALL), strategy="all")
-    assert [r["strategy"] for r in reports] == list(ALL) == list(STRATEGIES) + ["hybrid+vm", "plan"]
+    assert [r["strategy"] for r in reports] == list(ALL) == ["default", *PEERS, *STRATEGIES, "plan"]
     assert {r["lower_bound_bytes"] for r in reports} == {6 * MIB}
     for r in reports:
         assert set(REPORT_KEYS) <= set(r), r["strategy"]
@@ -130,6 +130,19 @@ def test_what_if_reports_what_pytorch_reserved(tmp_path: Path, capsys: pytest.Ca
     out = capsys.readouterr().out
     assert "vs recorded" in out
     assert any(line.startswith("recorded") and "20.0 MiB" in line for line in out.splitlines()), out
+    # The model of PyTorch's allocator predicts the 20 MiB segment two 3 MiB blocks share.
+    assert "PyTorch reserved 20.0 MiB; the torch model predicts 20.0 MiB (1.000x)" in out
+    assert main(["replay", str(path), "--strategy", "default"]) == 0
+    assert "the torch model predicts" in capsys.readouterr().out, "the model's row is added to any selection"
+    # A snapshot that mapped memory was made with expandable segments: that model stands beside it.
+    # Two 3 MiB blocks in the large pool's one 20 MiB page.
+    mapped = {
+        "device_traces": [[{"action": "segment_map", "addr": seg, "size": 20 * MIB, "stream": 0}] + snapshot["device_traces"][0][1:]],
+        "segments": [{"device": 0, "total_size": 20 * MIB, "stream": 0, "blocks": [], "is_expandable": True}],
+    }
+    path.write_bytes(pickle.dumps(mapped))
+    assert main(["replay", str(path), "--strategy", "default"]) == 0
+    assert "PyTorch reserved 20.0 MiB; the torch+expandable model predicts 20.0 MiB (1.000x)" in capsys.readouterr().out
 
 
 def test_replay_rejects_bad_arguments() -> None:
@@ -139,16 +152,19 @@ def test_replay_rejects_bad_arguments() -> None:
         replay([(0, 1, 2)])
     with pytest.raises(ValueError, match="upper"):
         replay([(0, 2, 2, 100)])
-    with pytest.raises(ValueError, match="unknown pool setting `colour`"):
+    with pytest.raises(ValueError, match="unknown option `colour`"):
         replay(SMALL, conf="colour:blue")
 
 
 def test_cli_json_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_trace(tmp_path / "t.csv", SMALL)
     assert main(["replay", str(path), "--json"]) == 0
+    compared = json.loads(capsys.readouterr().out)
+    assert [r["strategy"] for r in compared] == list(COMPARE)
+    assert main(["replay", str(path), "--strategy", "default", "--json"]) == 0
     one = json.loads(capsys.readouterr().out)
     assert isinstance(one, dict) and set(REPORT_KEYS) <= set(one)
-    assert one["strategy"] == "hybrid" and one["lower_bound_bytes"] == 6 * MIB
+    assert one["strategy"] == "default" and one["lower_bound_bytes"] == 6 * MIB
     assert main(["replay", str(path), "--strategy", "all", "--json"]) == 0
     several = json.loads(capsys.readouterr().out)
     assert isinstance(several, list) and [r["strategy"] for r in several] == list(ALL)
@@ -185,3 +201,13 @@ def test_shared_instances_reserve_at_least_the_bound(capsys: pytest.CaptureFixtu
             assert r["peak_reserved_bytes"] >= r["lower_bound_bytes"] > 0, (path.name, r)
     assert main(["replay", str(TRACES / "somas-resnet50.csv"), "--strategy", "all", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)) == len(ALL)
+
+
+@pytest.mark.parametrize("model", ["gpt", "cnn"])
+def test_default_reserves_no_more_than_pytorchs_allocator_on_the_demos_traces(model: str) -> None:
+    pytest.importorskip("torch")
+    from vrampool.workloads import capture_workload
+
+    trace = capture_workload(model, steps=6, scale=2, fake=True)
+    default, torch, expandable = replay(trace, strategy="compare")
+    assert default["peak_reserved_bytes"] <= min(torch["peak_reserved_bytes"], expandable["peak_reserved_bytes"]), (default, torch, expandable)

@@ -127,6 +127,18 @@ def read_buffers_csv(text: str) -> List[Tuple[int, int, int, int]]: ...
 def plan_to_csv(rows: List[Tuple[int, int, int, int]], offsets: List[int], alignment: int = 1) -> str: ...
 
 def read_trace_csv(text: str) -> List[Tuple[int, int, int, int, int]]: ...
-def replay_trace(rows: List[Tuple[int, int, int, int, int]], confs: List[str], samples: int = 1000) -> List[Dict[str, Any]]:
-    """One report per pool configuration (``VRAMPOOL_CONF`` text naming its strategy): the
-    figures and a ``timeline`` of ``event``, ``allocated_bytes`` and ``reserved_bytes`` lists."""
+def replay_trace(
+    rows: List[Tuple[int, int, int, int, int]], runs: List[Tuple[str, str]], samples: int = 1000, capacity: Optional[int] = None
+) -> List[Dict[str, Any]]:
+    """One report per run: ``("pool", VRAMPOOL_CONF text)`` or ``(model, options)`` for an
+    allocator model of :data:`ALLOCATOR_MODELS`: the figures, ``out_of_memory`` (None, or where a
+    ``capacity``-limited device ran out) and a ``timeline`` of ``event``, ``allocated_bytes`` and
+    ``reserved_bytes`` lists."""
+
+def allocator_options(name: str) -> List[str]:
+    """The option keys of ``"pool"`` or of an allocator model."""
+
+def parse_size(text: str) -> int:
+    """Bytes from ``1024``, ``64KB``, ``1.5MiB``, ``80GB`` (binary units); ``ValueError`` otherwise."""
+
+ALLOCATOR_MODELS: List[str]

@@ -63,6 +63,10 @@ class Trace:
 
     events: List[Event] = dataclasses.field(default_factory=list)
     reserved: List[Tuple[int, int]] = dataclasses.field(default_factory=list)
+    #: Which allocator recorded it: ``"pytorch"`` (a snapshot), ``"vrampool"`` (an event log), or None.
+    recorded_by: Optional[str] = None
+    #: The snapshot's allocator mapped expandable segments (``expandable_segments:True``).
+    recorded_expandable: bool = False
 
     def peak_reserved_bytes(self) -> Optional[int]:
         """The most the recording allocator reserved, or None when the trace doesn't say."""
@@ -333,7 +337,13 @@ def from_snapshot(snapshot: Union[Dict[str, Any], str, Path], device: Optional[i
         except ValueError as e:
             raise ValueError(f"{where} ({action}): {e}") from None
     live, total = _snapshot_segments(snapshot.get("segments"), device)
-    return builder.finish(live, total)
+    trace = builder.finish(live, total)
+    trace.recorded_by = "pytorch"
+    segments = snapshot.get("segments") or []
+    trace.recorded_expandable = any(isinstance(e, dict) and e.get("action") in ("segment_map", "segment_unmap") for e in traces[device]) or any(
+        isinstance(seg, dict) and seg.get("is_expandable") for seg in segments
+    )
+    return trace
 
 
 def _snapshot_segments(segments: Any, device: int) -> Tuple[List[Tuple[int, int, int]], Optional[int]]:
@@ -392,7 +402,9 @@ def from_event_log(events: Iterable[Union[Sequence[Any], Dict[str, Any]]]) -> Tr
             builder.apply(kind, entry)
         except ValueError as e:
             raise ValueError(f"event {index}: {e}") from None
-    return builder.finish()
+    trace = builder.finish()
+    trace.recorded_by = "vrampool"
+    return trace
 
 
 def _storage_tracker_class() -> type:
@@ -400,18 +412,86 @@ def _storage_tracker_class() -> type:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a build without torch.distributed
+        DTensor = None
+    wait_tensor = getattr(getattr(torch.ops, "_c10d_functional", None), "wait_tensor", None)
+    # Tensors made from Python data (`torch.tensor(0.0)`, as optimizers make their step counts)
+    # are host memory until moved; under fake tensors lifting them looks like an allocation.
+    lifted = {torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default}
+    try:
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+    except ImportError:
+        ShardingPropagator = None
+
     class StorageTracker(TorchDispatchMode):
         """Reports every new storage an op creates to ``on_alloc(id, size)`` and its death to
-        ``on_free(id, size)``."""
+        ``on_free(id, size)``. A storage resized in place (``UntypedStorage.resize_``, as FSDP2
+        frees and re-allocates its unsharded parameters) dies and is born again at its new size."""
 
         def __init__(self, on_alloc: Callable[[int, int], None], on_free: Callable[[int, int], None]) -> None:
             super().__init__()
             self._on_alloc, self._on_free = on_alloc, on_free
-            self._live: Dict[int, Any] = {}  # storage address (_cdata) -> weak reference
+            # storage address (_cdata) -> (id, size, weak reference)
+            self._live: Dict[int, Tuple[int, int, Any]] = {}
             self._next_id = 0
+            self._resize: Any = None
+            self._fake_mode: Any = None
+            self._propagate: Any = None
+            self._closed = False
+            # Inside DTensor's sharding propagation, which runs the op on stand-ins of the global
+            # shapes in the current fake mode to learn the output's shape: nothing is kept.
+            self._propagating = 0
+
+        def __enter__(self) -> Any:
+            original = torch.UntypedStorage.resize_
+
+            def resize_(storage: Any, size: int) -> Any:
+                out = original(storage, size)
+                self._resized(storage)
+                return out
+
+            self._resize = original
+            torch.UntypedStorage.resize_ = resize_
+            self._fake_mode = _active_fake_mode()
+            propagate = getattr(ShardingPropagator, "_propagate_tensor_meta_non_cached", None)
+            if propagate is not None:
+
+                def propagating(*args: Any, **kwargs: Any) -> Any:
+                    self._propagating += 1
+                    try:
+                        return propagate(*args, **kwargs)
+                    finally:
+                        self._propagating -= 1
+
+                self._propagate = propagate
+                ShardingPropagator._propagate_tensor_meta_non_cached = propagating
+            return super().__enter__()
+
+        def __exit__(self, *exc: Any) -> Any:
+            # Storages that die later (the model, as the caller lets go of it) die after the
+            # trace: they live to its end.
+            self._closed = True
+            torch.UntypedStorage.resize_ = self._resize
+            if self._propagate is not None:
+                ShardingPropagator._propagate_tensor_meta_non_cached = self._propagate
+            return super().__exit__(*exc)
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            # DTensor turns its ops into ops on local tensors, which come back here (as torch's
+            # MemTracker lets them).
+            if DTensor is not None and any(t is DTensor for t in types):
+                return NotImplemented
+            # Under fake tensors a collective's wait returns a new tensor, which eager mode does
+            # not (torch's MemTracker does the same).
+            if func is getattr(wait_tensor, "default", None) and _active_fake_mode() is not None:
+                return args[0]
             out = func(*args, **(kwargs or {}))
+            # DTensor's sharding propagation runs ops under a fake mode (its own, or the one in
+            # force): they compute shapes, not tensors anyone keeps.
+            if self._propagating or func in lifted or _active_fake_mode() is not self._fake_mode:
+                return out
             inputs = {t.untyped_storage()._cdata for t in _tensors((args, kwargs), torch.Tensor)}
             for t in _tensors(out, torch.Tensor):
                 if t.device.type != "meta":
@@ -421,18 +501,34 @@ def _storage_tracker_class() -> type:
                         self._track(storage, key)
             return out
 
+        def _resized(self, storage: Any) -> None:
+            key = storage._cdata
+            entry = self._live.pop(key, None)
+            if entry is not None:
+                self._on_free(entry[0], entry[1])
+            if storage.nbytes() > 0:
+                self._track(storage, key)
+
         def _track(self, storage: Any, key: int) -> None:
             self._next_id += 1
             ident, size = self._next_id, storage.nbytes()
 
-            def died(_ref: Any) -> None:
-                if self._live.pop(key, None) is not None:
+            def died(ref: Any) -> None:
+                entry = self._live.get(key)
+                if entry is not None and entry[2] is ref and not self._closed:
+                    del self._live[key]
                     self._on_free(ident, size)
 
-            self._live[key] = weakref.ref(storage, died)
+            self._live[key] = (ident, size, weakref.ref(storage, died))
             self._on_alloc(ident, size)
 
     return StorageTracker
+
+
+def _active_fake_mode() -> Any:
+    from torch._guards import active_fake_mode
+
+    return active_fake_mode()
 
 
 def _tensors(value: Any, tensor_type: type) -> List[Any]:

@@ -1,4 +1,4 @@
-"""The `vrampool` command: demo, capture, replay, summary, plan.
+"""The `vrampool` command: demo, capture, replay, fit, summary, plan.
 
 Tables are for people and ``--json`` is for machines; progress bars go to stderr, and only when
 it is a terminal. Bad input gives one line on stderr and exit code 1, never a traceback.
@@ -17,12 +17,9 @@ from vrampool.planner import ALGORITHMS, plan
 
 T = TypeVar("T")
 MIB = 1 << 20
-#: The rows of the demo's table, in order.
-DEMO_STRATEGIES = ("buddy", "slab", "best_fit", "hybrid", "hybrid+vm", "plan")
-#: The demo's extra row, hybrid+vm with small blocks past 16 KiB left to the mapped best-fit tier:
-#: on the demo's traces a slab segment per size class costs more than best-fit's slack there
-#: (BENCHMARKS.md, "Replay of real training traces").
-TUNED = ("hybrid+vm*", "hybrid+vm", "small_max:64KB")
+#: The rows of the demo's table, in order: vrampool as installed beside PyTorch's allocator, the
+#: other allocators' models, then the pool's strategies one by one and the static plan.
+DEMO_STRATEGIES = ("default", "torch", "torch+expandable", "rmm", "cupy", "async", "slab", "best_fit", "buddy", "hybrid", "plan")
 
 
 class CommandError(Exception):
@@ -33,7 +30,20 @@ def _mib(n: float) -> str:
     return f"{n / MIB:,.1f} MiB"
 
 
-def _progress(items: Iterable[T], total: int, desc: str, quiet: bool = False) -> Iterable[T]:
+def _size(text: str) -> int:
+    """Bytes from a size such as ``80GB`` (binary units, as PyTorch's are)."""
+    from vrampool import _native
+
+    try:
+        size = _native.parse_size(text)
+    except ValueError as e:
+        raise CommandError(f"--memory: {e}") from None
+    if size == 0:
+        raise CommandError("--memory must be at least 1 byte")
+    return size
+
+
+def _progress(items: Iterable[T], total: Optional[int], desc: str, quiet: bool = False) -> Iterable[T]:
     """``items`` under a tqdm bar on stderr, unless ``quiet`` or stderr is not a terminal."""
     if quiet or not sys.stderr.isatty():
         return items
@@ -43,26 +53,47 @@ def _progress(items: Iterable[T], total: int, desc: str, quiet: bool = False) ->
 
 
 def format_reports(reports: Sequence[Mapping[str, Any]]) -> str:
-    """The replay table: what each strategy reserved beside the lower bound (and beside what
-    the recording allocator reserved, when the trace says)."""
+    """The replay table: what each row reserved beside the lower bound, beside the ``torch``
+    row's figures when there is one (``vs torch``: reserved, and device calls), and beside what
+    the recording allocator reserved when the trace says. Rows of models that guess at an
+    allocator's internals say ``approximate``; rows that ran out of a limited device's memory
+    say ``OOM``."""
     bound = reports[0]["lower_bound_bytes"]
     recorded = reports[0].get("recorded_reserved_bytes")
-    columns = f"{'strategy':<10} {'peak reserved':>14} {'reserved/bound':>15} {'peak allocated':>15} {'frag':>5} {'device allocs':>14} {'events/s':>12}"
+    torch = next((r for r in reports if r["strategy"] == "torch"), None)
+    columns = f"{'strategy':<18} {'peak reserved':>14} {'reserved/bound':>15}"
+    if torch:
+        columns += f" {'vs torch':>9}"
+    columns += f" {'device allocs':>14}"
+    if torch:
+        columns += f" {'vs torch':>9}"
+    columns += f" {'peak allocated':>15} {'frag':>5} {'events/s':>12}"
     if recorded:
         columns += f" {'vs recorded':>12}"
     lines = [columns, "-" * len(columns)]
     for r in reports:
         frag = "-" if r.get("fragmentation") is None else f"{r['fragmentation']:.2f}"
-        line = (
-            f"{r['strategy']:<10} {_mib(r['peak_reserved_bytes']):>14} {r['peak_reserved_bytes'] / bound if bound else 1.0:>14.3f}x "
-            f"{_mib(r['peak_allocated_bytes']):>15} {frag:>5} {r['device_allocs']:>14,} {r['events_per_s']:>12,.0f}"
-        )
+        line = f"{r['strategy']:<18} {_mib(r['peak_reserved_bytes']):>14} {r['peak_reserved_bytes'] / bound if bound else 1.0:>14.3f}x"
+        if torch:
+            line += f" {_ratio(r['peak_reserved_bytes'], torch['peak_reserved_bytes']):>9}"
+        line += f" {r['device_allocs']:>14,}"
+        if torch:
+            line += f" {_ratio(r['device_allocs'], torch['device_allocs']):>9}"
+        line += f" {_mib(r['peak_allocated_bytes']):>15} {frag:>5} {r['events_per_s']:>12,.0f}"
         if recorded:
             line += f" {r['peak_reserved_bytes'] / recorded:>11.3f}x"
+        if r.get("approximate"):
+            line += "  approximate"
+        if r.get("out_of_memory"):
+            line += "  OOM"
         lines.append(line)
     if recorded:
-        lines.append(f"{'recorded':<10} {_mib(recorded):>14} {recorded / bound if bound else 1.0:>14.3f}x   (what the recording allocator reserved)")
+        lines.append(f"{'recorded':<18} {_mib(recorded):>14} {recorded / bound if bound else 1.0:>14.3f}x   (what the recording allocator reserved)")
     return "\n".join(lines)
+
+
+def _ratio(value: float, base: float) -> str:
+    return f"{value / base:.2f}x" if base else "-"
 
 
 def _without_timeline(report: Mapping[str, Any]) -> Dict[str, Any]:
@@ -70,18 +101,24 @@ def _without_timeline(report: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 def replay_command(args: argparse.Namespace) -> int:
-    """`vrampool replay`: a table of what each strategy reserved beside the lower bound, or JSON
-    (without the timelines, which ``--plot`` draws)."""
+    """`vrampool replay`: a table of what each row reserved beside the lower bound and PyTorch's
+    allocator, or JSON (without the timelines, which ``--plot`` draws). On a PyTorch snapshot, the
+    model of PyTorch's allocator (with or without expandable segments, as the snapshot was made)
+    is always a row, so its prediction stands beside what PyTorch reserved."""
     from vrampool.capture import Trace
     from vrampool.plot import memory_timeline_svg
     from vrampool.trace import load, recorded_reserved_timeline, repeated, replay_each, strategy_names
 
+    capacity = _size(args.memory) if args.memory else None
     try:
         trace = load(args.trace)
         if args.repeat > 1:
             trace = Trace.from_rows(repeated(trace.rows(), args.repeat))
         names = strategy_names(args.strategy)
-        reports = list(_progress(replay_each(trace, names, args.conf), len(names), "replay", args.json))
+        model = _recording_model(trace)
+        if model and model not in names:
+            names.append(model)
+        reports = list(_progress(replay_each(trace, names, args.conf, capacity=capacity), len(names), "replay", args.json))
     except (OSError, ValueError) as e:
         raise CommandError(f"{args.trace}: {e}") from None
     if args.plot:
@@ -89,13 +126,25 @@ def replay_command(args: argparse.Namespace) -> int:
         _write(Path(args.plot), svg)
     if args.json:
         out = [_without_timeline(r) for r in reports]
-        print(json.dumps(out if args.strategy == "all" else out[0]))
+        print(json.dumps(out[0] if len(out) == 1 else out))
         return 0
-    print(f"{args.trace}: {reports[0]['events']:,} events, lower bound {_mib(reports[0]['lower_bound_bytes'])}\n")
+    print(f"{args.trace}: {reports[0]['events']:,} events, lower bound {_mib(reports[0]['lower_bound_bytes'])}" + (f", device of {_mib(capacity)} (simulated)" if capacity else "") + "\n")
     print(format_reports(reports))
+    if model:
+        predicted = next(r for r in reports if r["strategy"] == model)
+        recorded = predicted["recorded_reserved_bytes"]
+        print(f"\nPyTorch reserved {_mib(recorded)}; the {model} model predicts {_mib(predicted['peak_reserved_bytes'])} ({predicted['peak_reserved_bytes'] / recorded:.3f}x)")
     if args.plot:
         print(f"\nplot: {args.plot}")
     return 0
+
+
+def _recording_model(trace: Any) -> Optional[str]:
+    """The model of the allocator that recorded ``trace``: PyTorch's, for a snapshot, with
+    expandable segments if the snapshot mapped memory; None for other traces."""
+    if trace.recorded_by != "pytorch":
+        return None
+    return "torch+expandable" if trace.recorded_expandable else "torch"
 
 
 def _write(path: Path, text: str) -> None:
@@ -107,21 +156,141 @@ def _write(path: Path, text: str) -> None:
 
 
 def capture_command(args: argparse.Namespace) -> int:
-    """`vrampool capture`: records a built-in model's CPU training steps as a trace file."""
-    from vrampool.workloads import capture_workload
+    """`vrampool capture`: records a model's training steps as a trace file (one per rank with
+    ``--ranks``), under fake tensors unless ``--real``."""
+    from vrampool.training import ModelFunctionError, capture_model, capture_ranks, load_model_function
+    from vrampool.workloads import DEMO_MODELS, MODELS, capture_workload
 
-    output = Path(args.output or f"{args.model}-trace.jsonl")
-    trace = capture_workload(args.model, args.steps, args.seed, lambda b: _progress(b, args.steps, f"capture {args.model}", args.json), args.scale)
+    lengths = _lengths(args.seq)
+    steps = args.steps or (12 if args.model in DEMO_MODELS else len(lengths or [1]))
+    builtin = args.model in MODELS
+    if not builtin and ":" not in args.model:
+        raise CommandError(f"--model {args.model!r}: a built-in ({', '.join(MODELS)}) or module:function (path/to/file.py:function)")
+    if args.ranks > 1 and not args.parallel:
+        raise CommandError("--ranks needs --parallel ddp or --parallel fsdp")
+    bar = lambda items, what=f"capture {args.model}": _progress(items, steps, what, args.json)  # noqa: E731
     try:
-        trace.write(output)
-    except OSError as e:
-        raise CommandError(f"cannot write {output}: {e}") from None
-    figures = {"model": args.model, "steps": args.steps, "scale": args.scale, "output": str(output), "events": len(trace.events), "peak_live_bytes": trace.peak_allocated_bytes()}
+        if builtin and not args.parallel:
+            traces = [capture_workload(args.model, steps, args.seed, bar, args.scale, fake=args.fake, batch=args.batch, lengths=lengths)]
+        else:
+            if builtin:
+                from vrampool.workloads import model_function
+
+                fn = model_function(args.model, steps, args.seed, args.scale, args.batch, lengths)
+            else:
+                if args.batch or args.seq or args.scale != 1:
+                    raise CommandError("--batch, --seq and --scale are for the built-in models: a model function sets its own batch")
+                fn = load_model_function(args.model)
+            if args.parallel:
+                traces = capture_ranks(fn, args.ranks, args.parallel, steps, fake=args.fake, name=args.model)
+            else:
+                traces = [capture_model(fn, steps, fake=args.fake, name=args.model, progress=bar)]
+    except ModelFunctionError as e:
+        raise CommandError(str(e)) from None
+    except ValueError as e:
+        raise CommandError(f"--model {args.model}: {e}") from None
+    stem = Path(args.model.split(":")[-1]).name if not builtin else args.model
+    output = Path(args.output or f"{stem}-trace.jsonl")
+    paths = [output] if len(traces) == 1 else [output.with_name(f"{output.stem}-rank{r}{output.suffix}") for r in range(len(traces))]
+    for trace, path in zip(traces, paths):
+        try:
+            trace.write(path)
+        except OSError as e:
+            raise CommandError(f"cannot write {path}: {e}") from None
+    figures = [
+        {"model": args.model, "steps": steps, "fake": args.fake, "output": str(path), "events": len(t.events), "peak_live_bytes": t.peak_allocated_bytes()}
+        for t, path in zip(traces, paths)
+    ]
     if args.json:
-        print(json.dumps(figures))
-    else:
-        print(f"{output}: {args.steps} steps of {args.model}, {len(trace.rows()):,} buffers, peak live {_mib(figures['peak_live_bytes'])}")
+        print(json.dumps(figures[0] if len(figures) == 1 else figures))
+        return 0
+    how = "fake tensors" if args.fake else "the CPU, for real"
+    for f, t in zip(figures, traces):
+        print(f"{f['output']}: {steps} steps of {args.model} on {how}, {len(t.rows()):,} buffers, peak live {_mib(f['peak_live_bytes'])}")
     return 0
+
+
+def _lengths(text: Optional[str]) -> Optional[List[int]]:
+    """``--seq``: one length, or lengths separated by commas."""
+    if not text:
+        return None
+    try:
+        lengths = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise CommandError(f"--seq {text!r}: expected lengths separated by commas, e.g. 512,1024") from None
+    if not lengths or min(lengths) < 1:
+        raise CommandError(f"--seq {text!r}: lengths must be at least 1")
+    return lengths
+
+
+def fit_command(args: argparse.Namespace) -> int:
+    """`vrampool fit`: the largest batch size (or sequence length) whose training steps fit in
+    ``--memory`` under each allocator, on the simulated device."""
+    from vrampool.fit import DoesNotFit, fit_model
+    from vrampool.plot import fit_svg
+    from vrampool.training import ModelFunctionError, load_model_function
+    from vrampool.workloads import DEMO_MODELS, MODELS, model_function
+
+    memory = _size(args.memory)
+    what = "batch size" if args.over == "batch" else "sequence length"
+    if args.model in DEMO_MODELS:
+        raise CommandError(f"--model {args.model}: fit takes a GPU-scale built-in ({', '.join(m for m in MODELS if m not in DEMO_MODELS)}) or module:function")
+    if args.model in MODELS:
+        if args.over == "batch":
+            seq = args.seq or 1024
+            fn = lambda size: model_function(args.model, batch=size, lengths=[seq])()  # noqa: E731
+            setting = f"sequence length {seq}"
+        else:
+            batch = args.batch or 8
+            fn = lambda size: model_function(args.model, batch=batch, lengths=[size])()  # noqa: E731
+            setting = f"batch size {batch}"
+    elif ":" in args.model:
+        if args.batch or args.seq:
+            raise CommandError("--batch and --seq are for the built-in models: a model function takes the size itself")
+        try:
+            fn = load_model_function(args.model)
+        except ModelFunctionError as e:
+            raise CommandError(str(e)) from None
+        setting = f"the {what} passed to {args.model}"
+    else:
+        raise CommandError(f"--model {args.model!r}: a built-in ({', '.join(MODELS)}) or module:function taking the {what}")
+
+    try:
+        result = fit_model(fn, memory, args.strategy.split(","), steps=args.steps, max_size=args.max, progress=lambda sizes: _progress(sizes, None, f"fit {args.model}", args.json))
+    except DoesNotFit as e:
+        raise CommandError(f"{args.model} does not fit: {e}") from None
+    except (ModelFunctionError, ValueError) as e:
+        raise CommandError(str(e)) from None
+    if args.plot:
+        _write(Path(args.plot), fit_svg(result, what, f"{args.model}: what fits in {_gib(memory)} (simulated)"))
+    if args.json:
+        print(json.dumps({"model": args.model, "over": args.over, "steps": args.steps, **result.to_json()}))
+        return 0
+    print(f"{args.model}, {setting}, {args.steps} training steps, on a simulated device of {_gib(memory)}\n")
+    print(format_fit(result, what))
+    if args.plot:
+        print(f"\nplot: {args.plot}")
+    return 0
+
+
+def _gib(n: float) -> str:
+    """GiB from 1 GiB on, MiB below."""
+    return f"{n / (1 << 30):,.2f} GiB" if n >= 1 << 30 else _mib(n)
+
+
+def format_fit(result: Any, what: str) -> str:
+    """The fit table: each allocator's largest size, beside torch's, and what it reserved there."""
+    torch = result.largest.get("torch")
+    columns = f"{'allocator':<18} {'largest ' + what:>22} {'vs torch':>9} {'peak reserved':>14} {'live bytes':>12}"
+    lines = [columns, "-" * len(columns)]
+    for name in result.allocators:
+        largest = result.largest[name]
+        at = result.probe(largest)
+        vs = _ratio(largest, torch) if torch else "-"
+        reserved = _gib(at.peak_reserved_bytes[name]) if at else "-"
+        live = _gib(at.lower_bound_bytes) if at else "-"
+        lines.append(f"{name:<18} {largest:>22,} {vs:>9} {reserved:>14} {live:>12}")
+    return "\n".join(lines)
 
 
 def summary_command(args: argparse.Namespace) -> int:
@@ -188,26 +357,23 @@ def demo_command(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> None:
     from vrampool.plot import memory_timeline_svg, segment_map_svg
-    from vrampool.trace import check_conf, peak_segments, replay_each
+    from vrampool.trace import check_conf, peak_segments, replay_each, split_conf
     from vrampool.workloads import capture_workload
 
-    check_conf(args.conf)
+    check_conf(args.conf, DEMO_STRATEGIES)
     out = Path(args.out)
-    print(f"vrampool demo: {args.steps} training steps of each model, captured on the CPU and replayed on the simulated device\n")
+    print(f"vrampool demo: {args.steps} training steps of each model, captured on the CPU and replayed on the simulated device")
+    print("(default: vrampool as install() and DevicePool(0) set it up; torch, torch+expandable, rmm, cupy, async: models of those allocators)\n")
     for model in ("gpt", "cnn"):
         what = "a small GPT, sequence length varying per step" if model == "gpt" else "a small CNN, batch size varying per step"
         trace = capture_workload(model, args.steps, args.seed, lambda b, m=model: _progress(b, args.steps, f"capture {m}"), args.scale)
         _write(out / f"{model}-trace.jsonl", trace.to_jsonl())
-        runs = [(name, name, args.conf) for name in DEMO_STRATEGIES] + [(TUNED[0], TUNED[1], ",".join(filter(None, (TUNED[2], args.conf))))]
-        reports = []
-        for label, name, conf in _progress(runs, len(runs), f"replay {model}"):
-            reports.append({**next(replay_each(trace, name, conf)), "strategy": label})
+        reports = list(_progress(replay_each(trace, DEMO_STRATEGIES, args.conf), len(DEMO_STRATEGIES), f"replay {model}"))
         print(f"{model}: {what}: {len(trace.rows()):,} buffers, {reports[0]['events']:,} events, lower bound {_mib(reports[0]['lower_bound_bytes'])}")
-        print(format_reports(reports))
-        print(f"{TUNED[0]}: {TUNED[1]} with {TUNED[2]}\n")
+        print(format_reports(reports) + "\n")
         _write(out / f"{model}-memory.svg", memory_timeline_svg(reports, f"{model}: memory over {args.steps} training steps"))
-        segments = peak_segments(trace, "hybrid+vm", args.conf)
-        _write(out / f"{model}-segments.svg", segment_map_svg(segments, f"{model}: hybrid+vm segments at the peak"))
+        segments = peak_segments(trace, "default", split_conf(["default"], args.conf)["default"])
+        _write(out / f"{model}-segments.svg", segment_map_svg(segments, f"{model}: default pool's segments at the peak"))
     print(f"plots and traces: {out}/ (<model>-memory.svg, <model>-segments.svg, <model>-trace.jsonl)")
 
 
@@ -230,7 +396,7 @@ def gpu_comparison(steps: int, scale: int = 1) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from vrampool.trace import ALL, STRATEGIES, VM_SUFFIX
+    from vrampool.trace import ALL, COMPARE, DEFAULT, PEERS, STRATEGIES, VM_SUFFIX
     from vrampool.workloads import MODELS
 
     parser = argparse.ArgumentParser(prog="vrampool", description="GPU memory pool tools.")
@@ -246,22 +412,48 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", type=int, default=8, help="batches this many times the usual (more memory, more CPU time)")
     p.add_argument("--conf", default="", help="pool options for every strategy, as in VRAMPOOL_CONF (e.g. small_max:16KB)")
 
-    p = sub.add_parser("capture", help="record a built-in model's CPU training steps as a trace")
-    p.add_argument("--model", required=True, choices=MODELS)
-    p.add_argument("--steps", type=int, default=12)
+    p = sub.add_parser("capture", help="record a model's training steps as a trace, under fake tensors (no memory needed) or for real")
+    p.add_argument("--model", required=True, help=f"a built-in ({', '.join(MODELS)}) or module:function / path/to/file.py:function returning (model, batch) or a training step")
+    p.add_argument("--steps", type=int, help="training steps (default 12 for gpt and cnn, else one per --seq length)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--scale", type=int, default=1, help="batches this many times the usual (more memory, more CPU time)")
+    p.add_argument("--scale", type=int, default=1, help="gpt and cnn: batches this many times the usual")
+    p.add_argument("--batch", type=int, help="gpt2-medium and llama: sequences per batch (default 8)")
+    p.add_argument("--seq", help="gpt2-medium and llama: sequence length, or lengths separated by commas, one per step (default 1024)")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--fake", dest="fake", action="store_true", default=True, help="under fake tensors: shapes and lifetimes, no compute, no memory (the default)")
+    how.add_argument("--real", dest="fake", action="store_false", help="run the steps for real on the CPU (for models with ops fake tensors cannot run)")
+    p.add_argument("--parallel", choices=("ddp", "fsdp"), help="ranks of data-parallel or FSDP2 training, through torch's fake process group")
+    p.add_argument("--ranks", type=int, default=1, help="with --parallel: the world size (one trace per rank: NAME-rankR.jsonl)")
     p.add_argument("--output", help="trace file (.jsonl, or .csv for rows); default <model>-trace.jsonl")
     p.add_argument("--json", action="store_true", help="print JSON instead of a line for people")
 
-    p = sub.add_parser("replay", help="replay a trace through the strategies and the static plan")
+    p = sub.add_parser("replay", help="replay a trace through vrampool, models of PyTorch's, RMM's, CuPy's allocators and the static plan")
     p.add_argument("trace", help=trace_help)
-    names = STRATEGIES + tuple(s + VM_SUFFIX for s in STRATEGIES) + ("plan", "all")
-    p.add_argument("--strategy", default="hybrid", choices=names, help=f"one row, or all ({', '.join(ALL)})")
-    p.add_argument("--conf", default="", help="other pool options, as in VRAMPOOL_CONF (e.g. round_up_divisions:4)")
-    p.add_argument("--json", action="store_true", help="print JSON (a list when several strategies run)")
+    rows = ", ".join((DEFAULT,) + PEERS + STRATEGIES + ("NAME" + VM_SUFFIX, "plan"))
+    p.add_argument(
+        "--strategy",
+        default="compare",
+        help=f"rows, separated by commas: {rows}; compare ({', '.join(COMPARE)}, the default) or all ({', '.join(ALL)})",
+    )
+    p.add_argument("--conf", default="", help="options: the pool's as in VRAMPOOL_CONF (small_max:64KB) and the models' own (max_split_size_mb:256 for torch); each row takes the keys it knows")
+    p.add_argument("--memory", help="the simulated device's memory (e.g. 80GB): a row that runs out says OOM")
+    p.add_argument("--json", action="store_true", help="print JSON (a list when several rows run)")
     p.add_argument("--plot", help="write an SVG of allocated and reserved bytes over the replay")
     p.add_argument("--repeat", type=int, default=1, help="replay the trace this many times back to back (a warm pool, for events/s)")
+
+    from vrampool.fit import ALLOCATORS, MAX_SIZE
+
+    p = sub.add_parser("fit", help="the largest batch (or sequence length) whose training steps fit in --memory, under each allocator (simulated)")
+    p.add_argument("--model", required=True, help="a built-in (gpt2-medium, llama) or module:function taking the batch size (or sequence length)")
+    p.add_argument("--memory", required=True, help="the device's memory, e.g. 80GB (binary units)")
+    p.add_argument("--over", choices=("batch", "seq"), default="batch", help="grow the batch size (default) or the sequence length")
+    p.add_argument("--batch", type=int, help="built-ins with --over seq: sequences per batch (default 8)")
+    p.add_argument("--seq", type=int, help="built-ins with --over batch: sequence length (default 1024)")
+    p.add_argument("--steps", type=int, default=2, help="training steps per try (the second runs on the first one's cache)")
+    p.add_argument("--strategy", default=",".join(ALLOCATORS), help=f"allocators, separated by commas (default {','.join(ALLOCATORS)})")
+    p.add_argument("--max", type=int, default=MAX_SIZE, help="the largest size tried")
+    p.add_argument("--json", action="store_true", help="print JSON: each allocator's largest size and every probe")
+    p.add_argument("--plot", help="write an SVG of peak reserved against the size, per allocator")
 
     p = sub.add_parser("summary", help="what a trace holds: events, buffers, sizes by tier, lifetimes")
     p.add_argument("trace", help=trace_help)
@@ -277,13 +469,14 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMANDS = {"demo": demo_command, "capture": capture_command, "replay": replay_command, "summary": summary_command, "plan": plan_command}
+COMMANDS = {"demo": demo_command, "capture": capture_command, "replay": replay_command, "fit": fit_command, "summary": summary_command, "plan": plan_command}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
-    for option in ("steps", "repeat", "scale"):
-        if getattr(args, option, 1) < 1:
+    for option in ("steps", "repeat", "scale", "ranks", "batch", "max"):
+        value = getattr(args, option, 1)
+        if value is not None and value < 1:
             print(f"vrampool {args.command}: --{option} must be at least 1", file=sys.stderr)
             return 1
     try:

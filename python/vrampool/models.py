@@ -1,7 +1,8 @@
 """Real model structures written with ``torch.nn`` (no torchvision or transformers needed), for
-liveness analysis and planning benchmarks: a GPT-2-style decoder and a ResNet with bottleneck
-blocks. ``gpt2_small()`` and ``resnet50()`` give the published sizes; the parameters let tests
-build scaled-down versions of the same graphs.
+liveness analysis, planning benchmarks and fake-tensor captures: a GPT-2-style decoder, a
+Llama-style decoder and a ResNet with bottleneck blocks. ``gpt2_small()``, ``gpt2_medium()``,
+``llama_1b()`` and ``resnet50()`` give the published sizes; the parameters let tests build
+scaled-down versions of the same graphs.
 
 >>> import torch
 >>> from vrampool.models import gpt, resnet
@@ -9,6 +10,8 @@ build scaled-down versions of the same graphs.
 torch.Size([2, 8, 50])
 >>> resnet([1, 1], num_classes=10, width=8)(torch.zeros(2, 3, 32, 32)).shape
 torch.Size([2, 10])
+>>> llama(layers=1, d_model=32, heads=4, kv_heads=2, ffn=64, vocab=50)(torch.zeros(2, 8, dtype=torch.long)).shape
+torch.Size([2, 8, 50])
 """
 
 from __future__ import annotations
@@ -67,6 +70,77 @@ def gpt2_small() -> Any:
     """GPT-2 small: 12 layers, d_model 768, 12 heads, context 1024, vocabulary 50,257 (124 M
     parameters)."""
     return gpt(layers=12, d_model=768, heads=12, seq_len=1024, vocab=50257)
+
+
+def gpt2_medium() -> Any:
+    """GPT-2 medium: 24 layers, d_model 1024, 16 heads, context 1024, vocabulary 50,257 (355 M
+    parameters)."""
+    return gpt(layers=24, d_model=1024, heads=16, seq_len=1024, vocab=50257)
+
+
+def llama(layers: int, d_model: int, heads: int, kv_heads: int, ffn: int, vocab: int) -> Any:
+    """A Llama-style decoder: token embeddings, ``layers`` pre-norm blocks (RMSNorm, rotary
+    position embeddings, grouped-query attention with ``kv_heads`` key/value heads through
+    ``scaled_dot_product_attention``, a SwiGLU MLP of width ``ffn``), a final RMSNorm and an
+    untied head. Takes ``(batch, seq)`` token ids of any length (positions are rotary), returns
+    logits."""
+    import torch
+
+    nn, F = torch.nn, torch.nn.functional
+    head_dim = d_model // heads
+
+    def rotate(x: Any, cos: Any, sin: Any) -> Any:
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attn_norm, self.mlp_norm = nn.RMSNorm(d_model), nn.RMSNorm(d_model)
+            self.q = nn.Linear(d_model, heads * head_dim, bias=False)
+            self.kv = nn.Linear(d_model, 2 * kv_heads * head_dim, bias=False)
+            self.o = nn.Linear(heads * head_dim, d_model, bias=False)
+            self.gate_up = nn.Linear(d_model, 2 * ffn, bias=False)
+            self.down = nn.Linear(ffn, d_model, bias=False)
+
+        def forward(self, x: Any, cos: Any, sin: Any) -> Any:
+            b, t, _ = x.shape
+            h = self.attn_norm(x)
+            q = self.q(h).view(b, t, heads, head_dim).transpose(1, 2)
+            k, v = self.kv(h).view(b, t, 2, kv_heads, head_dim).permute(2, 0, 3, 1, 4)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            x = x + self.o(y.transpose(1, 2).reshape(b, t, d_model))
+            gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
+            return x + self.down(F.silu(gate) * up)
+
+    class Llama(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(vocab, d_model)
+            self.blocks = nn.ModuleList(Block() for _ in range(layers))
+            self.norm = nn.RMSNorm(d_model)
+            self.head = nn.Linear(d_model, vocab, bias=False)
+            inverse = 1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim))
+            self.register_buffer("inverse_frequencies", inverse, persistent=False)
+
+        def forward(self, idx: Any) -> Any:
+            angles = torch.outer(torch.arange(idx.shape[1], device=idx.device).float(), self.inverse_frequencies)
+            angles = torch.cat((angles, angles), dim=-1)
+            cos, sin = angles.cos(), angles.sin()
+            x = self.embed(idx)
+            for block in self.blocks:
+                x = block(x, cos, sin)
+            return self.head(self.norm(x))
+
+    return Llama()
+
+
+def llama_1b() -> Any:
+    """A Llama-style model of about 1.1 B parameters (the TinyLlama shape): 22 layers, d_model
+    2048, 32 heads with 4 key/value heads, SwiGLU width 5632, vocabulary 32,000."""
+    return llama(layers=22, d_model=2048, heads=32, kv_heads=4, ffn=5632, vocab=32000)
 
 
 def resnet(blocks: Sequence[int], num_classes: int = 1000, width: int = 64) -> Any:

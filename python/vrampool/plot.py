@@ -1,4 +1,5 @@
-"""Hand-made SVG plots (no plotting library): memory over a replay, and a pool's segment map.
+"""Hand-made SVG plots (no plotting library): memory over a replay, a pool's segment map, and
+what each allocator reserves as a training step grows (``vrampool fit``).
 
 >>> from vrampool.plot import memory_timeline_svg
 >>> report = {"strategy": "hybrid", "lower_bound_bytes": 3 << 20, "timeline": {
@@ -41,11 +42,21 @@ def _svg(width: int, height: int, body: List[str], title: str) -> str:
     return "\n".join([head, f"<title>{escape(title)}</title>", background, heading, *body, "</svg>"]) + "\n"
 
 
+def _legend(entries: Sequence[Tuple[str, str, str]], x: float, top: float) -> List[str]:
+    """A legend right of a plot: (label, colour, dash attribute) a row."""
+    out = []
+    for row, (label, colour, dash) in enumerate(entries):
+        ly = top + 10 + 18 * row
+        out.append(f'<line x1="{x}" x2="{x + 24}" y1="{ly}" y2="{ly}" stroke="{colour}" stroke-width="2"{dash}/>')
+        out.append(f'<text class="legend" x="{x + 30}" y="{ly + 4}" {FONT}>{escape(label)}</text>')
+    return out
+
+
 def memory_timeline_svg(
     reports: Sequence[Mapping[str, Any]],
     title: str = "Memory over the replay",
     recorded: Optional[Tuple[Sequence[int], Sequence[int]]] = None,
-    width: int = 960,
+    width: int = 1000,
     height: int = 440,
 ) -> str:
     """Reserved (solid) and allocated (dotted) bytes per replay report over its timeline, one
@@ -55,7 +66,7 @@ def memory_timeline_svg(
 
     Each line is an element with ``class="series"`` and ``data-strategy`` / ``data-kind``
     (``reserved``, ``allocated``, ``lower-bound``) attributes, for tests and scripts."""
-    left, right, top, bottom = 80, 200, 36, 50
+    left, right, top, bottom = 80, 240, 36, 50
     plot_w, plot_h = width - left - right, height - top - bottom
     series: List[Tuple[str, str, str, List[Tuple[float, float]]]] = []  # strategy, kind, colour, points
     for index, report in enumerate(reports):
@@ -104,10 +115,7 @@ def memory_timeline_svg(
         )
     legend = [(s, c, "") for s, k, c, _ in series if k == "reserved"]
     legend += [("allocated (dotted, sampled)", "#777", ' stroke-dasharray="2 3"'), ("lower bound", "#000", ' stroke-dasharray="6 4"')]
-    for row, (label, colour, dash) in enumerate(legend):
-        ly = top + 10 + 18 * row
-        body.append(f'<line x1="{left + plot_w + 16}" x2="{left + plot_w + 40}" y1="{ly}" y2="{ly}" stroke="{colour}" stroke-width="2"{dash}/>')
-        body.append(f'<text class="legend" x="{left + plot_w + 46}" y="{ly + 4}" {FONT}>{escape(label)}</text>')
+    body.extend(_legend(legend, left + plot_w + 16, top))
     return _svg(width, height, body, title)
 
 
@@ -144,3 +152,60 @@ def segment_map_svg(segments: Sequence[Mapping[str, Any]], title: str = "Segment
         body.append(f'<rect x="{lx}" y="{bottom}" width="14" height="12" fill="{colour}"/>')
         body.append(f'<text class="legend" x="{lx + 20}" y="{bottom + 11}" {FONT}>{state.replace("_", " ")}</text>')
     return _svg(width, bottom + 24, body, title)
+
+
+def fit_svg(result: Any, what: str = "batch size", title: str = "What fits", width: int = 1000, height: int = 440) -> str:
+    """Peak reserved against the size probed (``vrampool.fit.FitResult``), one line per
+    allocator through the sizes that fit and a cross where it ran out, with the live bytes (the
+    lower bound) dashed and the device's memory as a line. Sizes are on a log scale.
+
+    Each line is an element with ``class="series"`` and ``data-strategy``; each cross a
+    ``<path class="oom" data-strategy=...>``."""
+    left, right, top, bottom = 80, 250, 36, 50
+    plot_w, plot_h = width - left - right, height - top - bottom
+    probes = sorted(result.probes, key=lambda p: p.size)
+    sizes = [p.size for p in probes] or [1]
+    lo, hi = math.log2(min(sizes)), math.log2(max(sizes))
+    span = hi - lo or 1.0
+    gib = float(1 << 30)
+    y_max = max([result.memory] + [b for p in probes for b in p.peak_reserved_bytes.values()] + [p.lower_bound_bytes for p in probes]) * 1.05
+
+    def x(size: float) -> float:
+        return left + plot_w * (math.log2(size) - lo) / span
+
+    def y(value: float) -> float:
+        return top + plot_h * (1 - value / y_max)
+
+    body = [f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>']
+    step = _nice_step(y_max / gib)
+    for k in range(int(y_max / gib / step) + 1):
+        value = k * step * gib
+        body.append(f'<line x1="{left - 4}" x2="{left + plot_w}" y1="{y(value):.1f}" y2="{y(value):.1f}" stroke="#eee"/>')
+        body.append(f'<text class="y-tick" x="{left - 8}" y="{y(value) + 4:.1f}" text-anchor="end" {FONT}>{_number(k * step)} GiB</text>')
+    labelled = -math.inf
+    for size in sizes:
+        if x(size) - labelled >= 48:  # bisection's sizes crowd together: label those with room
+            labelled = x(size)
+            body.append(f'<text class="x-tick" x="{x(size):.1f}" y="{top + plot_h + 16}" text-anchor="middle" {FONT}>{size:,}</text>')
+    body.append(f'<text x="{left + plot_w / 2:.0f}" y="{height - 12}" text-anchor="middle" {FONT}>{escape(what)} (log scale)</text>')
+    body.append(
+        f'<line class="series" data-strategy="memory" x1="{left}" x2="{left + plot_w}" y1="{y(result.memory):.1f}" y2="{y(result.memory):.1f}" stroke="#000" stroke-width="1.5"/>'
+    )
+    live = " ".join(f"{x(p.size):.1f},{y(p.lower_bound_bytes):.1f}" for p in probes)
+    body.append(f'<polyline class="series" data-strategy="lower bound" points="{live}" fill="none" stroke="#000" stroke-dasharray="6 4"/>')
+    legend = []
+    for index, name in enumerate(result.allocators):
+        colour = PALETTE[index % len(PALETTE)]
+        fitting = [p for p in probes if p.fits.get(name)]
+        coords = " ".join(f"{x(p.size):.1f},{y(p.peak_reserved_bytes[name]):.1f}" for p in fitting)
+        body.append(f'<polyline class="series" data-strategy={quoteattr(name)} points="{coords}" fill="none" stroke="{colour}" stroke-width="1.5"/>')
+        for p in probes:
+            if p.fits.get(name) is False:
+                cx, cy = x(p.size), y(result.memory)
+                body.append(
+                    f'<path class="oom" data-strategy={quoteattr(name)} d="M{cx - 4:.1f},{cy - 4:.1f} L{cx + 4:.1f},{cy + 4:.1f} M{cx - 4:.1f},{cy + 4:.1f} L{cx + 4:.1f},{cy - 4:.1f}" stroke="{colour}" stroke-width="1.5"/>'
+                )
+        legend.append((f"{name}: {result.largest[name]:,}", colour, ""))
+    legend += [("memory (x: out of memory)", "#000", ""), ("live bytes", "#000", ' stroke-dasharray="6 4"')]
+    body.extend(_legend(legend, left + plot_w + 16, top))
+    return _svg(width, height, body, title)

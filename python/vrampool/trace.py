@@ -9,7 +9,7 @@ them to a pool on the address-only simulated device, or hands them to the static
 >>> from vrampool.trace import replay
 >>> r = replay([(0, 0, 2, 1 << 20), (1, 1, 3, 1 << 20), (2, 2, 4, 1 << 20)])
 >>> r["strategy"], r["lower_bound_bytes"]
-('hybrid', 2097152)
+('default', 2097152)
 """
 
 from __future__ import annotations
@@ -34,10 +34,20 @@ TraceLike = Union[str, Path, Trace, Iterable[Sequence[int]]]
 #: ``expandable`` option); plain names use plain segments, as on a device without it.
 STRATEGIES = ("slab", "best_fit", "buddy", "hybrid")
 VM_SUFFIX = "+vm"
+#: What ``vrampool.torch.install()`` and ``DevicePool(0)`` give on a GPU: the pool's default
+#: configuration (hybrid, growing its middle tier by mapping 2 MiB chunks of virtual memory).
+DEFAULT = "default"
+#: Models of the allocators people run today (``vrampool_core::peers``): PyTorch's caching
+#: allocator (plain and with ``expandable_segments:True``), RMM's pool, CuPy's pool, and the
+#: driver's ``cudaMallocAsync`` pool (approximate: its internals are not public).
+PEERS = tuple(_native.ALLOCATOR_MODELS)
+TORCH = "torch"
 #: The static planner's row: every buffer placed in one arena ahead of time.
 PLAN = "plan"
-#: What ``strategy="all"`` replays, in order.
-ALL = STRATEGIES + ("hybrid" + VM_SUFFIX, PLAN)
+#: The rows a replay shows unless told otherwise: vrampool as installed, beside PyTorch's allocator.
+COMPARE = (DEFAULT, TORCH, TORCH + "+expandable")
+#: What ``strategy="all"`` replays, in order (``hybrid+vm`` is ``default``'s strategy: not repeated).
+ALL = (DEFAULT,) + PEERS + STRATEGIES + (PLAN,)
 
 #: The keys of every report (``vrampool replay --json`` prints these, among others).
 REPORT_KEYS = ("strategy", "peak_reserved_bytes", "peak_allocated_bytes", "lower_bound_bytes", "events", "events_per_s")
@@ -98,25 +108,75 @@ def repeated(rows: Sequence[TraceRow], times: int) -> List[TraceRow]:
 
 
 def strategy_names(strategy: Union[str, Sequence[str]]) -> List[str]:
-    """The rows a ``strategy`` argument asks for: a name, ``"all"`` (:data:`ALL`) or a list."""
-    names = list(ALL) if strategy == "all" else [strategy] if isinstance(strategy, str) else list(strategy)
+    """The rows a ``strategy`` argument asks for: a name, names separated by commas, ``"all"``
+    (:data:`ALL`), ``"compare"`` (:data:`COMPARE`) or a list."""
+    if strategy == "all":
+        return list(ALL)
+    if strategy == "compare":
+        return list(COMPARE)
+    names = [n.strip() for n in strategy.split(",") if n.strip()] if isinstance(strategy, str) else list(strategy)
     for name in names:
-        if name != PLAN and name.removesuffix(VM_SUFFIX) not in STRATEGIES:
-            choices = ", ".join(STRATEGIES + ("NAME" + VM_SUFFIX, PLAN, "all"))
+        if name not in (DEFAULT, PLAN) + PEERS and name.removesuffix(VM_SUFFIX) not in STRATEGIES:
+            choices = ", ".join((DEFAULT,) + PEERS + STRATEGIES + ("NAME" + VM_SUFFIX, PLAN, "compare", "all"))
             raise ValueError(f"unknown strategy {name!r}; choose one of {choices}")
+    if not names:
+        raise ValueError("no strategy named")
     return names
 
 
 def pool_conf(name: str, conf: str = "") -> str:
-    """The ``VRAMPOOL_CONF`` text of a strategy row: its strategy, virtual-memory growth on for
-    ``+vm`` names and off otherwise, then ``conf`` (which may override both)."""
-    vm = str(name.endswith(VM_SUFFIX)).lower()
-    return f"strategy:{name.removesuffix(VM_SUFFIX)},expandable:{vm}" + (f",{conf}" if conf else "")
+    """The ``VRAMPOOL_CONF`` text of a pool row: ``default`` is the pool's defaults; other names
+    set their strategy, with virtual-memory growth on for ``+vm`` names and off otherwise; then
+    ``conf`` (which may override both)."""
+    head = "" if name == DEFAULT else f"strategy:{name.removesuffix(VM_SUFFIX)},expandable:{str(name.endswith(VM_SUFFIX)).lower()}"
+    return ",".join(filter(None, (head, conf)))
 
 
-def check_conf(conf: str) -> None:
-    """Raises ``ValueError`` if ``conf`` is no valid pool configuration (before long work)."""
-    _native.replay_trace([], [pool_conf("hybrid", conf)], 0)
+def _conf_pairs(conf: str) -> List[Tuple[str, str]]:
+    """``key:value`` pairs of a ``--conf`` text; a bracketed value may hold commas."""
+    pairs, depth, item = [], 0, ""
+    for ch in conf + ",":
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            if item.strip():
+                key, sep, value = item.partition(":") if ":" in item else item.partition("=")
+                if not sep:
+                    raise ValueError(f"`{item.strip()}` is not key:value")
+                pairs.append((key.strip(), value.strip()))
+            item = ""
+        else:
+            item += ch
+    return pairs
+
+
+def _owner(name: str) -> str:
+    """Whose options a row takes: the pool's, or its allocator model's."""
+    return name if name in PEERS else "pool"
+
+
+def split_conf(names: Sequence[str], conf: str) -> Dict[str, str]:
+    """Each row's share of ``conf``: the pool's options go to the pool rows, each allocator
+    model's (``PYTORCH_CUDA_ALLOC_CONF`` keys for ``torch``...) to that model's rows. A key no row
+    takes is a ``ValueError`` that lists the keys each row takes."""
+    pairs = _conf_pairs(conf)
+    owners = {_owner(n) for n in names if n != PLAN}
+    keys = {owner: set(_native.allocator_options(owner)) for owner in owners}
+    for key, _ in pairs:
+        if not any(key in k for k in keys.values()):
+            valid = "; ".join(f"{owner}: {', '.join(_native.allocator_options(owner))}" for owner in sorted(owners))
+            raise ValueError(f"unknown option `{key}` for {', '.join(sorted(owners)) or 'the plan'} (valid: {valid or 'none'})")
+    return {n: ",".join(f"{k}:{v}" for k, v in pairs if k in keys.get(_owner(n), ())) for n in names}
+
+
+def _run(name: str, conf: str) -> Tuple[str, str]:
+    """The native replay's run for a row."""
+    return (name, conf) if name in PEERS else ("pool", pool_conf(name, conf))
+
+
+def check_conf(conf: str, names: Sequence[str] = (DEFAULT,)) -> None:
+    """Raises ``ValueError`` if ``conf`` is no valid configuration of the rows (before long work)."""
+    shares = split_conf(names, conf)
+    _native.replay_trace([], [_run(n, shares[n]) for n in names if n != PLAN], 0)
 
 
 def replay_each(
@@ -124,17 +184,19 @@ def replay_each(
     strategy: Union[str, Sequence[str]] = "all",
     conf: str = "",
     samples: int = SAMPLES,
+    capacity: Optional[int] = None,
 ) -> Iterator[Report]:
-    """Yields one report per strategy (see :func:`replay`) as each finishes, for progress bars."""
+    """Yields one report per row (see :func:`replay`) as each finishes, for progress bars."""
     names = strategy_names(strategy)
+    shares = split_conf(names, conf)
     loaded = load(trace)
     rows = loaded.rows()
     recorded = loaded.peak_reserved_bytes()
     for name in names:
         if name == PLAN:
-            report = _plan_report(rows, samples)
+            report = _plan_report(rows, samples, capacity)
         else:
-            report = _native.replay_trace(rows, [pool_conf(name, conf)], samples)[0]
+            report = _native.replay_trace(rows, [_run(name, shares[name])], samples, capacity)[0]
             report["strategy"] = name
         if recorded is not None:
             report["recorded_reserved_bytes"] = recorded
@@ -143,27 +205,34 @@ def replay_each(
 
 def replay(
     trace: TraceLike,
-    strategy: Union[str, Sequence[str]] = "hybrid",
+    strategy: Union[str, Sequence[str]] = DEFAULT,
     conf: str = "",
     samples: int = SAMPLES,
+    capacity: Optional[int] = None,
 ) -> Union[Report, List[Report]]:
-    """Replays a trace through ``strategy``: a pool strategy (``slab``, ``best_fit``, ``buddy``,
-    ``hybrid``, any of them with ``+vm`` for virtual-memory growth), ``plan`` (the static
-    planner's arena), ``"all"`` (:data:`ALL`) or a list of those. ``conf`` sets other pool
-    options in ``VRAMPOOL_CONF`` form (e.g. ``"round_up_divisions:4"``).
+    """Replays a trace through ``strategy``: ``default`` (the pool as installed), a pool strategy
+    (``slab``, ``best_fit``, ``buddy``, ``hybrid``, any of them with ``+vm`` for virtual-memory
+    growth), an allocator model (``torch``, ``torch+expandable``, ``rmm``, ``cupy``, ``async``),
+    ``plan`` (the static planner's arena), ``"compare"`` (:data:`COMPARE`), ``"all"``
+    (:data:`ALL`), or several of those (a list, or names separated by commas). ``conf`` sets
+    options: the pool's in ``VRAMPOOL_CONF`` form (e.g. ``"round_up_divisions:4"``) and each
+    model's own (``"max_split_size_mb:256"`` for ``torch``); each row takes the keys it knows.
+    ``capacity`` limits the simulated device's memory: a row that runs out of memory (after its
+    allocator's own release and retry) stops there, with ``out_of_memory`` set.
 
     Returns a dict for one name and a list of dicts otherwise, with the keys ``strategy``,
     ``peak_reserved_bytes``, ``peak_allocated_bytes``, ``lower_bound_bytes``, ``events``,
     ``events_per_s``, ``seconds``, ``device_allocs``, ``fragmentation`` (at the moment of most
-    allocated, None for the plan) and ``timeline`` (``event``, ``allocated_bytes`` and
-    ``reserved_bytes`` lists of up to ``samples`` points). For a trace from a PyTorch snapshot or
-    an event log, ``recorded_reserved_bytes`` is what that allocator reserved at its peak.
+    allocated, None for the plan), ``approximate``, ``out_of_memory`` and ``timeline``
+    (``event``, ``allocated_bytes`` and ``reserved_bytes`` lists of up to ``samples`` points). For
+    a trace from a PyTorch snapshot or an event log, ``recorded_reserved_bytes`` is what that
+    allocator reserved at its peak.
     """
-    reports = list(replay_each(trace, strategy, conf, samples))
-    return reports[0] if isinstance(strategy, str) and strategy != "all" else reports
+    reports = list(replay_each(trace, strategy, conf, samples, capacity))
+    return reports[0] if len(reports) == 1 and isinstance(strategy, str) and strategy not in ("all", "compare") and "," not in strategy else reports
 
 
-def _plan_report(rows: List[TraceRow], samples: int) -> Report:
+def _plan_report(rows: List[TraceRow], samples: int, capacity: Optional[int] = None) -> Report:
     """The static plan as a replay row: one arena of the plan's size, reserved from the start."""
     from vrampool.planner import plan
 
@@ -185,6 +254,11 @@ def _plan_report(rows: List[TraceRow], samples: int) -> Report:
         "events_per_s": events / seconds if seconds > 0 else 0.0,
         "device_allocs": 1,
         "fragmentation": None,
+        "approximate": False,
+        # The arena is reserved whole before the first event.
+        "out_of_memory": {"event": 0, "requested_bytes": result.arena_bytes, "allocated_bytes": 0, "reserved_bytes": 0, "largest_free_bytes": 0}
+        if capacity is not None and result.arena_bytes > capacity
+        else None,
         "timeline": {"event": points, "allocated_bytes": live, "reserved_bytes": [result.arena_bytes] * len(points)},
     }
 
@@ -234,8 +308,8 @@ def peak_segments(trace: TraceLike, strategy: str = "hybrid", conf: str = "") ->
     """The segments (as ``DevicePool.snapshot()`` gives them) of a pool that has replayed
     ``trace`` up to its moment of most live bytes: the segment map at the peak."""
     name = strategy_names(strategy)[0]
-    if name == PLAN:
-        raise ValueError("the plan has no segments: pick a pool strategy")
+    if name == PLAN or name in PEERS:
+        raise ValueError(f"{name} has no vrampool segments: pick a pool strategy")
     events = _ordered_events(load(trace).rows())
     live = best = best_at = 0
     for index, event in enumerate(events):

@@ -1,7 +1,9 @@
-"""Small built-in training workloads whose allocation traces the demo and ``vrampool capture``
-record on the CPU: a GPT (token embedding, causal ``TransformerEncoder`` layers, LM head) fed
-sequences of a different length each step, and a CNN fed a different batch size each step, the
-two ways real training loops make an allocator's life hard.
+"""Built-in training workloads whose allocation traces the demo and ``vrampool capture`` record:
+two small ones the demo trains on the CPU, a GPT (token embedding, causal ``TransformerEncoder``
+layers, LM head) fed sequences of a different length each step and a CNN fed a different batch
+size each step, the two ways real training loops make an allocator's life hard; and two at GPU
+scale, GPT-2 medium and a Llama-style 1.1 B model, captured under fake tensors (GBs live, no
+memory needed) at a batch and sequence length of your choice.
 
 >>> from vrampool.workloads import capture_workload
 >>> trace = capture_workload("cnn", steps=2)
@@ -11,13 +13,19 @@ two ways real training loops make an allocator's life hard.
 
 from __future__ import annotations
 
+import itertools
 import random
-from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Sequence, Tuple
 
-from vrampool.capture import Trace, capture_training
+from vrampool.capture import Trace
 
 #: The built-in workloads, for ``--model``.
-MODELS = ("gpt", "cnn")
+MODELS = ("gpt", "cnn", "gpt2-medium", "llama")
+#: The small ones the demo trains on the CPU (12 steps, Adam); the others take a batch size and
+#: sequence lengths and train with AdamW.
+DEMO_MODELS = ("gpt", "cnn")
+#: Sequences per batch and sequence length of the GPU-scale models unless told otherwise.
+BATCH, SEQUENCE = 8, 1024
 #: Sequence lengths of the GPT's steps and batch sizes of the CNN's: drawn anew each step.
 GPT_SEQUENCE_LENGTHS = (32, 48, 64, 96, 128)
 CNN_BATCH_SIZES = (16, 24, 32, 48, 64)
@@ -101,28 +109,90 @@ _WORKLOADS: Dict[str, Tuple[Callable[[], Any], Callable[[int, int, int], Iterato
 
 def _workload(name: str) -> Tuple[Any, Any, Any]:
     if name not in _WORKLOADS:
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(DEMO_MODELS)}")
     return _WORKLOADS[name]
+
+
+def token_batches(batch: int, lengths: Sequence[int], vocab: int) -> Iterator[Tuple[Any, Any]]:
+    """``(tokens, next tokens)`` of ``batch`` sequences of each length in turn, for ever (made as
+    the loop asks)."""
+    import torch
+
+    for length in itertools.cycle(lengths):
+        text = torch.randint(vocab, (batch, length + 1))
+        yield text[:, :-1], text[:, 1:]
+
+
+def _gpu_scale(name: str, longest: int) -> Tuple[Callable[[], Any], int]:
+    """The model's builder and vocabulary; GPT-2's learned positions (1,024 of them) are made as
+    many as the longest sequence needs."""
+    from vrampool.models import gpt, llama_1b
+
+    if name == "gpt2-medium":
+        return (lambda: gpt(layers=24, d_model=1024, heads=16, seq_len=max(1024, longest), vocab=50257)), 50257
+    return llama_1b, 32000
+
+
+def model_function(name: str, steps: int = 12, seed: int = 0, scale: int = 1, batch: Optional[int] = None, lengths: Optional[Sequence[int]] = None) -> Callable[[], Any]:
+    """The model function (see :mod:`vrampool.training`) of workload ``name`` (:data:`MODELS`):
+    the demo's models with their batches (``scale`` times the usual) for ``steps`` steps, or a
+    GPU-scale model with ``batch`` sequences of each of ``lengths`` in turn."""
+    if name in DEMO_MODELS:
+        if batch is not None or lengths is not None:
+            raise ValueError(f"{name} sets its own batches (use scale); batch and lengths are for {', '.join(m for m in MODELS if m not in DEMO_MODELS)}")
+        build, batches, loss = _workload(name)
+        return lambda: (build(), batches(steps, seed, scale), loss or _cross_entropy)
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+    if scale != 1:
+        raise ValueError(f"{name} takes a batch size, not a scale")
+    batch = BATCH if batch is None else batch
+    lengths = list(lengths) if lengths else [SEQUENCE]
+    build, vocab = _gpu_scale(name, max(lengths))
+    if batch < 1 or min(lengths) < 1:
+        raise ValueError(f"batch and sequence lengths must be at least 1, got {batch} and {lengths}")
+    return lambda: (build(), token_batches(batch, lengths, vocab))
+
+
+def _cross_entropy(output: Any, target: Any) -> Any:
+    import torch
+
+    return torch.nn.functional.cross_entropy(output, target)
+
+
+def _demo_optimizer(parameters: Iterable[Any]) -> Any:
+    """The demo's optimizer: Adam as the CPU runs it."""
+    import torch
+
+    return torch.optim.Adam(parameters, lr=1e-3)
 
 
 def capture_workload(
     name: str,
     steps: int = 12,
     seed: int = 0,
-    progress: Callable[[Iterable[Any]], Iterable[Any]] = lambda batches: batches,
+    progress: Callable[[Iterable[Any]], Iterable[Any]] = lambda steps: steps,
     scale: int = 1,
+    *,
+    fake: bool = False,
+    batch: Optional[int] = None,
+    lengths: Optional[Sequence[int]] = None,
 ) -> Trace:
-    """The allocation trace of training model ``name`` (:data:`MODELS`) for ``steps`` steps on
-    the CPU with Adam, its batches ``scale`` times the usual; ``progress`` may wrap the batches
-    (e.g. in ``tqdm``)."""
+    """The allocation trace of training model ``name`` (:data:`MODELS`) for ``steps`` steps: the
+    model's parameters and buffers from the start, then each step's tensors. The demo's models
+    train with Adam on their batches (``scale`` times the usual), on the CPU for real unless
+    ``fake``; the GPU-scale ones with AdamW on ``batch`` sequences of each of ``lengths`` in turn
+    (see :func:`model_function`), under fake tensors unless told otherwise. ``progress`` may wrap
+    the steps (e.g. in ``tqdm``)."""
     import torch
 
-    build, batches, loss = _workload(name)
+    from vrampool.training import adamw, capture_model
+
     if steps < 1 or scale < 1:
         raise ValueError(f"steps and scale must be at least 1, got {steps} and {scale}")
     torch.manual_seed(seed)
-    model = build()
-    return capture_training(model, progress(batches(steps, seed, scale)), loss_fn=loss)
+    optimizer = _demo_optimizer if name in DEMO_MODELS else adamw
+    return capture_model(model_function(name, steps, seed, scale, batch, lengths), steps, fake=fake, optimizer=optimizer, name=name, progress=progress)
 
 
 def measure_cuda(name: str, allocator: str, steps: int = 12, seed: int = 0, scale: int = 1) -> Dict[str, Any]:

@@ -129,13 +129,38 @@ impl PoolConfig {
     pub fn block_size_for(&self, rounded: u64, tier: u8) -> u64 {
         match (self.strategy, tier) {
             (StrategyKind::Slab, _) | (StrategyKind::Hybrid, 0) => size_class_of(rounded),
-            (StrategyKind::Buddy, _) | (StrategyKind::Hybrid, 2) => rounded.next_power_of_two(),
+            (StrategyKind::Buddy, _) => rounded.next_power_of_two(),
+            (StrategyKind::Hybrid, 2) => round_up(rounded, self.large_unit()).unwrap_or(u64::MAX),
             _ => rounded,
         }
+    }
+
+    /// The smallest block of the hybrid's large tier, which cuts its blocks to the request in these
+    /// units (a trimmed buddy): a thirty-second of `large_min` (so the rounding costs at most 3%),
+    /// between 512 B and 2 MiB (the usual device page).
+    pub fn large_unit(&self) -> u64 {
+        let floor = 63 - self.large_min.leading_zeros();
+        1 << floor.saturating_sub(5).clamp(MIN_BLOCK.trailing_zeros(), (2 * MIB).trailing_zeros())
     }
 }
 
 impl PoolConfig {
+    /// The keys `apply_text` takes.
+    pub const KEYS: [&'static str; 12] = [
+        "strategy",
+        "small_max",
+        "large_min",
+        "alignment",
+        "round_up_divisions",
+        "limit",
+        "record_events",
+        "expandable",
+        "expandable_segments",
+        "scrub",
+        "track_leaks",
+        "reclaim",
+    ];
+
     pub fn validate(&self) -> Result<(), PoolError> {
         let bad = |msg: String| Err(PoolError::InvalidConfig(msg));
         if !self.alignment.is_power_of_two() || self.alignment < MIN_BLOCK || self.alignment > GIB {
@@ -269,6 +294,19 @@ mod tests {
         assert_eq!(config.scrub, Scrub::OnAlloc);
         config.apply_text("scrub:off").unwrap();
         assert_eq!(config.scrub, Scrub::Off);
+    }
+
+    #[test]
+    fn the_large_tier_cuts_blocks_to_a_thirty_second_of_large_min_up_to_a_page() {
+        let unit = |large_min| PoolConfig { large_min, ..PoolConfig::default() }.large_unit();
+        assert_eq!(unit(64 * MIB), 2 * MIB);
+        assert_eq!(unit(GIB), 2 * MIB);
+        assert_eq!(unit(4 * MIB), 128 * KIB);
+        assert_eq!(unit(6 * MIB), 128 * KIB);
+        assert_eq!(unit(KIB), 512);
+        let config = PoolConfig::default();
+        assert_eq!(config.block_size_for(160 * MIB + 1, 2), 162 * MIB);
+        assert_eq!(config.block_size_for(160 * MIB, 2), 160 * MIB);
     }
 
     #[test]

@@ -24,6 +24,7 @@ mod expandable;
 mod fast_gate;
 mod live_table;
 pub mod magazine;
+pub mod peers;
 mod pool;
 pub mod replay;
 pub mod sizes;

@@ -1353,8 +1353,15 @@ pub(crate) fn new_arena(config: &PoolConfig, stream: StreamId) -> Arena {
     let slab = || Box::new(Slab::new(SlabConfig { max_size: config.small_max, ..SlabConfig::default() })) as Box<dyn Strategy>;
     let best_fit = || Box::new(BestFit::new(BestFitConfig::default())) as Box<dyn Strategy>;
     let buddy = || Box::new(Buddy::new(BuddyConfig::default())) as Box<dyn Strategy>;
+    // The hybrid's large tier keeps buddy's halving and merging but cuts each block to the
+    // request, so a large tensor costs at most one `large_unit` more than its size.
+    let large = || {
+        let min_order = config.large_unit().trailing_zeros();
+        let trimmed = BuddyConfig { min_order, max_order: min_order + 26, min_segment_order: 21, trim: true };
+        Box::new(Buddy::new(trimmed)) as Box<dyn Strategy>
+    };
     let tiers = match config.strategy {
-        StrategyKind::Hybrid => vec![slab(), best_fit(), buddy()],
+        StrategyKind::Hybrid => vec![slab(), best_fit(), large()],
         StrategyKind::Slab => vec![slab()],
         StrategyKind::BestFit => vec![best_fit()],
         StrategyKind::Buddy => vec![buddy()],

@@ -25,9 +25,10 @@ use std::time::Instant;
 use thiserror::Error;
 
 use crate::device::{SimDevice, SimMode, StreamId};
-use crate::error::PoolError;
+use crate::error::{OomReport, PoolError};
+use crate::peers::{PeerConfig, PeerModel};
 use crate::strategy::StrategyKind;
-use crate::{Pool, PoolConfig};
+use crate::{Pool, PoolConfig, PoolCore};
 
 /// Capacity of the simulated device a replay runs on: large enough that no trace runs out.
 pub const REPLAY_CAPACITY: u64 = 1 << 50;
@@ -71,10 +72,53 @@ pub struct TimelineSample {
     pub reserved_bytes: u64,
 }
 
+/// What a replay runs: the pool with a configuration, or a model of another allocator.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReplayTarget {
+    Pool(PoolConfig),
+    Peer(PeerConfig),
+}
+
+impl ReplayTarget {
+    /// The pool's strategy name, or the model's name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Pool(config) => config.strategy.name(),
+            Self::Peer(peer) => peer.name(),
+        }
+    }
+}
+
+/// How a replay runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplayOptions {
+    /// Timeline points to sample (none for 0).
+    pub samples: usize,
+    /// The simulated device's memory; None for [`REPLAY_CAPACITY`], which no trace fills.
+    pub capacity: Option<u64>,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        Self { samples: DEFAULT_SAMPLES, capacity: None }
+    }
+}
+
+/// Where a capacity-limited replay ran out of memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutOfMemory {
+    /// The index of the allocation that failed (the replay stops there).
+    pub event: usize,
+    pub report: OomReport,
+}
+
 /// What one strategy did with a trace.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReplayReport {
-    pub strategy: StrategyKind,
+    /// The pool's strategy, or the allocator model's name.
+    pub strategy: &'static str,
+    /// The model guesses at undocumented internals.
+    pub approximate: bool,
     pub peak_reserved_bytes: u64,
     pub peak_allocated_bytes: u64,
     /// The most requested bytes live at once: no allocator can reserve less.
@@ -92,6 +136,9 @@ pub struct ReplayReport {
     pub fragmentation: f64,
     /// Allocated and reserved bytes at evenly spaced event indices (the last one is the end).
     pub timeline: Vec<TimelineSample>,
+    /// Set when the device's capacity ran out (after the allocator's own release and retry): the
+    /// figures are those up to that event.
+    pub out_of_memory: Option<OutOfMemory>,
 }
 
 /// Why a trace could not be read or replayed. Bad input is an error, never a panic.
@@ -262,7 +309,7 @@ impl PreparedTrace {
 /// [`REPLAY_CAPACITY`] bytes, sampling [`DEFAULT_SAMPLES`] timeline points. The trace is checked
 /// first (see [`PreparedTrace::new`]); events per second are measured over the replay loop alone.
 pub fn replay(events: &[TraceEvent], config: PoolConfig) -> Result<ReplayReport, ReplayError> {
-    replay_prepared(&PreparedTrace::new(events)?, config, DEFAULT_SAMPLES)
+    replay_prepared(&PreparedTrace::new(events)?, &ReplayTarget::Pool(config), ReplayOptions::default())
 }
 
 /// Replays `events` once per strategy of [`ALL_STRATEGIES`], each with `base` but its strategy.
@@ -270,66 +317,136 @@ pub fn replay_all(events: &[TraceEvent], base: &PoolConfig) -> Result<Vec<Replay
     let prepared = PreparedTrace::new(events)?;
     ALL_STRATEGIES
         .iter()
-        .map(|&strategy| replay_prepared(&prepared, PoolConfig { strategy, ..base.clone() }, DEFAULT_SAMPLES))
+        .map(|&strategy| replay_prepared(&prepared, &ReplayTarget::Pool(PoolConfig { strategy, ..base.clone() }), ReplayOptions::default()))
         .collect()
 }
 
-/// Replays a prepared trace through a new pool with `config`, sampling the timeline at up to
-/// `samples` evenly spaced event indices (none for 0). The samples are read inside the timed loop,
-/// so events per second include their cost.
-pub fn replay_prepared(
-    prepared: &PreparedTrace,
-    config: PoolConfig,
-    samples: usize,
-) -> Result<ReplayReport, ReplayError> {
-    let strategy = config.strategy;
-    let device = Arc::new(SimDevice::new(REPLAY_CAPACITY, SimMode::AddressOnly));
-    let pool = Pool::new(device, config).map_err(|source| ReplayError::Pool { index: 0, source })?;
+/// What the replay loop drives: the pool, or an allocator model.
+trait Replayed {
+    fn allocate(&mut self, size: u64, stream: u64) -> Result<u64, PoolError>;
+    fn free(&mut self, addr: u64) -> Result<(), PoolError>;
+    /// Allocated and reserved bytes now, and the fragmentation of the free memory.
+    fn now(&self) -> (u64, u64, f64);
+    /// Peak reserved and allocated bytes, and device allocations.
+    fn totals(&self) -> (u64, u64, u64);
+}
+
+impl Replayed for Pool {
+    fn allocate(&mut self, size: u64, stream: u64) -> Result<u64, PoolError> {
+        let core: &PoolCore = self;
+        core.allocate(size, StreamId(stream))
+    }
+
+    fn free(&mut self, addr: u64) -> Result<(), PoolError> {
+        let core: &PoolCore = self;
+        core.free(addr, None, None)
+    }
+
+    fn now(&self) -> (u64, u64, f64) {
+        let stats = self.stats();
+        (stats.allocated_bytes.current, stats.reserved_bytes.current, stats.fragmentation())
+    }
+
+    fn totals(&self) -> (u64, u64, u64) {
+        let stats = self.stats();
+        (stats.reserved_bytes.peak, stats.allocated_bytes.peak, stats.num_device_alloc)
+    }
+}
+
+impl Replayed for Box<dyn PeerModel> {
+    fn allocate(&mut self, size: u64, stream: u64) -> Result<u64, PoolError> {
+        (**self).allocate(size, stream)
+    }
+
+    fn free(&mut self, addr: u64) -> Result<(), PoolError> {
+        (**self).free(addr)
+    }
+
+    fn now(&self) -> (u64, u64, f64) {
+        let f = self.figures();
+        (f.allocated, f.reserved, self.fragmentation())
+    }
+
+    fn totals(&self) -> (u64, u64, u64) {
+        let f = self.figures();
+        (f.peak_reserved, f.peak_allocated, f.device_allocs)
+    }
+}
+
+/// Replays a prepared trace through a new pool or allocator model on an address-only simulated
+/// device, sampling the timeline at up to `options.samples` evenly spaced event indices. The
+/// samples are read inside the timed loop, so events per second include their cost. With a
+/// capacity, running out of memory ends the replay with `out_of_memory` set.
+pub fn replay_prepared(prepared: &PreparedTrace, target: &ReplayTarget, options: ReplayOptions) -> Result<ReplayReport, ReplayError> {
+    let capacity = options.capacity.unwrap_or(REPLAY_CAPACITY);
+    let device = Arc::new(SimDevice::new(capacity, SimMode::AddressOnly));
+    let report = match target {
+        ReplayTarget::Pool(config) => {
+            let mut pool = Pool::new(device, config.clone()).map_err(|source| ReplayError::Pool { index: 0, source })?;
+            run(prepared, &mut pool, options.samples)
+        }
+        ReplayTarget::Peer(peer) => run(prepared, &mut peer.build(device, options.capacity), options.samples),
+    }?;
+    Ok(ReplayReport { strategy: target.name(), approximate: matches!(target, ReplayTarget::Peer(p) if p.approximate()), ..report })
+}
+
+fn run<R: Replayed>(prepared: &PreparedTrace, target: &mut R, samples: usize) -> Result<ReplayReport, ReplayError> {
     let events = prepared.ops.len();
     // ceil(events / samples) events apart: at most `samples` points, the last at the end.
     let stride = if samples == 0 { usize::MAX } else { events.div_ceil(samples).max(1) };
     let mut timeline = Vec::with_capacity(samples.min(events));
     let (mut fragmentation, mut most_allocated) = (0.0, 0u64);
-    let mut sample = |event: usize| {
-        let stats = pool.stats();
-        let allocated_bytes = stats.allocated_bytes.current;
+    let mut sample = |target: &R, event: usize| {
+        let (allocated_bytes, reserved_bytes, scattered) = target.now();
         if allocated_bytes >= most_allocated {
-            (most_allocated, fragmentation) = (allocated_bytes, stats.fragmentation());
+            (most_allocated, fragmentation) = (allocated_bytes, scattered);
         }
-        timeline.push(TimelineSample { event, allocated_bytes, reserved_bytes: stats.reserved_bytes.current });
+        timeline.push(TimelineSample { event, allocated_bytes, reserved_bytes });
     };
     let mut addrs = vec![0u64; prepared.slots];
     let mut until_sample = stride;
+    let mut out_of_memory = None;
+    let mut done = events;
     let start = Instant::now();
     for (index, &(slot, size, stream)) in prepared.ops.iter().enumerate() {
         let result = if size > 0 {
-            pool.allocate(size, StreamId(stream)).map(|addr| addrs[slot as usize] = addr)
+            target.allocate(size, stream).map(|addr| addrs[slot as usize] = addr)
         } else {
-            pool.free(addrs[slot as usize], None, None)
+            target.free(addrs[slot as usize])
         };
-        result.map_err(|source| ReplayError::Pool { index, source })?;
+        match result {
+            Ok(()) => {}
+            Err(PoolError::OutOfMemory(report)) => {
+                out_of_memory = Some(OutOfMemory { event: index, report });
+                done = index;
+                break;
+            }
+            Err(source) => return Err(ReplayError::Pool { index, source }),
+        }
         until_sample -= 1;
         if until_sample == 0 {
             until_sample = stride;
-            sample(index + 1);
+            sample(target, index + 1);
         }
     }
-    if samples > 0 && events % stride != 0 {
-        sample(events);
+    if samples > 0 && done % stride != 0 {
+        sample(target, done);
     }
     let seconds = start.elapsed().as_secs_f64();
-    let stats = pool.stats();
+    let (peak_reserved_bytes, peak_allocated_bytes, device_allocs) = target.totals();
     Ok(ReplayReport {
-        strategy,
-        peak_reserved_bytes: stats.reserved_bytes.peak,
-        peak_allocated_bytes: stats.allocated_bytes.peak,
+        strategy: "",
+        approximate: false,
+        peak_reserved_bytes,
+        peak_allocated_bytes,
         lower_bound_bytes: prepared.lower_bound,
-        events,
+        events: done,
         seconds,
-        events_per_s: if seconds > 0.0 { events as f64 / seconds } else { 0.0 },
-        device_allocs: stats.num_device_alloc,
+        events_per_s: if seconds > 0.0 { done as f64 / seconds } else { 0.0 },
+        device_allocs,
         fragmentation,
         timeline,
+        out_of_memory,
     })
 }
 
@@ -369,7 +486,7 @@ mod tests {
             let started = Instant::now();
             let report = replay(&events, config(strategy)).unwrap();
             let wall = started.elapsed().as_secs_f64();
-            assert_eq!(report.strategy, strategy);
+            assert_eq!(report.strategy, strategy.name());
             assert_eq!(report.events, 6);
             assert_eq!(report.lower_bound_bytes, 6 * MIB, "{strategy:?}");
             // Sizes are multiples of every alignment, so no strategy pads them... except the
@@ -443,7 +560,7 @@ mod tests {
         let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap();
         assert_eq!((prepared.len(), prepared.lower_bound_bytes()), (2000, 2 * MIB));
         for (samples, expected) in [(0, 0), (1, 1), (7, 7), (1000, 1000), (3000, 2000)] {
-            let report = replay_prepared(&prepared, config(StrategyKind::BestFit), samples).unwrap();
+            let report = replay_prepared(&prepared, &ReplayTarget::Pool(config(StrategyKind::BestFit)), ReplayOptions { samples, capacity: None }).unwrap();
             let points: Vec<usize> = report.timeline.iter().map(|p| p.event).collect();
             assert_eq!(points.len(), expected, "{samples} samples");
             if let (Some(&first), Some(&last)) = (points.first(), points.last()) {
@@ -457,10 +574,61 @@ mod tests {
             }
         }
         // Mid-trace one or two buffers are live; at the end none is.
-        let report = replay_prepared(&prepared, config(StrategyKind::BestFit), 10).unwrap();
+        let report = replay_prepared(&prepared, &ReplayTarget::Pool(config(StrategyKind::BestFit)), ReplayOptions { samples: 10, capacity: None }).unwrap();
         assert!(report.timeline[..9].iter().all(|p| p.allocated_bytes >= MIB), "{:?}", report.timeline);
         assert_eq!(report.timeline[9].allocated_bytes, 0);
         assert!((0.0..=1.0).contains(&report.fragmentation));
+    }
+
+    #[test]
+    fn replay_runs_the_allocator_models_beside_the_pool() {
+        // A 1.5 MiB request: PyTorch reserves a 20 MiB segment, the pool a 2 MiB chunk.
+        let events = events_from_buffers(&[TraceBuffer::new(0, 0, 1, 3 * MIB / 2)]).unwrap();
+        let prepared = PreparedTrace::new(&events).unwrap();
+        let torch = replay_prepared(&prepared, &ReplayTarget::Peer(PeerConfig::named("torch").unwrap()), ReplayOptions::default()).unwrap();
+        assert_eq!((torch.strategy, torch.peak_reserved_bytes, torch.device_allocs, torch.approximate), ("torch", 20 * MIB, 1, false));
+        let default = replay_prepared(&prepared, &ReplayTarget::Pool(PoolConfig::default()), ReplayOptions::default()).unwrap();
+        assert_eq!(default.peak_reserved_bytes, 2 * MIB);
+        let driver = replay_prepared(&prepared, &ReplayTarget::Peer(PeerConfig::named("async").unwrap()), ReplayOptions::default()).unwrap();
+        assert!(driver.approximate);
+    }
+
+    #[test]
+    fn a_capacity_limited_replay_stops_at_the_first_out_of_memory() {
+        // 30 MiB live, then 40 MiB: with 60 MiB of device memory the plain torch model fits both
+        // (its cached 30 MiB segment goes back and it retries); 90 MiB live at once fits nobody.
+        let buffers = [TraceBuffer::new(0, 0, 1, 30 * MIB), TraceBuffer::new(1, 1, 3, 40 * MIB), TraceBuffer::new(2, 2, 3, 50 * MIB)];
+        let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap();
+        let options = ReplayOptions { samples: 10, capacity: Some(60 * MIB) };
+        for target in [ReplayTarget::Peer(PeerConfig::named("torch").unwrap()), ReplayTarget::Pool(PoolConfig::default())] {
+            let report = replay_prepared(&prepared, &target, options).unwrap();
+            let oom = report.out_of_memory.unwrap_or_else(|| panic!("{}: {report:?}", target.name()));
+            assert_eq!((oom.event, report.events), (3, 3), "{}: the third allocation fails", target.name());
+            assert_eq!(oom.report.requested, 50 * MIB);
+            assert!(report.peak_reserved_bytes <= 60 * MIB);
+            assert_eq!(report.timeline.last().unwrap().event, 3);
+        }
+        let roomy = ReplayOptions { samples: 10, capacity: Some(100 * MIB) };
+        assert!(replay_prepared(&prepared, &ReplayTarget::Pool(PoolConfig::default()), roomy).unwrap().out_of_memory.is_none());
+    }
+
+    #[test]
+    fn large_tensors_cost_the_default_pool_at_most_a_page_each() {
+        // Logits-like pairs (output and gradient) of a sequence length that changes every step.
+        let mut buffers = Vec::new();
+        for (step, mib) in [120u64, 80, 160, 100, 140, 90].into_iter().enumerate() {
+            let (t, size, id) = (step as u64 * 10, mib * MIB + 4096 * step as u64 + 1, step as u64 * 2);
+            buffers.push(TraceBuffer::new(id, t, t + 3, size));
+            buffers.push(TraceBuffer::new(id + 1, t + 1, t + 4, size));
+        }
+        let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap();
+        let bound = prepared.lower_bound_bytes();
+        let default = replay_prepared(&prepared, &ReplayTarget::Pool(PoolConfig::default()), ReplayOptions::default()).unwrap();
+        assert!(default.peak_allocated_bytes <= bound + 2 * 2 * MIB, "{default:?}");
+        assert!(default.peak_reserved_bytes <= bound + 2 * 2 * MIB, "{default:?}");
+        // A plain buddy rounds each to a power of two: 160 MiB + a bit takes 256 MiB.
+        let buddy = replay_prepared(&prepared, &ReplayTarget::Pool(config(StrategyKind::Buddy)), ReplayOptions::default()).unwrap();
+        assert!(buddy.peak_allocated_bytes >= 2 * 256 * MIB, "{buddy:?}");
     }
 
     fn shared_traces() -> Vec<(String, Vec<TraceEvent>)> {
@@ -489,7 +657,7 @@ mod tests {
                 assert!(report.peak_reserved_bytes >= report.peak_allocated_bytes, "{name}: {report:?}");
                 eprintln!(
                     "{name:<32} {:<8} reserved/bound {:.3}  {:>12.0} events/s",
-                    report.strategy.name(),
+                    report.strategy,
                     report.peak_reserved_bytes as f64 / report.lower_bound_bytes as f64,
                     report.events_per_s
                 );
@@ -514,7 +682,9 @@ mod tests {
         for strategy in ALL_STRATEGIES {
             // With the plots' timeline and without: the sampling's cost shows as the difference.
             let best = |samples| {
-                (0..3).map(|_| replay_prepared(&prepared, config(strategy), samples).unwrap().events_per_s).fold(0.0, f64::max)
+                (0..3)
+                    .map(|_| replay_prepared(&prepared, &ReplayTarget::Pool(config(strategy)), ReplayOptions { samples, capacity: None }).unwrap().events_per_s)
+                    .fold(0.0, f64::max)
             };
             let (sampled, bare) = (best(DEFAULT_SAMPLES), best(0));
             eprintln!(

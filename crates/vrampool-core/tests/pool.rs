@@ -472,12 +472,12 @@ fn peak_reserved_over_steps(reclaim: bool, steps: &[u64]) -> u64 {
 
 #[test]
 fn growth_first_gives_back_segments_no_block_uses() {
-    // A 30 MiB and then a 40 MiB block (best-fit, a segment each), then a 100 MiB one (buddy, a
-    // 128 MiB segment), then 20 MiB again: with `reclaim`, each growth first returns the idle
-    // segments, in its own tier and the others.
+    // A 30 MiB and then a 40 MiB block (best-fit, a segment each), then a 100 MiB one (the large
+    // tier's buddy, a segment cut to it), then 50 MiB: with `reclaim`, each growth first returns
+    // the idle segments, in its own tier and the others.
     let steps = [30 * MIB, 40 * MIB, 100 * MIB, 50 * MIB];
-    assert_eq!(peak_reserved_over_steps(true, &steps), 128 * MIB);
-    assert_eq!(peak_reserved_over_steps(false, &steps), 30 * MIB + 40 * MIB + 128 * MIB + 50 * MIB);
+    assert_eq!(peak_reserved_over_steps(true, &steps), 100 * MIB);
+    assert_eq!(peak_reserved_over_steps(false, &steps), 30 * MIB + 40 * MIB + 100 * MIB + 50 * MIB);
     assert!(PoolConfig::default().reclaim, "on by default");
 }
 

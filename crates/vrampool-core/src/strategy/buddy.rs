@@ -2,6 +2,16 @@
 //!
 //! Fast and with bounded external fragmentation, at the price of up to 50% internal waste; the pool
 //! uses it for large blocks, where requests tend to repeat and halves get reused.
+//!
+//! With `trim`, a block keeps only what was asked (rounded to the smallest block): a request
+//! that is not a power of two takes the run of buddies that its size spells in binary (a 160 MiB
+//! request: a 128 MiB buddy and the 32 MiB one after it), either where such a run is free or at the
+//! start of a power-of-two block whose unused tail goes back at once as smaller free buddies.
+//! Freeing it frees each buddy of the run, and they merge as buddies do. Segments are then cut to
+//! the request too (its size in whole 2 MiB units), so a large tensor costs at most a unit more
+//! than its size, where plain buddy blocks cost up to twice it. A wholly free segment takes only a
+//! request it fits closely (as a dedicated segment does): one much larger stays wholly free, so
+//! that the pool can give it back, rather than being cut into pieces that keep it reserved.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -19,13 +29,18 @@ pub struct BuddyConfig {
     pub max_order: u32,
     /// The smallest segment asked of the device, 2^min_segment_order bytes (21 = 2 MiB).
     pub min_segment_order: u32,
+    /// Blocks and segments cut to the request, tails given back as smaller buddies (see the
+    /// module's documentation); off, every block is a power of two.
+    pub trim: bool,
 }
 
 impl Default for BuddyConfig {
     fn default() -> Self {
-        Self { min_order: 9, max_order: 30, min_segment_order: 21 }
+        Self { min_order: 9, max_order: 30, min_segment_order: 21, trim: false }
     }
 }
+
+
 
 /// Dedicated segments (requests above 2^max_order) are rounded up to this, as the device's
 /// allocation granularity usually is.
@@ -60,12 +75,15 @@ struct BuddySegment {
     /// or tree node per block; it costs 2 bits of host memory per 2^min_order bytes of segment
     /// (512 KiB per GiB at 512 B, far less where min_order is larger).
     free: Vec<BitTree>,
+    /// Blocks handed out from it.
+    live: u32,
 }
 
 pub struct Buddy {
     min_order: u32,
     max_order: u32,
     min_segment_order: u32,
+    trim: bool,
     /// Buddy segments by slot; slots of released segments are reused.
     slots: Vec<Option<BuddySegment>>,
     spare_slots: Vec<u32>,
@@ -104,6 +122,7 @@ impl Buddy {
             min_order,
             max_order,
             min_segment_order,
+            trim: config.trim,
             slots: Vec::new(),
             spare_slots: Vec::new(),
             with_free: (min_order..=max_order).map(|_| BitTree::new(0)).collect(),
@@ -117,7 +136,7 @@ impl Buddy {
     }
 
     pub fn config(&self) -> BuddyConfig {
-        BuddyConfig { min_order: self.min_order, max_order: self.max_order, min_segment_order: self.min_segment_order }
+        BuddyConfig { min_order: self.min_order, max_order: self.max_order, min_segment_order: self.min_segment_order, trim: self.trim }
     }
 
     fn max_block(&self) -> u64 {
@@ -198,7 +217,7 @@ impl Buddy {
         let usable = self.usable(size);
         let top = 63 - usable.leading_zeros(); // the largest piece's order
         let free = (self.min_order..=top).map(|k| BitTree::new((usable >> k) as usize)).collect();
-        let seg = BuddySegment { base, size, free };
+        let seg = BuddySegment { base, size, free, live: 0 };
         let slot = match self.spare_slots.pop() {
             Some(slot) => {
                 self.slots[slot as usize] = Some(seg);
@@ -218,6 +237,142 @@ impl Buddy {
         }
         slot
     }
+
+    /// Takes the lowest free block of at least order `order` (lowest slot, then lowest address)
+    /// of a segment that welcomes a block of `exact` bytes, and splits it down to `order`, keeping
+    /// the lower half each time: (slot, base, offset).
+    fn take_block(&mut self, order: u32, exact: u64) -> Option<(u32, u64, u64)> {
+        let want = order - self.min_order;
+        let mut fitting = self.nonempty >> want;
+        let (from, slot) = loop {
+            if fitting == 0 {
+                return None;
+            }
+            let from = want + fitting.trailing_zeros();
+            let slot = if self.trim {
+                self.with_free[from as usize].iter().find(|&slot| self.welcomes(slot as u32, exact))
+            } else {
+                self.with_free[from as usize].first()
+            };
+            if let Some(slot) = slot {
+                break (from, slot as u32);
+            }
+            fitting &= fitting - 1;
+        };
+        let seg = self.slots.get(slot as usize)?.as_ref()?;
+        let (base, pos) = (seg.base, seg.free.get(from as usize)?.first()? as u64);
+        self.take_free(slot, from, pos);
+        let offset = pos << (from + self.min_order);
+        // Split: keep the lower half, mark each upper half free at its order.
+        for i in (want..from).rev() {
+            self.put_free(slot, i, (offset >> (i + self.min_order)) | 1);
+        }
+        Some((slot, base, offset))
+    }
+
+    /// Whether segment `slot` may take a block of `exact` bytes: a segment in use may, a wholly
+    /// free one only if the block fills it to within an eighth (and the 2 MiB rounding), as a
+    /// dedicated segment is reused.
+    fn welcomes(&self, slot: u32, exact: u64) -> bool {
+        let Some(Some(seg)) = self.slots.get(slot as usize) else { return false };
+        seg.live > 0 || seg.size - exact.min(seg.size) <= exact / 8 + DEDICATED_ROUNDING
+    }
+
+    /// Counts a block handed out from segment `slot` (or given back, with `by` -1).
+    fn count_live(&mut self, slot: u32, by: i32) {
+        if let Some(Some(seg)) = self.slots.get_mut(slot as usize) {
+            seg.live = seg.live.saturating_add_signed(by);
+        }
+    }
+
+    /// Frees block `offset` of `order` in `slot`, merging upwards while its buddy lies inside the
+    /// segment and is free at the same order. Free bits are per segment, so a merge never reaches
+    /// into a segment that happens to be adjacent in address space.
+    fn release(&mut self, slot: u32, mut offset: u64, mut order: u32) {
+        let Some(Some(seg)) = self.slots.get(slot as usize) else { return };
+        let seg_size = seg.size;
+        while order < self.max_order {
+            let block = 1u64 << order;
+            let buddy = offset ^ block;
+            if buddy + block > seg_size || !self.take_free(slot, order - self.min_order, buddy >> order) {
+                break;
+            }
+            offset &= !block;
+            order += 1;
+        }
+        self.put_free(slot, order - self.min_order, offset >> order);
+    }
+
+    /// The free block of `slot` that holds block `offset` of `order`, as (order, position).
+    fn containing(&self, slot: u32, offset: u64, order: u32) -> Option<(u32, u64)> {
+        let seg = self.slots.get(slot as usize)?.as_ref()?;
+        (order..self.min_order + seg.free.len() as u32)
+            .map(|k| (k, offset >> k))
+            .find(|&(k, pos)| seg.free[(k - self.min_order) as usize].contains(pos as usize))
+    }
+
+    /// Takes block `offset` of `order` out of the free block that holds it, splitting that block
+    /// down to it: the halves that do not hold it stay free.
+    fn carve(&mut self, slot: u32, offset: u64, order: u32) -> bool {
+        let Some((k, pos)) = self.containing(slot, offset, order) else { return false };
+        self.take_free(slot, k - self.min_order, pos);
+        for i in (order..k).rev() {
+            self.put_free(slot, i - self.min_order, (offset >> i) ^ 1);
+        }
+        true
+    }
+
+    /// A trimmed block of `exact` bytes (a multiple of the smallest block, not a power of two):
+    /// a free run of buddies spelling its size, else the start of a larger power-of-two block
+    /// whose tail goes back free.
+    fn allocate_trimmed(&mut self, exact: u64) -> Option<Block> {
+        let high = 63 - exact.leading_zeros();
+        let (slot, base, offset) = match self.take_run(high, exact) {
+            Some(found) => found,
+            None => {
+                let (slot, base, offset) = self.take_block(high + 1, exact)?;
+                for (piece, order) in pieces_of(offset + exact, offset + (1 << (high + 1))) {
+                    self.put_free(slot, order - self.min_order, piece >> order);
+                }
+                (slot, base, offset)
+            }
+        };
+        self.live.insert(base + offset, Live { size: exact, slot, order: high + 1 });
+        self.count_live(slot, 1);
+        self.allocated += exact;
+        Some(Block { addr: base + offset, size: exact })
+    }
+
+    /// A free block of order `high` (the run's head) followed by free memory for the rest of
+    /// `exact` bytes, carved out: (slot, base, offset). Every free block of that order is a
+    /// candidate (a large tier holds few), so a segment just added for the request is found.
+    fn take_run(&mut self, high: u32, exact: u64) -> Option<(u32, u64, u64)> {
+        let level = (high - self.min_order) as usize;
+        let heads: Vec<(u32, u64)> = self.with_free[level]
+            .iter()
+            .flat_map(|slot| {
+                let seg = self.slots[slot].as_ref().expect("a slot with free blocks holds a segment");
+                seg.free[level].iter().map(move |pos| (slot as u32, pos as u64))
+            })
+            .collect();
+        let (slot, head) = heads.into_iter().find(|&(slot, pos)| {
+            if !self.welcomes(slot, exact) {
+                return false;
+            }
+            let start = pos << high;
+            let Some(Some(seg)) = self.slots.get(slot as usize) else { return false };
+            start + exact <= self.usable(seg.size)
+                && pieces_of(start + (1 << high), start + exact).all(|(piece, order)| self.containing(slot, piece, order).is_some())
+        })?;
+        let offset = head << high;
+        self.take_free(slot, high - self.min_order, head);
+        for (piece, order) in pieces_of(offset + (1 << high), offset + exact) {
+            let carved = self.carve(slot, piece, order);
+            debug_assert!(carved, "the run was checked free");
+        }
+        let base = self.slots[slot as usize].as_ref()?.base;
+        Some((slot, base, offset))
+    }
 }
 
 impl Strategy for Buddy {
@@ -229,6 +384,10 @@ impl Strategy for Buddy {
         if size > self.max_block() {
             // Saturates instead of overflowing; a segment that large fails at the device.
             return round_up(size, DEDICATED_ROUNDING).unwrap_or(!(DEDICATED_ROUNDING - 1));
+        }
+        if self.trim {
+            let unit = DEDICATED_ROUNDING.max(1 << self.min_order);
+            return round_up(size.max(1), unit).unwrap_or(self.max_block()).clamp(1 << self.min_segment_order, self.max_block());
         }
         size.max(1).next_power_of_two().clamp(1 << self.min_segment_order, self.max_block())
     }
@@ -258,24 +417,17 @@ impl Strategy for Buddy {
         if size > self.max_block() {
             return self.allocate_dedicated(size);
         }
+        if self.trim {
+            let exact = round_up(size, 1 << self.min_order)?;
+            if !exact.is_power_of_two() {
+                return self.allocate_trimmed(exact);
+            }
+        }
         let order = size.next_power_of_two().trailing_zeros().max(self.min_order);
-        let want = order - self.min_order;
-        let fitting = self.nonempty >> want;
-        if fitting == 0 {
-            return None;
-        }
-        let from = want + fitting.trailing_zeros();
-        let slot = self.with_free[from as usize].first()? as u32;
-        let seg = self.slots.get(slot as usize)?.as_ref()?;
-        let (base, pos) = (seg.base, seg.free.get(from as usize)?.first()? as u64);
-        self.take_free(slot, from, pos);
-        let offset = pos << (from + self.min_order);
-        // Split: keep the lower half, mark each upper half free at its order.
-        for i in (want..from).rev() {
-            self.put_free(slot, i, (offset >> (i + self.min_order)) | 1);
-        }
         let block_size = 1u64 << order;
+        let (slot, base, offset) = self.take_block(order, block_size)?;
         self.live.insert(base + offset, Live { size: block_size, slot, order });
+        self.count_live(slot, 1);
         self.allocated += block_size;
         Some(Block { addr: base + offset, size: block_size })
     }
@@ -288,22 +440,16 @@ impl Strategy for Buddy {
             return Some(size);
         }
         let Some(Some(seg)) = self.slots.get(slot as usize) else { return Some(size) };
-        let (base, seg_size) = (seg.base, seg.size);
-        // Merge upwards while the buddy (offset ^ block size) lies inside this segment and is
-        // free at the same order. Free bits are per segment, so a merge never reaches into a
-        // segment that happens to be adjacent in address space.
-        let mut offset = addr - base;
-        let mut order = order;
-        while order < self.max_order {
-            let block = 1u64 << order;
-            let buddy = offset ^ block;
-            if buddy + block > seg_size || !self.take_free(slot, order - self.min_order, buddy >> order) {
-                break;
+        let offset = addr - seg.base;
+        self.count_live(slot, -1);
+        if size.is_power_of_two() {
+            self.release(slot, offset, order);
+        } else {
+            // A trimmed block: each buddy of its run goes back and merges.
+            for (piece, piece_order) in pieces_of(offset, offset + size) {
+                self.release(slot, piece, piece_order);
             }
-            offset &= !block;
-            order += 1;
         }
-        self.put_free(slot, order - self.min_order, offset >> order);
         Some(size)
     }
 
@@ -385,6 +531,22 @@ impl Strategy for Buddy {
             })
             .collect()
     }
+}
+
+/// The aligned power-of-two blocks that tile `[from, to)`, in address order, each the largest
+/// that starts where the last ended (offsets from the segment's base, multiples of the smallest
+/// block): the binary spelling of a run, or a tail.
+fn pieces_of(from: u64, to: u64) -> impl Iterator<Item = (u64, u32)> {
+    let mut at = from;
+    std::iter::from_fn(move || {
+        if at >= to {
+            return None;
+        }
+        let order = at.trailing_zeros().min(63 - (to - at).leading_zeros());
+        let piece = (at, order);
+        at += 1 << order;
+        Some(piece)
+    })
 }
 
 /// A set of integers below a capacity: a bitmap with a summary bitmap per 64 words above it, so
@@ -646,6 +808,96 @@ mod tests {
         assert_eq!(b.allocate(60 * MIB).unwrap(), Block { addr: GIB, size: 64 * MIB });
     }
 
+    fn trimmed() -> Buddy {
+        Buddy::new(BuddyConfig { trim: true, ..BuddyConfig::default() })
+    }
+
+    #[test]
+    fn trimmed_blocks_and_segments_are_cut_to_the_request() {
+        let mut b = trimmed();
+        assert_eq!(b.segment_size_for(160 * MIB), 160 * MIB);
+        assert_eq!(b.segment_size_for(160 * MIB + 1), 162 * MIB);
+        assert_eq!(b.segment_size_for(4 * KIB), 2 * MIB);
+        // A fresh 160 MiB segment is the run 128 + 32 MiB: served whole.
+        b.add_segment(seg(0, 160 * MIB));
+        assert_eq!(b.allocate(160 * MIB - 100), Some(Block { addr: 0, size: 160 * MIB }));
+        assert_eq!(b.usage().allocated, 160 * MIB);
+        assert_eq!(b.free(0), Some(160 * MIB));
+        assert_eq!(b.release_free_segments(), vec![seg(0, 160 * MIB)]);
+        // Powers of two are plain buddies.
+        b.add_segment(seg(GIB, 2 * MIB));
+        assert_eq!(b.allocate(MIB).unwrap().size, MIB);
+    }
+
+    #[test]
+    fn the_tail_of_a_larger_block_goes_back_as_smaller_buddies() {
+        let mut b = trimmed();
+        b.add_segment(seg(0, 256 * MIB));
+        // 232 MiB spells no run in a 256 MiB piece: the piece is cut and its 24 MiB tail is free
+        // as 8 MiB at 232 and 16 MiB at 240.
+        assert_eq!(b.allocate(232 * MIB).unwrap(), Block { addr: 0, size: 232 * MIB });
+        assert_eq!(b.usage().largest_free, 16 * MIB);
+        assert_eq!(b.allocate(16 * MIB).unwrap().addr, 240 * MIB);
+        assert_eq!(b.allocate(8 * MIB).unwrap().addr, 232 * MIB);
+        assert!(b.allocate(512).is_none());
+        for addr in [232 * MIB, 0, 240 * MIB] {
+            b.free(addr).unwrap();
+        }
+        assert_eq!(b.release_free_segments(), vec![seg(0, 256 * MIB)], "every buddy merged back");
+    }
+
+    #[test]
+    fn a_run_takes_free_buddies_out_of_the_blocks_that_hold_them() {
+        let mut b = trimmed();
+        // Pieces 128 MiB at 0 and 64 MiB at 128: a 176 MiB run takes the first and 48 MiB of the
+        // second (32 at 128, 16 at 160), which leaves 16 MiB at 176 free.
+        b.add_segment(seg(0, 192 * MIB));
+        assert_eq!(b.allocate(176 * MIB).unwrap(), Block { addr: 0, size: 176 * MIB });
+        assert_eq!(b.usage().largest_free, 16 * MIB);
+        assert_eq!(b.allocate(16 * MIB).unwrap().addr, 176 * MIB);
+        b.free(0).unwrap();
+        b.free(176 * MIB).unwrap();
+        assert_eq!(b.release_free_segments(), vec![seg(0, 192 * MIB)]);
+    }
+
+    #[test]
+    fn a_new_segment_serves_its_request_behind_many_heads_that_cannot() {
+        // Seventy segments whose free 128 MiB head is followed by a live 8 MiB block: no 144 MiB
+        // run anywhere but in the segment added for it.
+        let mut b = trimmed();
+        for i in 0..70 {
+            b.add_segment(seg(i * GIB, 136 * MIB));
+        }
+        let heads: Vec<u64> = (0..70).map(|_| b.allocate(128 * MIB).unwrap().addr).collect();
+        for i in 0..70 {
+            assert_eq!(b.allocate(8 * MIB).unwrap().addr, i * GIB + 128 * MIB);
+        }
+        for addr in heads {
+            b.free(addr).unwrap();
+        }
+        b.add_segment(seg(100 * GIB, b.segment_size_for(144 * MIB)));
+        assert_eq!(b.allocate(144 * MIB).unwrap().addr, 100 * GIB);
+    }
+
+    #[test]
+    fn a_wholly_free_segment_takes_only_a_block_that_nearly_fills_it() {
+        let mut b = trimmed();
+        b.add_segment(seg(0, GIB));
+        assert!(b.allocate(100 * MIB).is_none(), "a 1 GiB segment kept whole for a 100 MiB block");
+        b.add_segment(seg(2 * GIB, 100 * MIB));
+        assert_eq!(b.allocate(100 * MIB).unwrap().addr, 2 * GIB);
+        // The idle segment can go back whole.
+        assert_eq!(b.release_free_segments(), vec![seg(0, GIB)]);
+        // A segment in use takes any block that fits in it.
+        b.add_segment(seg(4 * GIB, GIB));
+        assert_eq!(b.allocate(920 * MIB).unwrap().addr, 4 * GIB);
+        assert_eq!(b.allocate(64 * MIB).unwrap().addr, 4 * GIB + 960 * MIB);
+        // Without `trim` the buddy cuts any free segment.
+        let mut plain = Buddy::default();
+        plain.add_segment(seg(0, GIB));
+        assert_eq!(plain.allocate(100 * MIB).unwrap().size, 128 * MIB);
+    }
+
     #[test]
     fn invalid_frees_change_nothing() {
         let mut b = with_segment(0, 2 * MIB);
@@ -674,14 +926,14 @@ mod tests {
         b.add_segment(seg(MIB, 2 * MIB)); // overlaps: ignored
         b.add_segment(seg(8 * MIB, 0)); // empty: ignored
         assert_eq!(b.usage().segments, 1);
-        let mut big = Buddy::new(BuddyConfig { min_order: 0, max_order: 99, min_segment_order: 99 });
-        assert_eq!(big.config(), BuddyConfig { min_order: 9, max_order: 35, min_segment_order: 35 });
+        let mut big = Buddy::new(BuddyConfig { min_order: 0, max_order: 99, min_segment_order: 99, trim: false });
+        assert_eq!(big.config(), BuddyConfig { min_order: 9, max_order: 35, min_segment_order: 35, trim: false });
         big.add_segment(seg(0, 1 << 35));
         assert_eq!(big.allocate(u64::MAX), None);
         assert_eq!(big.allocate(512).unwrap().size, 512);
         assert_eq!(big.free(0), Some(512));
-        let mut huge = Buddy::new(BuddyConfig { min_order: 40, max_order: 99, min_segment_order: 99 });
-        assert_eq!(huge.config(), BuddyConfig { min_order: 40, max_order: 62, min_segment_order: 62 });
+        let mut huge = Buddy::new(BuddyConfig { min_order: 40, max_order: 99, min_segment_order: 99, trim: false });
+        assert_eq!(huge.config(), BuddyConfig { min_order: 40, max_order: 62, min_segment_order: 62, trim: false });
         huge.add_segment(seg(0, 1 << 62));
         assert_eq!(huge.segment_size_for(u64::MAX), !(2 * MIB - 1));
         assert_eq!(huge.allocate(u64::MAX), None);

@@ -208,7 +208,18 @@ proptest! {
     #[test]
     fn buddy_with_dedicated_segments_conforms(ops in ops()) {
         // Blocks above 8 MiB get dedicated segments.
-        run(Buddy::new(BuddyConfig { min_order: 9, max_order: 23, min_segment_order: 21 }), &ops);
+        run(Buddy::new(BuddyConfig { min_order: 9, max_order: 23, min_segment_order: 21, trim: false }), &ops);
+    }
+
+    #[test]
+    fn trimmed_buddy_conforms(ops in ops()) {
+        run(Buddy::new(BuddyConfig { trim: true, ..BuddyConfig::default() }), &ops);
+    }
+
+    #[test]
+    fn trimmed_buddy_with_coarse_blocks_and_dedicated_segments_conforms(ops in ops()) {
+        // 64 KiB smallest blocks (tails go back in 64 KiB multiples), dedicated above 16 MiB.
+        run(Buddy::new(BuddyConfig { min_order: 16, max_order: 24, min_segment_order: 21, trim: true }), &ops);
     }
 
     #[test]

@@ -97,6 +97,7 @@ impl Slab {
             min_order: MIN_SLAB.trailing_zeros(),
             max_order: largest_slab.trailing_zeros(),
             min_segment_order: segment_size.trailing_zeros(),
+            trim: false,
         });
         let mut classes = Vec::new();
         let mut size = MIN_BLOCK;

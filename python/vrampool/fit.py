@@ -1,0 +1,158 @@
+"""The largest batch size (or sequence length) whose training steps fit in a device's memory,
+under each allocator: captures of the steps at each size probed (under fake tensors), replayed
+on a simulated device of that memory, running out of memory (after the allocator's own release
+and retry) being the verdict. All figures are simulated.
+
+>>> import torch
+>>> from vrampool.fit import fit_model
+>>> def mlp(batch):
+...     return torch.nn.Linear(1024, 1024), torch.randn(batch, 1024)
+>>> result = fit_model(mlp, memory=64 << 20, allocators=["default", "torch"])
+>>> result.largest["default"] >= result.largest["torch"] > 0
+True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+
+from vrampool.capture import Trace
+
+#: The rows of ``vrampool fit``, in order.
+ALLOCATORS = ("default", "torch", "torch+expandable", "rmm", "cupy", "plan")
+#: The largest size probed unless told otherwise.
+MAX_SIZE = 1 << 16
+
+
+@dataclasses.dataclass
+class Probe:
+    """One size tried: the live bytes of its capture, and for each allocator whether the steps fit
+    and what it reserved (up to where it ran out, if it did)."""
+
+    size: int
+    lower_bound_bytes: int
+    fits: Dict[str, bool] = dataclasses.field(default_factory=dict)
+    peak_reserved_bytes: Dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class FitResult:
+    """``largest[allocator]``: the largest size that fits (0 if none does); ``probes`` in the
+    order they were tried."""
+
+    memory: int
+    allocators: List[str]
+    largest: Dict[str, int]
+    probes: List[Probe]
+
+    def probe(self, size: int) -> Optional[Probe]:
+        return next((p for p in self.probes if p.size == size), None)
+
+    def to_json(self) -> Dict[str, Any]:
+        rows = []
+        for name in self.allocators:
+            at = self.probe(self.largest[name])
+            rows.append(
+                {
+                    "allocator": name,
+                    "largest": self.largest[name],
+                    "peak_reserved_bytes": at.peak_reserved_bytes[name] if at else None,
+                    "lower_bound_bytes": at.lower_bound_bytes if at else None,
+                }
+            )
+        probes = [dataclasses.asdict(p) for p in sorted(self.probes, key=lambda p: p.size)]
+        return {"memory_bytes": self.memory, "rows": rows, "probes": probes}
+
+
+class DoesNotFit(ValueError):
+    """The model cannot fit at all: its parameters alone exceed the memory."""
+
+
+def parameter_bytes(fn: Callable[[int], Any]) -> int:
+    """The bytes of the parameters and buffers of ``fn(1)``'s model, built on the meta device."""
+    import torch
+
+    from vrampool.training import _call, _is_step, _unpack
+
+    with torch.device("meta"):
+        built = _call(lambda: fn(1), "the model function", True)
+    if _is_step(built):
+        return 0
+    model = _unpack(built, "the model function")[0]
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+
+
+def fit_model(
+    fn: Callable[[int], Any],
+    memory: int,
+    allocators: Sequence[str] = ALLOCATORS,
+    *,
+    steps: int = 2,
+    max_size: int = MAX_SIZE,
+    progress: Callable[[Iterable[int]], Iterable[int]] = lambda probes: probes,
+) -> FitResult:
+    """:func:`fit` over ``steps`` fake-tensor training steps of ``fn(size)`` (a model function of
+    :mod:`vrampool.training` that takes the size). Raises ``DoesNotFit`` when the parameters
+    alone exceed the memory, before any search."""
+    from vrampool.training import capture_model
+
+    params = parameter_bytes(fn)
+    if params > memory:
+        raise DoesNotFit(f"the model's parameters and buffers alone take {params / 2**30:,.2f} GiB, more than the {memory / 2**30:,.2f} GiB of memory")
+
+    def capture(size: int) -> Trace:
+        return capture_model(lambda: fn(size), steps, name=f"the model function at size {size}")
+
+    return fit(capture, memory, allocators, max_size=max_size, progress=progress)
+
+
+def fit(
+    capture: Callable[[int], Trace],
+    memory: int,
+    allocators: Sequence[str] = ALLOCATORS,
+    *,
+    max_size: int = MAX_SIZE,
+    progress: Callable[[Iterable[int]], Iterable[int]] = lambda probes: probes,
+) -> FitResult:
+    """For each allocator, the largest size ``s`` (up to ``max_size``) whose trace
+    ``capture(s)`` fits in ``memory`` bytes of the simulated device. Sizes are tried by doubling
+    and then bisection, each capture shared by every allocator still searching; a size that fits
+    is taken to mean every smaller one does. ``progress`` wraps the stream of sizes tried."""
+    from vrampool.trace import replay_each, strategy_names
+
+    allocators = strategy_names(list(allocators))
+    if memory < 1 or max_size < 1:
+        raise ValueError(f"memory and max_size must be at least 1, got {memory} and {max_size}")
+    probes: Dict[int, Probe] = {}
+    fits_at = {name: 0 for name in allocators}  # the largest size known to fit
+    fails_at = {name: max_size + 1 for name in allocators}  # the smallest known not to
+
+    def open_() -> List[str]:
+        return [n for n in allocators if fails_at[n] - fits_at[n] > 1]
+
+    def sizes() -> Iterable[int]:
+        # Doubling while some allocator has not failed yet, then halving the widest interval.
+        size = 1
+        while size <= max_size and any(fails_at[n] > max_size for n in open_()):
+            yield size
+            size *= 2
+        while open_():
+            widest = max(open_(), key=lambda n: fails_at[n] - fits_at[n])
+            yield (fits_at[widest] + fails_at[widest]) // 2
+
+    for size in progress(sizes()):
+        trace = capture(size)
+        probe = probes.setdefault(size, Probe(size, trace.peak_allocated_bytes()))
+        searching = [n for n in open_() if fits_at[n] < size < fails_at[n]]
+        for report in replay_each(trace, searching, samples=0, capacity=memory):
+            name = report["strategy"]
+            fits = report["out_of_memory"] is None
+            probe.fits[name] = fits
+            probe.peak_reserved_bytes[name] = report["peak_reserved_bytes"]
+            if fits:
+                fits_at[name] = size
+            else:
+                fails_at[name] = size
+    largest = {n: fits_at[n] for n in allocators}
+    return FitResult(memory, allocators, largest, list(probes.values()))

@@ -1,0 +1,96 @@
+"""`vrampool fit`: the largest size whose training steps fit in a device's memory, per allocator."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any, List
+
+import pytest
+
+from vrampool.capture import Trace
+from vrampool.cli import main
+from vrampool.fit import DoesNotFit, fit, fit_model
+
+MIB = 1 << 20
+
+
+def three_mib_buffers(size: int) -> Trace:
+    """`size` buffers of 3 MiB, all live at once."""
+    return Trace.from_rows([(i, 0, 1, 3 * MIB) for i in range(size)])
+
+
+def test_the_answer_follows_from_each_allocators_rules() -> None:
+    pytest.importorskip("torch")
+    tried: List[int] = []
+
+    def capture(size: int) -> Trace:
+        tried.append(size)
+        return three_mib_buffers(size)
+
+    # 64 MiB of memory. PyTorch packs requests of 1-10 MiB into 20 MiB segments, six 3 MiB blocks
+    # each: three segments hold 18. The pool maps 2 MiB chunks of one range as it grows: 21 blocks
+    # take 63 MiB. The plan needs the live bytes, 63 MiB for 21.
+    result = fit(capture, 64 * MIB, ["default", "torch", "plan"])
+    assert result.largest == {"default": 21, "torch": 18, "plan": 21}
+    assert len(tried) == len(set(tried)), "each size is captured once, for every allocator"
+    at = result.probe(18)
+    assert at is not None and at.fits["torch"] is True
+    assert at.peak_reserved_bytes["torch"] == 60 * MIB and at.lower_bound_bytes == 54 * MIB
+    assert result.probe(19).fits["torch"] is False
+    assert result.probe(21).fits["default"] and not result.probe(22).fits["default"]
+    # Nothing fits: 0.
+    assert fit(capture, 2 * MIB, ["torch"]).largest == {"torch": 0}
+
+
+def tiny_mlp(batch: int) -> Any:
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)), (torch.randn(batch, 256), torch.randint(10, (batch,)))
+
+
+def test_parameters_larger_than_the_memory_is_said_before_any_search() -> None:
+    pytest.importorskip("torch")
+    with pytest.raises(DoesNotFit, match="parameters and buffers alone take"):
+        fit_model(tiny_mlp, 64 * 1024)
+
+
+def test_fit_command_table_json_plot_and_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    script = tmp_path / "models.py"
+    script.write_text(
+        "import torch\n"
+        "def tiny_mlp(batch):\n"
+        "    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))\n"
+        "    return model, (torch.randn(batch, 256), torch.randint(10, (batch,)))\n"
+    )
+    spec = f"{script}:tiny_mlp"
+    plot = tmp_path / "fit.svg"
+    args = ["fit", "--model", spec, "--memory", "4MB", "--strategy", "default,torch,plan", "--max", "512"]
+    assert main([*args, "--plot", str(plot)]) == 0
+    out = capsys.readouterr().out
+    assert "simulated device of 4.0 MiB" in out
+    assert "largest batch size" in out and "vs torch" in out
+    for name in ("default", "torch", "plan"):
+        assert any(line.startswith(name) for line in out.splitlines()), name
+    drawn = {e.get("data-strategy") for e in ET.parse(plot).getroot().iter() if e.get("class") == "series"}
+    assert drawn == {"default", "torch", "plan", "memory", "lower bound"}
+    assert main([*args, "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["memory_bytes"] == 4 * MIB and [r["allocator"] for r in figures["rows"]] == ["default", "torch", "plan"]
+    largest = {r["allocator"]: r["largest"] for r in figures["rows"]}
+    assert largest["plan"] >= largest["default"] >= largest["torch"] > 0
+    for r in figures["rows"]:
+        assert r["peak_reserved_bytes"] <= 4 * MIB
+    for bad, message in [
+        (["--memory", "64KB"], "does not fit: the model's parameters and buffers alone take"),
+        (["--memory", "lots"], "--memory"),
+        (["--memory", "8MB", "--strategy", "default,jemalloc"], "unknown strategy 'jemalloc'"),
+        (["--memory", "8MB", "--seq", "64"], "--batch and --seq are for the built-in models"),
+    ]:
+        assert main(["fit", "--model", spec, *bad]) == 1
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert main(["fit", "--model", "cnn", "--memory", "8GB"]) == 1
+    assert "fit takes a GPU-scale built-in" in capsys.readouterr().err
