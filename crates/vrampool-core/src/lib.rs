@@ -15,6 +15,7 @@
 //! ```
 
 mod arena;
+mod barrier;
 mod cache_class;
 pub mod config;
 pub mod device;
@@ -28,6 +29,7 @@ mod pool;
 pub mod replay;
 pub mod sizes;
 pub mod stats;
+mod steal_cell;
 pub mod strategy;
 mod sync;
 mod thread_cache;

@@ -32,8 +32,8 @@ use crate::expandable::{Expandable, Reservation};
 use crate::fast_gate::FastGate;
 use crate::event_log::{EventKind, EventLog, LogEvent};
 use crate::sizes::{class_size, classes_up_to, round_up, MIN_BLOCK};
-use crate::stats::{Counters, Fast, LocalCounters, Stats};
-use crate::thread_cache::{self, CacheOwner, PoolCache, PoolHandle, HOME_STREAM};
+use crate::stats::{Counters, Fast, Stats};
+use crate::thread_cache::{self, CacheOfThread, CacheOwner, PoolCache, PoolHandle, HOME_STREAM};
 use crate::strategy::{BestFit, BestFitConfig, Block, BlockInfo, Buddy, BuddyConfig, Segment, Slab, SlabConfig, Strategy, StrategyKind};
 
 type FastMap<K, V> = papaya::HashMap<K, V, FixedState>;
@@ -93,9 +93,12 @@ pub struct Pool(Arc<PoolCore>);
 pub struct PoolCore {
     /// Unique for the process's life: thread caches find their pool by it.
     id: u64,
-    /// Raised by trims: thread caches give their blocks back when they see it move.
-    flush_epoch: AtomicU64,
     this: Weak<dyn CacheOwner>,
+    /// Every thread's cache for this pool, so that a trim takes their blocks back at once.
+    thread_caches: Mutex<Vec<CacheOfThread>>,
+    /// Held while the caches are emptied, so that a second flush waits for the first's blocks to
+    /// be back rather than skip the caches the first has claimed.
+    flushing: Mutex<()>,
     device: Arc<dyn Device>,
     config: PoolConfig,
     device_total: u64,
@@ -111,8 +114,8 @@ pub struct PoolCore {
     /// The default stream's arena, reached without a map lookup.
     default_arena: Arena,
     /// Thread caches hold the classes below this index: the first tier's blocks of at most
-    /// `small_max` bytes. Larger cached blocks go to the magazines only, which a trim or a growth
-    /// empties at once (a thread's cache only at that thread's next call).
+    /// `small_max` bytes. Larger cached blocks go to the magazines only (a trim or a growth
+    /// empties both at once).
     thread_classes: usize,
     /// For the fastest path, per 512-byte granule of request size: the thread-cache class of the
     /// requests in it, if any (see `thread_class_table`).
@@ -154,8 +157,9 @@ impl Pool {
         gate.set(FastGate::WATCHED, thread_class_of.is_empty());
         let core = Arc::new_cyclic(|this: &Weak<PoolCore>| PoolCore {
             id: NEXT_ID.fetch_add(1, Relaxed),
-            flush_epoch: AtomicU64::new(thread_cache::new_epoch()),
             this: this.clone() as Weak<dyn CacheOwner>,
+            thread_caches: Mutex::default(),
+            flushing: Mutex::default(),
             device,
             config,
             device_total,
@@ -223,8 +227,9 @@ impl CacheOwner for PoolCore {
         }
     }
 
-    fn retire_counters(&self, counters: &Arc<LocalCounters>) {
-        self.counters.fast.retire(counters);
+    fn retire(&self, cache: &Arc<PoolCache>) {
+        self.counters.fast.retire(cache.counters_arc());
+        self.thread_caches.lock().retain(|c| !c.is(cache));
     }
 }
 
@@ -294,17 +299,19 @@ impl PoolCore {
         }
         // SAFETY: nothing below calls anything that uses a thread cache: it reads and writes the
         // cache, the live table and this thread's counters only.
-        let cache = unsafe { thread_cache::current_unmarked(self.flush_epoch.load(Relaxed)) }?;
+        let cache = unsafe { thread_cache::current_unmarked(self.id) }?;
         // A zero size wraps to a granule past the table's end.
         let class = *self.thread_class_of.get((size.wrapping_sub(1) / MIN_BLOCK) as usize)?;
         let index = class.index()?;
         let block = LiveBlock { size: class.size(), requested: size, stream: HOME_STREAM, tier: 0, class: class.tag() };
-        let list = cache.home_list(index)?;
+        let mut lists = cache.lists()?;
+        let list = lists.home(index)?;
         let &addr = list.last()?;
         if !self.live.revive(addr, block) {
             return None;
         }
         list.pop();
+        drop(lists);
         Self::count_alloc(cache, &block);
         Some(match cache.note_allocated(block.size) {
             true => FastAlloc::PeaksDue(addr),
@@ -386,7 +393,7 @@ impl PoolCore {
             return FastFree::Removed;
         };
         // SAFETY: as in `allocate_from_thread_cache`.
-        let Some(cache) = (unsafe { thread_cache::current_unmarked(self.flush_epoch.load(Relaxed)) }) else {
+        let Some(cache) = (unsafe { thread_cache::current_unmarked(self.id) }) else {
             return FastFree::Removed;
         };
         if !cache.push_home(index, addr) {
@@ -1060,11 +1067,12 @@ impl PoolCore {
         }
     }
 
-    /// Runs `f` on this thread's cache for this pool (giving back first what a trim asked for);
-    /// None when the thread's storage is gone (it is exiting).
-    fn with_thread_cache<R>(&self, f: impl FnOnce(&mut PoolCache) -> R) -> Option<R> {
+    /// Runs `f` on this thread's cache for this pool; None when the thread has none (it is
+    /// exiting, or thread caches are off: see `thread_cache::with_pool_cache`).
+    fn with_thread_cache<R>(&self, f: impl FnOnce(&PoolCache) -> R) -> Option<R> {
         let register = || self.counters.fast.register();
-        let handle = PoolHandle { id: self.id, epoch: self.flush_epoch.load(Relaxed), owner: &self.this, register: &register };
+        let enlist = |cache| self.thread_caches.lock().push(cache);
+        let handle = PoolHandle { id: self.id, owner: &self.this, register: &register, enlist: &enlist };
         thread_cache::with_pool_cache(&handle, f)
     }
 
@@ -1107,9 +1115,8 @@ impl PoolCore {
         users
     }
 
-    /// Empties the thread caches and magazines into their strategies (other threads' at their
-    /// next call), then gives every wholly free segment back and unmaps every wholly free
-    /// expandable chunk.
+    /// Empties every thread's cache and the magazines into their strategies, then gives every
+    /// wholly free segment back and unmaps every wholly free expandable chunk.
     fn release_free(&self) -> Result<u64> {
         self.flush_caches();
         self.give_back_free(None)
@@ -1156,14 +1163,15 @@ impl PoolCore {
         }
     }
 
-    /// Gives the completed deferred frees, this thread's cache and the magazines back to their
-    /// strategies (other threads' caches at their next call).
+    /// Gives the completed deferred frees, every thread's cache (busy, idle or exiting) and the
+    /// magazines back to their strategies.
     fn flush_caches(&self) {
         self.complete_deferred_frees();
         // Cached blocks keep their slabs from being wholly free: on the demo's traces, slab
         // segments holding only cached blocks were most of what hybrid reserved above the bound.
-        self.flush_epoch.store(thread_cache::new_epoch(), Relaxed);
-        self.with_thread_cache(|_| ());
+        let _one_flush = self.flushing.lock();
+        let blocks = thread_cache::take_all(&self.thread_caches.lock());
+        self.adopt(blocks);
         self.for_each_arena(|arena| {
             arena.magazines.drain(
                 |_| true,
