@@ -13,6 +13,7 @@ import pytest
 import vrampool
 from vrampool import DevicePool, InvalidFreeError, PlannedPool
 from vrampool.planned import signature_key
+from vrampool.testing import native
 
 torch = pytest.importorskip("torch")
 capture = pytest.importorskip("vrampool.capture")
@@ -40,14 +41,14 @@ class PlannedDriver:
 
     def on_alloc(self, ident: int, size: int) -> None:
         ptr = self.planned.allocate(size)
-        self.pool.native.sim_write(ptr, pattern(ident, size))
+        native(self.pool).sim_write(ptr, pattern(ident, size))
         self.live[ident] = (ptr, size)
         self.trace.append(("alloc", ident, size))
 
     def on_free(self, ident: int, size: int) -> None:
         try:
             ptr, size = self.live.pop(ident)
-            if self.pool.native.sim_read(ptr, size) != pattern(ident, size):
+            if native(self.pool).sim_read(ptr, size) != pattern(ident, size):
                 self.errors.append(f"storage {ident} ({size} B at {ptr:#x}) was overwritten while live")
             self.planned.deallocate(ptr)
             self.trace.append(("free", ident, 0))
@@ -236,8 +237,8 @@ def test_threads_share_a_planned_pool_without_deadlock() -> None:
             for i in range(150):
                 size = 512 * (1 + (i + t) % 7)
                 ptr = planned.allocate(size)
-                pool.native.sim_write(ptr, pattern(t, size))
-                if pool.native.sim_read(ptr, size) != pattern(t, size):
+                native(pool).sim_write(ptr, pattern(t, size))
+                if native(pool).sim_read(ptr, size) != pattern(t, size):
                     errors.append(f"thread {t}: overwritten")
                 planned.deallocate(ptr)
                 if t == 0 and i % 10 == 0:

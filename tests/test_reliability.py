@@ -1,11 +1,16 @@
-"""Reliability (issue 8) from Python: scrubbing and leak reports."""
+"""Reliability from Python: scrubbing and leak reports (issue 8); other threads' caches and
+test-only controls (issue 16)."""
 
 import inspect
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Sequence, Tuple
 
 import pytest
 
 from vrampool import DevicePool
+from vrampool.testing import native
 
 STRATEGIES = ("hybrid", "slab", "best_fit", "buddy")
 # Through the fast path, and each tier of the hybrid.
@@ -16,12 +21,12 @@ def _reuse_after_pattern(pool: DevicePool, size: int) -> bytes:
     buf = pool.allocate(size)
     ptr = buf.ptr
     pattern = bytes((i % 251) | 1 for i in range(min(size, 4096)))
-    pool.native.sim_write(ptr, pattern)
-    pool.native.sim_write(ptr + size - len(pattern), pattern)
+    native(pool).sim_write(ptr, pattern)
+    native(pool).sim_write(ptr + size - len(pattern), pattern)
     pool.deallocate(buf)
     again = pool.allocate(size)
     assert again.ptr == ptr, "the freed block is reused"
-    data = pool.native.sim_read(ptr, len(pattern)) + pool.native.sim_read(ptr + size - len(pattern), len(pattern))
+    data = native(pool).sim_read(ptr, len(pattern)) + native(pool).sim_read(ptr + size - len(pattern), len(pattern))
     pool.deallocate(again)
     return data
 
@@ -102,3 +107,118 @@ def test_stacks_of_blocks_freed_behind_the_pools_back_are_pruned() -> None:
     assert [b["ptr"] for b in report] == sorted(b.ptr for b in kept)
     assert all(b["stack"] is not None for b in report)
     pool.close()
+
+
+# ---- other threads' caches (issue 16) ----
+
+MIB = 1 << 20
+#: Sizes the thread caches keep (size classes up to small_max), several of each.
+THREAD_CACHED = (512, 2048, 8192, 64 << 10, 512 << 10, 1 << 20)
+
+
+def _idle_worker(pool: DevicePool, sizes: Sequence[int]) -> Tuple[threading.Thread, threading.Event]:
+    """A thread that allocates and frees `sizes`, then stays alive and idle until released."""
+    ready, release = threading.Event(), threading.Event()
+
+    def work() -> None:
+        bufs = [pool.allocate(n) for n in sizes]
+        for buf in bufs:
+            buf.free()
+        ready.set()
+        release.wait()
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    assert ready.wait(30)
+    return worker, release
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_trim_reaches_the_cache_of_a_thread_that_stays_idle(strategy: str) -> None:
+    pool = DevicePool("sim", capacity=1 << 30, strategy=strategy)
+    worker, release = _idle_worker(pool, THREAD_CACHED * 3)
+    assert pool.stats()["allocated_bytes.all.current"] == 0
+    pool.trim()
+    assert pool.stats()["reserved_bytes.all.current"] == 0, "the idle worker's cached blocks stayed reserved"
+    release.set()
+    worker.join()
+
+
+@pytest.mark.parametrize("reclaim", [True, False])
+def test_an_allocation_gets_the_memory_an_idle_thread_cached(reclaim: bool) -> None:
+    # The issue's case: best_fit on a 48 MiB device, a worker's cache pinning segments.
+    pool = DevicePool("sim", capacity=48 * MIB, strategy="best_fit", host_backed=False, reclaim=reclaim)
+    worker, release = _idle_worker(pool, [THREAD_CACHED[i % len(THREAD_CACHED)] for i in range(40)])
+    assert pool.stats()["reserved_bytes.all.current"] + 44 * MIB > 48 * MIB
+    pool.allocate(44 * MIB).free()
+    release.set()
+    worker.join()
+
+
+def test_a_reset_right_after_join_leaves_nothing_reserved() -> None:
+    # Thread.join() returns before the thread's thread-local destructors run.
+    pool = DevicePool("sim", capacity=1 << 30, host_backed=False)
+    for _ in range(12):
+        worker = threading.Thread(target=lambda: [pool.allocate(n).free() for n in THREAD_CACHED * 4])
+        worker.start()
+        worker.join()
+        pool.trim()
+        assert pool.stats()["reserved_bytes.all.current"] == 0
+
+
+def test_blocks_freed_in_backward_on_the_autograd_thread_come_back() -> None:
+    """A training loop whose backward allocates and frees pool memory on a thread of its own
+    that then stays idle, as PyTorch's autograd engine runs a CUDA device's backward on a
+    long-lived thread (on the CPU it runs backward on the caller's thread, so the test gives
+    backward such a thread)."""
+    torch = pytest.importorskip("torch")
+    pool = DevicePool("sim", capacity=64 * MIB, strategy="best_fit")
+
+    def pool_tensor(like: Any) -> Tuple[Any, Any]:
+        buf = pool.allocate(like.numel() * like.element_size())
+        return buf, torch.from_dlpack(buf).view(like.dtype).view(like.shape)
+
+    class Scale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any) -> Any:
+            return x * 2
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            scratch = [pool_tensor(grad) for _ in range(4)]  # the backward's temporaries
+            out = grad * 2
+            for buf, view in scratch:
+                view.copy_(grad)
+                del view
+                buf.free()
+            return out
+
+    weights = torch.randn(64, 1024, requires_grad=True)
+    with ThreadPoolExecutor(max_workers=1) as autograd_thread:
+        for _ in range(5):
+            loss = Scale.apply(weights).sum()
+            autograd_thread.submit(loss.backward).result()
+        assert weights.grad is not None and float(weights.grad[0, 0]) == 2 * 5
+        # The autograd thread is idle now, its cache full of the backward's blocks.
+        assert pool.stats()["allocated_bytes.all.current"] == 0
+        pool.trim()
+        assert pool.stats()["reserved_bytes.all.current"] == 0, "blocks freed in backward stayed cached"
+        pool.allocate(60 * MIB).free()
+
+
+# ---- test-only controls (issue 16) ----
+
+
+def test_no_public_attribute_frees_a_live_buffer_behind_its_owner() -> None:
+    pool = DevicePool("sim", capacity=1 << 30)
+    buf = pool.allocate(4096)
+    planned = pool.planned()
+    for obj in (pool, buf, planned):
+        for name in (n for n in dir(obj) if not n.startswith("_")):
+            value = getattr(obj, name, None)
+            assert not hasattr(value, "free_ptr"), f"{type(obj).__name__}.{name} reaches a raw free"
+            assert not hasattr(value, "sim_write"), f"{type(obj).__name__}.{name} reaches the test controls"
+    assert not hasattr(pool, "native")
+    assert not hasattr(pool._native, "free_ptr"), "a raw free would free the buffer behind its DeviceBuffer"
+    c, d = pool.allocate(4096), pool.allocate(4096)
+    assert len({buf.ptr, c.ptr, d.ptr}) == 3

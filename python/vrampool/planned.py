@@ -69,7 +69,7 @@ class PlannedPool:
 
     def __init__(self, pool: "DevicePool", *, budget_ms: int = 10) -> None:
         self._pool = pool
-        self._native = NativePlannedPool(pool.native, budget_ms=budget_ms)
+        self._native = NativePlannedPool(pool._native, budget_ms=budget_ms)
 
     def allocate(self, nbytes: int, stream: Any = None) -> int:
         """The address of ``nbytes`` bytes for use on ``stream`` (None: the default stream)."""

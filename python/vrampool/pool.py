@@ -359,10 +359,9 @@ class DevicePool:
 
         return PlannedPool(self, budget_ms=budget_ms)
 
-    @property
-    def native(self) -> NativePool:
-        """The extension object (simulated-device controls for tests: ``sim_write``, ...)."""
-        return self._native
+    def mem_info(self) -> Tuple[int, int]:
+        """What the device reports: (free bytes, total bytes)."""
+        return self._native.mem_info()
 
     def _device_name(self) -> str:
         return f"cuda:{self.device}" if self.memory_kind == "device" else f"sim:{self.device}"

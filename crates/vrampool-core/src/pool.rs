@@ -31,7 +31,7 @@ use crate::error::{DeviceError, InvalidFreeReason, OomReport, PoolError, Result}
 use crate::expandable::{Expandable, Reservation};
 use crate::fast_gate::FastGate;
 use crate::event_log::{EventKind, EventLog, LogEvent};
-use crate::sizes::{class_size, classes_up_to, round_up, MIN_BLOCK};
+use crate::sizes::{class_size, classes_up_to, round_up, MAX_REQUEST, MIN_BLOCK};
 use crate::stats::{Counters, Fast, Stats};
 use crate::thread_cache::{self, CacheOfThread, CacheOwner, PoolCache, PoolHandle, HOME_STREAM};
 use crate::strategy::{BestFit, BestFitConfig, Block, BlockInfo, Buddy, BuddyConfig, Segment, Slab, SlabConfig, Strategy, StrategyKind};
@@ -1238,8 +1238,10 @@ impl PoolCore {
         }
         let cap = self.capacity();
         match self.config.padded(size) {
-            Some(rounded) if rounded <= cap => Ok(rounded),
-            _ => Err(PoolError::InvalidSize { size, reason: "larger than the pool may ever reserve" }),
+            Some(rounded) if rounded > cap => Err(PoolError::InvalidSize { size, reason: "larger than the pool may ever reserve" }),
+            Some(rounded) if rounded > MAX_REQUEST => Err(PoolError::InvalidSize { size, reason: "larger than one block can be (128 TiB)" }),
+            Some(rounded) => Ok(rounded),
+            None => Err(PoolError::InvalidSize { size, reason: "larger than the pool may ever reserve" }),
         }
     }
 

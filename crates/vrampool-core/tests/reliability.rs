@@ -482,3 +482,32 @@ fn trims_racing_eight_busy_threads_lose_and_duplicate_no_block() {
     assert_eq!(pool.stats().reserved_bytes.current, 0);
     assert_eq!(dev.counters().used, 0);
 }
+
+// ---- sizes past what a block can record (issue 16) ----
+
+/// The live-block table keeps sizes in 48 bits: requests past `MAX_REQUEST` are refused (in
+/// release builds too), and the largest one taken is recorded whole, in every strategy.
+#[test]
+fn sizes_the_live_table_cannot_hold_are_refused_and_the_largest_taken_is_recorded_whole() {
+    use vrampool_core::sizes::MAX_REQUEST;
+    // Plain segments: an expandable growth maps one chunk at a time, too slow at this size.
+    for strategy in ALL {
+        {
+            let dev = Arc::new(SimDevice::new(1 << 50, SimMode::AddressOnly));
+            let config = PoolConfig { strategy, expandable: false, ..PoolConfig::default() };
+            let pool = Pool::new(dev as Arc<dyn Device>, config).unwrap();
+            for size in [MAX_REQUEST + 1, (1 << 48) - 512, 1 << 48, (1 << 48) + 2 * MIB, 1 << 49] {
+                match pool.allocate(size, S0) {
+                    Err(PoolError::InvalidSize { .. }) => {}
+                    other => panic!("{strategy:?}: {size} B gave {other:?}"),
+                }
+            }
+            let big = pool.allocate(MAX_REQUEST, S0).unwrap();
+            let stats = pool.stats();
+            assert!(stats.allocated_bytes.current >= MAX_REQUEST, "{strategy:?}: recorded as {} B", stats.allocated_bytes.current);
+            assert!(stats.allocated_bytes.current <= stats.reserved_bytes.current);
+            pool.free(big, Some(MAX_REQUEST), None).unwrap();
+            assert_eq!(pool.stats().allocated_bytes.current, 0, "{strategy:?}");
+        }
+    }
+}

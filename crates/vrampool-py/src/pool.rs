@@ -70,13 +70,6 @@ impl NativePool {
         Ok(NativeBuffer { shared: Arc::clone(shared), ptr, size: nbytes, stream, life: Mutex::default() })
     }
 
-    /// Frees a block by address (the buffer form is `NativeBuffer.free`).
-    #[pyo3(signature = (ptr, size = None, stream = None))]
-    fn free_ptr(&self, py: Python<'_>, ptr: u64, size: Option<u64>, stream: Option<u64>) -> PyResult<()> {
-        let pool = &self.shared.pool;
-        py.detach(|| pool.free(ptr, size, stream.map(StreamId))).map_err(to_py)
-    }
-
     fn record_stream(&self, ptr: u64, stream: u64) -> PyResult<()> {
         self.shared.pool.record_stream(ptr, StreamId(stream)).map_err(to_py)
     }
