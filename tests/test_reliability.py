@@ -2,6 +2,9 @@
 test-only controls (issue 16)."""
 
 import inspect
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -222,3 +225,164 @@ def test_no_public_attribute_frees_a_live_buffer_behind_its_owner() -> None:
     assert not hasattr(pool._native, "free_ptr"), "a raw free would free the buffer behind its DeviceBuffer"
     c, d = pool.allocate(4096), pool.allocate(4096)
     assert len({buf.ptr, c.ptr, d.ptr}) == 3
+
+
+# ---- Python numbers and streams (issue 16) ----
+
+
+def test_numpy_integers_serve_as_sizes_and_stream_handles() -> None:
+    np = pytest.importorskip("numpy")
+    pool = DevicePool("sim", capacity=1 << 30)
+    buf = pool.allocate(np.int64(4096), stream=np.uint64(7))
+    assert (buf.size, buf.stream) == (4096, 7)
+    buf.free(np.int32(7))
+    planned = pool.planned()
+    planned.deallocate(planned.allocate(np.int64(512)))
+    for bad in (True, np.bool_(True), 4096.0, np.float64(4096), "4096"):
+        with pytest.raises(TypeError):
+            pool.allocate(bad)
+    for bad in (True, np.bool_(False), 7.0):
+        with pytest.raises(TypeError):
+            pool.allocate(64, stream=bad)
+
+
+@pytest.mark.parametrize("value", [(0, 7.9), (0, "7"), (0, True), (0, None), (True, 7), (0.0, 7), (0, 7, 0), [0, 7]])
+def test_a_cuda_stream_protocol_with_a_bad_tuple_is_refused(value: Any) -> None:
+    class Stream:
+        def __cuda_stream__(self) -> Any:
+            return value
+
+    pool = DevicePool("sim", capacity=1 << 30)
+    with pytest.raises((TypeError, ValueError)):
+        pool.allocate(64, stream=Stream())
+    assert pool.stats()["allocation.all.current"] == 0
+
+
+def test_a_bad_stream_in_buffer_free_is_a_value_error_and_keeps_the_buffer() -> None:
+    pool = DevicePool("sim", capacity=1 << 30)
+    buf = pool.allocate(64)
+    for bad in (-1, 1 << 64):
+        with pytest.raises(ValueError, match="out of range"):
+            buf.free(bad)
+    with pytest.raises(TypeError):
+        buf.free("default")
+    assert not buf.freed
+    buf.free()
+    assert pool.stats()["allocation.all.current"] == 0
+
+
+@pytest.mark.parametrize("device", [-1, 1000, "cuda:999", "cuda:-1"])
+def test_torch_statistics_of_a_device_that_does_not_exist_are_an_error(device: Any) -> None:
+    import vrampool.torch as vt
+
+    for read in (vt.memory_stats, vt.memory_allocated, vt.memory_reserved, vt.memory_summary, vt.reset_peak_memory_stats):
+        with pytest.raises(ValueError):
+            read(device)
+
+
+# ---- processes (issue 16) ----
+
+
+def _run(code: str, timeout: int = 120) -> "subprocess.CompletedProcess[str]":
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_fork_while_threads_allocate_gives_a_child_that_fails_clearly_and_never_hangs() -> None:
+    done = _run(
+        """
+        import os, sys, threading, time
+        from vrampool import DevicePool, PoolClosedError
+        pool = DevicePool("sim", capacity=1 << 30, strategy="hybrid")
+        stop = False
+        def churn():
+            sizes = (512, 4096, 100 << 10, 3 << 20)
+            while not stop:
+                bufs = [pool.allocate(s) for s in sizes]
+                for b in bufs:
+                    b.free()
+                pool.trim()
+        threads = [threading.Thread(target=churn) for _ in range(4)]
+        for t in threads:
+            t.start()
+        hung = failed = 0
+        for _ in range(20):
+            time.sleep(0.01)
+            pid = os.fork()
+            if pid == 0:
+                code = 3
+                try:
+                    pool.allocate(4096)
+                except PoolClosedError as e:
+                    code = 0 if "forked" in str(e) else 4
+                fresh = DevicePool("sim", capacity=64 << 20)  # a pool made in the child works
+                fresh.allocate(4096).free()
+                for call in (pool.stats, pool.trim, pool.snapshot):
+                    try:
+                        call()
+                        code = 5
+                    except PoolClosedError:
+                        pass
+                os._exit(code)
+            deadline = time.time() + 10
+            while True:
+                got, status = os.waitpid(pid, os.WNOHANG)
+                if got:
+                    failed += os.waitstatus_to_exitcode(status) != 0
+                    break
+                if time.time() > deadline:
+                    os.kill(pid, 9)
+                    os.waitpid(pid, 0)
+                    hung += 1
+                    break
+                time.sleep(0.01)
+        stop = True
+        for t in threads:
+            t.join()
+        print(hung, failed)
+        """,
+        timeout=400,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["0", "0"], f"children hung, failed: {done.stdout}"
+
+
+def test_daemon_threads_inside_pool_calls_at_interpreter_exit_do_not_abort_the_process() -> None:
+    code = """
+        import threading
+        from vrampool import DevicePool
+        pool = DevicePool("sim", capacity=1 << 30)
+        planned = pool.planned()
+        def churn():
+            while True:
+                pool.allocate(4096).free()
+                pool.trim()
+                planned.deallocate(planned.allocate(512))
+        for _ in range(4):
+            threading.Thread(target=churn, daemon=True).start()
+        import time; time.sleep(0.05)
+        """
+    for _ in range(10):
+        done = _run(code)
+        assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"
+        assert "FATAL" not in done.stderr
+
+
+def test_a_plain_malloc_never_throws_even_after_install() -> None:
+    pytest.importorskip("torch")
+    done = _run(
+        """
+        import ctypes
+        import vrampool.torch as vt
+        from vrampool import _native
+        try:
+            vt.install(device="sim", sim_capacity=64 << 20)
+        except Exception as e:
+            print("no-install", type(e).__name__)
+            raise SystemExit(0)
+        lib = ctypes.CDLL(_native.__file__)
+        lib.vrampool_malloc.restype = ctypes.c_void_p
+        print("null", lib.vrampool_malloc(ctypes.c_size_t(1 << 40), 0, None))
+        """
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[0] == "null" and done.stdout.split()[1] == "None", done.stdout

@@ -23,6 +23,7 @@ pub mod error;
 pub mod event_log;
 mod expandable;
 mod fast_gate;
+mod fork;
 mod live_table;
 pub mod magazine;
 mod pool;

@@ -93,6 +93,9 @@ pub struct Pool(Arc<PoolCore>);
 pub struct PoolCore {
     /// Unique for the process's life: thread caches find their pool by it.
     id: u64,
+    /// The process generation the pool was made in (`fork.rs`): in a forked child it refuses
+    /// every call.
+    generation: u64,
     this: Weak<dyn CacheOwner>,
     /// Every thread's cache for this pool, so that a trim takes their blocks back at once.
     thread_caches: Mutex<Vec<CacheOfThread>>,
@@ -157,6 +160,7 @@ impl Pool {
         gate.set(FastGate::WATCHED, thread_class_of.is_empty());
         let core = Arc::new_cyclic(|this: &Weak<PoolCore>| PoolCore {
             id: NEXT_ID.fetch_add(1, Relaxed),
+            generation: crate::fork::generation(),
             this: this.clone() as Weak<dyn CacheOwner>,
             thread_caches: Mutex::default(),
             flushing: Mutex::default(),
@@ -406,10 +410,12 @@ impl PoolCore {
     /// The rest of a free whose block the fastest path took out of the table, and holds.
     #[inline(never)]
     fn free_parked(&self, addr: u64, stream: Option<StreamId>) -> Result<()> {
-        match self.live.parked(addr) {
-            Some(block) => self.free_removed(addr, block, stream),
-            None => unreachable!("only the block's holder unparks its slot"),
+        let Some(block) = self.live.parked(addr) else { unreachable!("only the block's holder unparks its slot") };
+        if let Err(forked) = self.check_process() {
+            self.insert_live(addr, block);
+            return Err(forked);
         }
+        self.free_removed(addr, block, stream)
     }
 
     #[inline(never)]
@@ -600,7 +606,7 @@ impl PoolCore {
     /// Refuses every later call, gives back every free segment and returns the blocks still live
     /// (leaks). Their segments stay reserved until the pool is dropped.
     pub fn close(&self) -> Vec<LiveBlockInfo> {
-        if self.gate.set(FastGate::CLOSED, true) {
+        if self.gate.set(FastGate::CLOSED, true) || self.check_process().is_err() {
             return Vec::new();
         }
         let _ = self.release_free();
@@ -1224,8 +1230,19 @@ impl PoolCore {
     }
 
     fn ensure_open(&self) -> Result<()> {
+        self.check_process()?;
         match self.gate.any(FastGate::CLOSED) {
             true => Err(PoolError::Closed),
+            false => Ok(()),
+        }
+    }
+
+    /// `Forked` in a process forked after the pool was made (see `fork.rs`), where its locks
+    /// and caches may be held by threads that do not exist: callers of the methods that do not
+    /// check (`stats`, `snapshot`, ...) check first.
+    pub fn check_process(&self) -> Result<()> {
+        match crate::fork::forked_since(self.generation) {
+            true => Err(PoolError::Forked),
             false => Ok(()),
         }
     }
@@ -1302,7 +1319,11 @@ impl std::ops::Deref for ArenaRef<'_> {
 impl Drop for PoolCore {
     fn drop(&mut self) {
         // Every segment goes back to the device, live blocks or not: nobody can free them now.
+        // In a forked child they are the parent's, and the locks may be held for good: leave them.
         self.gate.set(FastGate::CLOSED, true);
+        if self.check_process().is_err() {
+            return;
+        }
         let mut segments = Vec::new();
         self.for_each_arena(|arena| {
             for tier in arena.tiers.iter() {

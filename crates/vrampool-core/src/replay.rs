@@ -109,6 +109,8 @@ pub enum ReplayError {
     DuplicateId { index: usize, id: u64 },
     #[error("event {index}: allocation of 0 bytes (id {id})")]
     ZeroSize { index: usize, id: u64 },
+    #[error("{times} repetitions of {events} events are more than a replay can count")]
+    Repeat { times: u64, events: usize },
     /// The pool refused an event (or could not be made).
     #[error("event {index}: {source}")]
     Pool { index: usize, source: PoolError },
@@ -130,20 +132,20 @@ pub fn read_trace_csv(text: &str) -> Result<Vec<TraceBuffer>, ReplayError> {
     for (i, name) in columns.iter().enumerate() {
         match NAMES.iter().position(|n| n == name) {
             Some(k) if index[k].is_some() => {
-                return Err(parse_err(header_line, format!("column `{name}` appears twice in the header")))
+                return Err(parse_err(header_line, format!("column `{}` appears twice in the header", excerpt(name))))
             }
             Some(k) => index[k] = Some(i),
             None if *name == "offset" => {}
             None => {
                 return Err(parse_err(
                     header_line,
-                    format!("unknown column `{name}` (expected id,lower,upper,size and optionally stream)"),
+                    format!("unknown column `{}` (expected id,lower,upper,size and optionally stream)", excerpt(name)),
                 ))
             }
         }
     }
     if let Some(k) = (0..4).find(|&k| index[k].is_none()) {
-        return Err(parse_err(header_line, format!("the header `{header}` lacks the `{}` column", NAMES[k])));
+        return Err(parse_err(header_line, format!("the header `{}` lacks the `{}` column", excerpt(header), NAMES[k])));
     }
     let mut buffers = Vec::new();
     let mut ids = std::collections::HashSet::new();
@@ -160,7 +162,7 @@ pub fn read_trace_csv(text: &str) -> Result<Vec<TraceBuffer>, ReplayError> {
                     .parse::<u64>()
                     .ok()
                     .filter(|_| text.bytes().all(|c| c.is_ascii_digit()))
-                    .ok_or_else(|| parse_err(line, format!("{} `{text}` is not a non-negative integer", NAMES[k])))?;
+                    .ok_or_else(|| parse_err(line, format!("{} `{}` is not a non-negative integer", NAMES[k], excerpt(text))))?;
             }
         }
         let [id, lower, upper, size, stream] = values;
@@ -172,6 +174,17 @@ pub fn read_trace_csv(text: &str) -> Result<Vec<TraceBuffer>, ReplayError> {
         buffers.push(buffer);
     }
     Ok(buffers)
+}
+
+/// At most the first 100 bytes of `text` (cut at a character boundary), for quoting bad input in
+/// a message.
+fn excerpt(text: &str) -> String {
+    const MAX: usize = 100;
+    if text.len() <= MAX {
+        return text.to_owned();
+    }
+    let cut = (0..=MAX).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
+    format!("{}... ({} more bytes)", &text[..cut], text.len() - cut)
 }
 
 fn check_buffer(b: &TraceBuffer) -> Result<(), String> {
@@ -282,10 +295,25 @@ pub fn replay_prepared(
     config: PoolConfig,
     samples: usize,
 ) -> Result<ReplayReport, ReplayError> {
+    replay_prepared_times(prepared, config, samples, 1)
+}
+
+/// As `replay_prepared`, with the trace replayed `times` times back to back on the same pool (a
+/// warm pool, for events per second). Memory stays that of one copy: the copies are the same
+/// events again, each starting once the one before has freed everything.
+pub fn replay_prepared_times(
+    prepared: &PreparedTrace,
+    config: PoolConfig,
+    samples: usize,
+    times: u64,
+) -> Result<ReplayReport, ReplayError> {
     let strategy = config.strategy;
     let device = Arc::new(SimDevice::new(REPLAY_CAPACITY, SimMode::AddressOnly));
     let pool = Pool::new(device, config).map_err(|source| ReplayError::Pool { index: 0, source })?;
-    let events = prepared.ops.len();
+    let events = usize::try_from(times)
+        .ok()
+        .and_then(|times| prepared.ops.len().checked_mul(times))
+        .ok_or(ReplayError::Repeat { times, events: prepared.ops.len() })?;
     // ceil(events / samples) events apart: at most `samples` points, the last at the end.
     let stride = if samples == 0 { usize::MAX } else { events.div_ceil(samples).max(1) };
     let mut timeline = Vec::with_capacity(samples.min(events));
@@ -301,7 +329,7 @@ pub fn replay_prepared(
     let mut addrs = vec![0u64; prepared.slots];
     let mut until_sample = stride;
     let start = Instant::now();
-    for (index, &(slot, size, stream)) in prepared.ops.iter().enumerate() {
+    for (index, &(slot, size, stream)) in prepared.ops.iter().cycle().take(events).enumerate() {
         let result = if size > 0 {
             pool.allocate(size, StreamId(stream)).map(|addr| addrs[slot as usize] = addr)
         } else {
@@ -523,6 +551,27 @@ mod tests {
                 bare / 1e6,
                 long.len()
             );
+        }
+    }
+
+    #[test]
+    fn a_repeated_replay_counts_every_copy_in_the_memory_of_one() {
+        let buffers = [TraceBuffer::new(1, 0, 2, MIB), TraceBuffer::new(2, 1, 3, 3 * MIB)];
+        let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap();
+        let once = replay_prepared(&prepared, config(StrategyKind::Hybrid), 10).unwrap();
+        let thrice = replay_prepared_times(&prepared, config(StrategyKind::Hybrid), 10, 3).unwrap();
+        assert_eq!(thrice.events, 3 * once.events);
+        assert_eq!((thrice.peak_reserved_bytes, thrice.lower_bound_bytes), (once.peak_reserved_bytes, once.lower_bound_bytes));
+        assert_eq!(thrice.timeline.last().unwrap().allocated_bytes, 0, "every copy frees what it allocated");
+        assert!(matches!(replay_prepared_times(&prepared, config(StrategyKind::Hybrid), 10, u64::MAX), Err(ReplayError::Repeat { .. })));
+    }
+
+    #[test]
+    fn a_csv_error_quotes_at_most_a_hundred_bytes_of_its_input() {
+        let field = "9".repeat(1 << 20) + "x";
+        for text in [format!("id,lower,upper,size\n1,0,1,{field}\n"), format!("id,lower,upper,{field}\n"), "id,lower,upper\u{e9},size\n".to_string()] {
+            let message = read_trace_csv(&text).unwrap_err().to_string();
+            assert!(message.len() < 250, "{} bytes: {}", message.len(), &message[..250.min(message.len())]);
         }
     }
 }

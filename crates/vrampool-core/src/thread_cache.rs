@@ -355,6 +355,19 @@ fn find_or_make(caches: *mut Caches, pool: &PoolHandle<'_>) -> Option<*const Poo
     Some(ptr)
 }
 
+/// In a forked child: forgets this thread's caches without touching them (they belong to pools
+/// of the parent, which refuse every call in the child) and leaks them, as dropping them would
+/// give their blocks back through locks that a thread of the parent may have held.
+pub fn forget_after_fork() {
+    FAST.with(|f| {
+        f.current.set(std::ptr::null());
+        f.busy.set(false);
+    });
+    // SAFETY: only this thread reaches its `CACHES`, and the fork did not happen inside one of
+    // its calls into a pool (nothing is busy), so no reference into it is alive.
+    let _ = CACHES.try_with(|caches| std::mem::forget(std::mem::take(unsafe { &mut (*caches.get()).0 })));
+}
+
 /// Pops a cached block of class `index` for `stream`; None also while a trim has the lists.
 #[inline(always)]
 pub fn pop(cache: &PoolCache, stream: u64, index: usize) -> Option<u64> {

@@ -29,14 +29,16 @@ fn read_trace_csv(text: &str) -> PyResult<Vec<Row>> {
 
 /// Replays `(id, lower, upper, size, stream)` rows on the address-only simulated device once per
 /// entry of `confs` (pool configurations in `VRAMPOOL_CONF` form, e.g. `strategy:hybrid`),
-/// sampling up to `samples` timeline points each. Returns one dict per configuration.
+/// sampling up to `samples` timeline points each, the trace `repeat` times back to back. Returns
+/// one dict per configuration.
 #[pyfunction]
-#[pyo3(signature = (rows, confs, samples = replay::DEFAULT_SAMPLES))]
+#[pyo3(signature = (rows, confs, samples = replay::DEFAULT_SAMPLES, repeat = 1))]
 fn replay_trace<'py>(
     py: Python<'py>,
     rows: Vec<Row>,
     confs: Vec<String>,
     samples: usize,
+    repeat: u64,
 ) -> PyResult<Vec<Bound<'py, PyDict>>> {
     let configs = confs
         .iter()
@@ -58,7 +60,7 @@ fn replay_trace<'py>(
             let prepared = PreparedTrace::new(&replay::events_from_buffers(&buffers)?)?;
             configs
                 .into_iter()
-                .map(|config| replay::replay_prepared(&prepared, config, samples))
+                .map(|config| replay::replay_prepared_times(&prepared, config, samples, repeat))
                 .collect::<Result<Vec<_>, _>>()
         })
         .map_err(value_error)?;
