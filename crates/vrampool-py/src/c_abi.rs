@@ -1101,10 +1101,11 @@ fn abi_reset_peak_stats(device: i32) {
     }
 }
 
-/// Gives every wholly free segment of every pool back; returns the bytes given back.
+/// Gives every wholly free segment of every pool back; returns the bytes given back. With the
+/// GIL held, as `NativePool::trim`.
 #[pyfunction]
-fn abi_trim(py: Python<'_>) -> PyResult<u64> {
-    py.detach(trim_all).map_err(PyRuntimeError::new_err)
+fn abi_trim() -> PyResult<u64> {
+    trim_all().map_err(PyRuntimeError::new_err)
 }
 
 /// Every segment of every pool: device, pool_id, stream, strategy, base, size and blocks (addr,

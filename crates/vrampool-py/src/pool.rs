@@ -161,9 +161,8 @@ impl NativePool {
     }
 
     /// The device's (free, total) bytes, as `cuMemGetInfo` reports them.
-    fn mem_info(&self, py: Python<'_>) -> PyResult<(u64, u64)> {
-        let device = self.shared.pool.device();
-        let info = py.detach(|| device.mem_info()).map_err(|e| to_py(e.into()))?;
+    fn mem_info(&self) -> PyResult<(u64, u64)> {
+        let info = self.shared.pool.device().mem_info().map_err(|e| to_py(e.into()))?;
         Ok((info.free, info.total))
     }
 
@@ -401,7 +400,6 @@ impl NativeBuffer {
         dl_device: Option<(i32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let py = slf.py();
         let this = slf.get();
         if memory_kind(&this.shared) == "none" {
             return Err(PyBufferError::new_err("the address-only simulated device has no memory behind its pointers"));
@@ -427,12 +425,12 @@ impl NativeBuffer {
             // The consumer's stream waits for the work queued so far on the buffer's stream.
             let device = this.shared.pool.device();
             let producer = StreamId(this.stream);
-            let ordered = py.detach(|| {
+            let ordered = (|| {
                 let event = device.record_event(producer)?;
                 let waited = device.stream_wait_event(StreamId(consumer), event);
                 device.release_event(event);
                 waited
-            });
+            })();
             if let Err(e) = ordered {
                 this.release_export();
                 return Err(to_py(e.into()));
