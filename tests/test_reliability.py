@@ -209,6 +209,45 @@ def test_blocks_freed_in_backward_on_the_autograd_thread_come_back() -> None:
         pool.allocate(60 * MIB).free()
 
 
+def test_the_c_abi_reset_hook_reaches_an_idle_threads_cache() -> None:
+    # torch.cuda.empty_cache() under install() calls the reset hook.
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(
+            """
+            import ctypes, threading
+            from vrampool import _native
+            _native.configure("device:sim,sim_capacity:1GB")
+            lib = ctypes.CDLL(_native.__file__)
+            lib.vrampool_malloc.restype = ctypes.c_void_p
+            lib.vrampool_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+            lib.vrampool_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+            sizes = (512, 4096, 65536) * 4
+            ready, release = threading.Event(), threading.Event()
+            def work():
+                ptrs = [lib.vrampool_malloc(n, 0, None) for n in sizes]
+                for p, n in zip(ptrs, sizes):
+                    lib.vrampool_free(p, n, 0, None)
+                ready.set()
+                release.wait()
+            worker = threading.Thread(target=work)
+            worker.start()
+            ready.wait()
+            before = _native.abi_stats(0)["reserved_bytes.all.current"]
+            lib.vrampool_reset()
+            print(before, _native.abi_stats(0)["reserved_bytes.all.current"])
+            release.set()
+            worker.join()
+            """
+        )],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    before, after = map(int, done.stdout.split())
+    assert before > 0 and after == 0, f"reserved {before} B before the reset, {after} B after"
+
+
 # ---- test-only controls (issue 16) ----
 
 

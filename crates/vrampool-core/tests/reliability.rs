@@ -450,7 +450,7 @@ fn trims_racing_eight_busy_threads_lose_and_duplicate_no_block() {
             std::thread::spawn(move || {
                 let mut rng = 0x2545_F491_4F6C_DD1D ^ (t + 1);
                 let mut live: Vec<(u64, u64, u64)> = Vec::new();
-                for i in 0..30_000u64 {
+                for i in 0..15_000u64 {
                     let r = next(&mut rng);
                     if live.len() < 16 && (r % 2 == 0 || live.is_empty()) {
                         let size = THREAD_CACHED[(r >> 8) as usize % 4];
