@@ -54,6 +54,8 @@ POOL_CASES = [
     Case("size_negative", "pool.allocate(-1)", "ValueError", "must be positive"),
     Case("size_2_pow_64", "pool.allocate(1 << 64)", "ValueError", "larger than any device"),
     Case("size_2_pow_63", "pool.allocate(1 << 63)", "InvalidSizeError", "larger than the pool may ever reserve"),
+    Case("size_past_a_block", "DevicePool('sim', capacity=1 << 50, host_backed=False).allocate((1 << 48) - 512).free()", "InvalidSizeError", "128 TiB"),
+    Case("size_past_the_table", "DevicePool('sim', capacity=1 << 50, host_backed=False).allocate((1 << 48) + (2 << 20))", "InvalidSizeError", "128 TiB"),
     Case("size_above_capacity", "pool.allocate((1 << 30) + 1)", "InvalidSizeError", "larger than the pool may ever reserve"),
     Case("out_of_memory", "a = pool.allocate(700 << 20); pool.allocate(700 << 20)", "OutOfMemoryError", "out of memory"),
     Case("oom_is_a_memory_error", "a = pool.allocate(700 << 20); pool.allocate(700 << 20)", "MemoryError", "tried to allocate 700.00 MiB"),
@@ -116,18 +118,8 @@ POOL_CASES = [
         "stream must be",
     ),
     Case("record_stream_bad_stream", "pool.record_stream(pool.allocate(64), stream=object())", "TypeError", "stream must be"),
-    # The raw pointer interface of the native pool: null, interior, foreign and freed pointers.
-    Case("native_free_null", "pool.native.free_ptr(0, None, None)", "InvalidFreeError", "not a live block"),
-    Case(
-        "native_free_interior_keeps_the_block",
-        "b = pool.allocate(4096)\ntry:\n    pool.native.free_ptr(b.ptr + 2, None, None)\nfinally:\n    assert pool.stats()['allocation.all.current'] == 1",
-        "InvalidFreeError",
-        "not a live block",
-    ),
-    Case("native_free_foreign", "pool.native.free_ptr(0xDEAD0000, None, None)", "InvalidFreeError", "not a live block"),
-    Case("native_free_wrong_size", "b = pool.allocate(4096); pool.native.free_ptr(b.ptr, 100, None)", "InvalidFreeError", "allocated with 4096 bytes"),
-    Case("native_free_negative", "pool.native.free_ptr(-1, None, None)", "OverflowError", ""),
-    Case("native_record_stream_null", "pool.native.record_stream(0, 3)", "InvalidFreeError", "not a live block"),
+    # The native pool's raw pointer interface: only record_stream takes an address.
+    Case("native_record_stream_null", "pool._native.record_stream(0, 3)", "InvalidFreeError", "not a live block"),
 ]
 
 # ---- the C ABI (what PyTorch's pluggable allocator calls) ----
@@ -395,3 +387,147 @@ def test_cli_case(command: str, kind: str, tmp_path: Path) -> None:
     assert done.returncode != 0, f"{command} {kind}: exit 0\n{done.stdout[-2000:]}"
     assert "Traceback" not in done.stderr, f"{command} {kind}: a traceback\n{done.stderr[-3000:]}"
     assert done.stderr.strip(), f"{command} {kind}: no message on stderr"
+
+
+# ---- hostile values for every subcommand and argument (issue 16) ----
+
+
+def _snapshot(trace: List[Dict[str, int]], segments: Optional[list] = None) -> bytes:
+    import pickle
+
+    return pickle.dumps({"device_traces": [trace], "segments": segments})
+
+
+#: name -> (file name, contents): inputs no reader may crash on, quote in full, or take
+#: unbounded memory for.
+HOSTILE_FILES: Dict[str, Tuple[str, bytes]] = {
+    "empty": ("empty.jsonl", b""),
+    "blank": ("blank.jsonl", b"\n\n   \n"),
+    "header_only": ("header.csv", b"id,lower,upper,size\n"),
+    "zeros_one_line": ("zeros.jsonl", bytes(3 << 20)),
+    "long_csv_field": ("field.csv", b"id,lower,upper,size\n0,0,1," + b"9" * 500_000 + b"x\n"),
+    "long_json_string": ("string.jsonl", b'{"op": "' + b"a" * 500_000 + b'"}\n'),
+    "id_2_pow_64": ("id.jsonl", b'{"op": "alloc", "id": 18446744073709551616, "size": 8}\n'),
+    "size_2_pow_64": ("size.jsonl", b'{"op": "alloc", "id": 1, "size": 18446744073709551616}\n'),
+    "stream_2_pow_64": ("stream.jsonl", b'{"op": "alloc", "id": 1, "size": 8, "stream": 18446744073709551616}\n'),
+    "size_10000_digits": ("digits.jsonl", b'{"op": "alloc", "id": 1, "size": ' + b"9" * 10_000 + b"}\n"),
+    "deep_json": ("deep.jsonl", b"[" * 100_000 + b"]" * 100_000 + b"\n"),
+    "not_utf8": ("latin1.jsonl", b'{"op": "step"}\n{"op": "\xe9"}\n'),
+    "csv_huge_value": ("huge.csv", b"id,lower,upper,size\n0,0,2,99999999999999999999999\n"),
+    "size_past_a_block": ("block.csv", b"id,lower,upper,size\n0,0,2,281474978709504\n"),
+    "snapshot_addr_2_pow_70": ("addr.pickle", _snapshot([{"action": "alloc", "addr": 1 << 70, "size": 8}], [])),
+    "snapshot_size_2_pow_64": ("size.pickle", _snapshot([{"action": "alloc", "addr": 4096, "size": 1 << 64}], [])),
+    "snapshot_segment_free_first": (
+        "segfree.pickle",
+        _snapshot([{"action": "segment_free", "addr": 0, "size": 1 << 40}, {"action": "alloc", "addr": 4096, "size": 512}]),
+    ),
+    "snapshot_not_a_dict": ("list.pickle", b"\x80\x04]\x94."),
+}
+
+#: (arguments, FILE standing for the file's path; the files to give them) for every subcommand
+#: that reads one.
+FILE_COMMANDS = [
+    # A summary only describes: a buffer larger than a pool's block is a fine thing to describe.
+    (["summary", "FILE"], [k for k in HOSTILE_FILES if k != "size_past_a_block"]),
+    (["replay", "FILE"], list(HOSTILE_FILES)),
+    (["replay", "FILE", "--strategy", "all", "--json"], ["empty", "id_2_pow_64", "snapshot_segment_free_first", "size_past_a_block"]),
+    # A plan is offsets: a buffer larger than a pool's block plans fine.
+    (["plan", "--input", "FILE"], [k for k, (name, _) in HOSTILE_FILES.items() if not name.endswith(".pickle") and k != "size_past_a_block"]),
+]
+
+GOOD_CSV = b"id,lower,upper,size\n0,0,2,4096\n1,1,3,8192\n"
+#: Hostile argument values, each in a command that would otherwise succeed (GOOD: a good trace).
+HOSTILE_ARGS = [
+    ["plan", "--input", "GOOD", "--alignment", str(2**64)],
+    ["plan", "--input", "GOOD", "--alignment", "-1"],
+    ["plan", "--input", "GOOD", "--alignment", "0x10"],
+    ["plan", "--input", "GOOD", "--budget-ms", "1e20"],
+    ["plan", "--input", "GOOD", "--budget-ms", str(10**30)],
+    ["plan", "--input", "GOOD", "--algorithm", "fastest"],
+    ["plan", "--input", "GOOD", "--output", "/proc/no/such/dir/plan.csv"],
+    ["replay", "GOOD", "--repeat", "0"],
+    ["replay", "GOOD", "--repeat", str(10**30)],
+    ["replay", "GOOD", "--repeat", "1e9"],
+    ["replay", "GOOD", "--conf", "small_max:1e999"],
+    ["replay", "GOOD", "--conf", "strategy:first_fit"],
+    ["replay", "GOOD", "--conf", "alignment:" + str(2**64)],
+    ["replay", "GOOD", "--conf", "x" * 100_000],
+    ["replay", "GOOD", "--strategy", "first_fit"],
+    ["replay", "GOOD", "--plot", "/proc/no/such/dir/plot.svg"],
+    ["summary", "/proc/no/such/file.jsonl"],
+    ["summary", "/"],
+    ["capture", "--model", "gpt", "--scale", "100000"],
+    ["capture", "--model", "gpt", "--steps", "0"],
+    ["capture", "--model", "gpt", "--steps", str(10**30)],
+    ["capture", "--model", "gpt", "--seed", "-1"],
+    ["capture", "--model", "nope"],
+    ["demo", "--scale", "0"],
+    ["demo", "--steps", str(2**64)],
+    ["demo", "--conf", "small_max:nope", "--steps", "1", "--scale", "1"],
+    ["nosuchcommand"],
+    [],
+]
+
+
+def _run_cli(args: List[str], timeout: int = 120) -> "subprocess.CompletedProcess[str]":
+    return subprocess.run([sys.executable, "-m", "vrampool.cli", *args], capture_output=True, text=True, timeout=timeout, errors="replace")
+
+
+def _assert_one_line_error(done: "subprocess.CompletedProcess[str]", what: str) -> str:
+    assert_no_crash(done.returncode, done.stderr, what)
+    assert done.returncode != 0, f"{what}: exit 0\n{done.stdout[-500:]}"
+    assert "Traceback" not in done.stderr, f"{what}: a traceback\n{done.stderr[-3000:]}"
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, f"{what}: {len(lines)} lines on stderr\n{done.stderr[:3000]}"
+    assert len(lines[0]) < 500, f"{what}: a {len(lines[0])}-character message quotes too much input"
+    return lines[0]
+
+
+FILE_CASES = [(c, k) for c, kinds in FILE_COMMANDS for k in kinds]
+
+
+@pytest.mark.parametrize("command,kind", FILE_CASES, ids=[f"{c[0]}{'-all' if 'all' in c else ''}-{k}" for c, k in FILE_CASES])
+def test_every_file_command_gives_one_line_for_hostile_input(command: List[str], kind: str, tmp_path: Path) -> None:
+    name, contents = HOSTILE_FILES[kind]
+    path = tmp_path / name
+    path.write_bytes(contents)
+    line = _assert_one_line_error(_run_cli([str(path) if a == "FILE" else a for a in command]), f"{command} {kind}")
+    assert name in line, f"the message does not name the file: {line}"
+
+
+@pytest.mark.parametrize("args", HOSTILE_ARGS, ids=[" ".join(a)[:60] for a in HOSTILE_ARGS])
+def test_every_argument_gives_one_line_for_hostile_values(args: List[str], tmp_path: Path) -> None:
+    good = tmp_path / "good.csv"
+    good.write_bytes(GOOD_CSV)
+    _assert_one_line_error(_run_cli([str(good) if a == "GOOD" else a for a in args], timeout=300), " ".join(args)[:200])
+
+
+def test_a_byte_order_mark_is_accepted_by_every_reader(tmp_path: Path) -> None:
+    bom = b"\xef\xbb\xbf"
+    csv_path, jsonl_path = tmp_path / "bom.csv", tmp_path / "bom.jsonl"
+    csv_path.write_bytes(bom + GOOD_CSV)
+    jsonl_path.write_bytes(bom + b'{"op": "alloc", "id": 1, "size": 4096}\n{"op": "free", "id": 1}\n')
+    for args in (["summary", str(csv_path)], ["summary", str(jsonl_path)], ["replay", str(csv_path)], ["plan", "--input", str(csv_path)]):
+        done = _run_cli(args)
+        assert done.returncode == 0, f"{args}: {done.stderr}"
+
+
+def test_an_empty_trace_gets_one_verdict_from_summary_replay_and_plan() -> None:
+    for args in (["summary", "/dev/null"], ["replay", "/dev/null"], ["plan", "--input", "/dev/null"]):
+        _assert_one_line_error(_run_cli(args), " ".join(args))
+
+
+def test_replay_repeat_takes_the_memory_of_one_copy(tmp_path: Path) -> None:
+    import resource
+
+    trace = tmp_path / "small.csv"
+    trace.write_bytes(GOOD_CSV)
+    limit = 2 << 30  # address space: the copies of the trace would need several times this
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    args = [sys.executable, "-m", "vrampool.cli", "replay", str(trace), "--repeat", "5000000", "--json"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300, preexec_fn=cap)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["events"] == 4 * 5_000_000

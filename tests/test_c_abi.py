@@ -85,7 +85,7 @@ def configure(text: str) -> None:
 
 def test_every_entry_is_exported_under_its_name() -> None:
     expected = {
-        "malloc", "free", "init", "reset", "memory_fraction", "base_alloc", "record_stream",
+        "malloc", "torch_malloc", "free", "init", "reset", "memory_fraction", "base_alloc", "record_stream",
         "begin_allocate_to_pool", "end_allocate_to_pool", "release_pool",
     }
     assert set(_native.ABI_SYMBOLS) == expected
@@ -541,7 +541,7 @@ def test_failed_malloc_throws_a_cpp_exception_under_raise_on_failure(tmp_path: P
         shim = ctypes.CDLL({str(tmp_path / "shim.so")!r})  # brings the C++ runtime in, as torch does
         shim.call_like_torch.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p, ctypes.c_size_t]
         lib = ctypes.CDLL(_native.__file__)
-        malloc = ctypes.cast(lib.vrampool_malloc, ctypes.c_void_p).value
+        malloc = ctypes.cast(lib.vrampool_torch_malloc, ctypes.c_void_p).value
         _native.configure("device:sim,sim_capacity:64MB")
         out, ptr = ctypes.create_string_buffer(2048), ctypes.c_void_p()
         print("null", shim.call_like_torch(malloc, 1 << 40, ctypes.byref(ptr), out, 2048))
@@ -552,6 +552,8 @@ def test_failed_malloc_throws_a_cpp_exception_under_raise_on_failure(tmp_path: P
         print("oom-again", shim.call_like_torch(malloc, 100 << 20, ctypes.byref(ptr), out, 2048))
         print("still-serving", shim.call_like_torch(malloc, 4096, ctypes.byref(ptr), out, 2048))
         print("failed", _native.abi_counters()["failed_mallocs"], _native.last_oom()["requested"])
+        lib.vrampool_malloc.restype = ctypes.c_void_p
+        print("plain", lib.vrampool_malloc(ctypes.c_size_t(1 << 40), 0, None))  # never throws
         """
     )
     lines = run_python(code).splitlines()
@@ -563,6 +565,7 @@ def test_failed_malloc_throws_a_cpp_exception_under_raise_on_failure(tmp_path: P
     assert lines[4] == "oom-again 2"
     assert lines[5] == "still-serving 0"
     assert lines[6] == f"failed 3 {100 << 20}"
+    assert lines[7] == "plain None", "vrampool_malloc threw (a ctypes caller would be terminated)"
 
 
 def run_python(code: str, **env: str) -> str:

@@ -19,6 +19,7 @@ import vrampool  # noqa: E402
 import vrampool.pool  # noqa: E402
 from vrampool import DevicePool  # noqa: E402
 from vrampool.cuda_core import PoolMemoryResource  # noqa: E402
+from vrampool.testing import native
 
 MIB = 1 << 20
 
@@ -62,7 +63,7 @@ def test_buffers_are_cuda_core_buffers_over_pool_blocks(mr: PoolMemoryResource, 
         assert buf.memory_resource is mr
         assert (buf.is_device_accessible, buf.is_host_accessible, buf.device_id) == (False, True, -1)
         ctypes.memset(int(buf.handle), i + 1, buf.size)
-    assert sorted(int(b.handle) for b in bufs) == sorted(blk[0] for blk in pool.native.live_blocks())
+    assert sorted(int(b.handle) for b in bufs) == sorted(blk[0] for blk in native(pool).live_blocks())
     assert [b.size for b in bufs] == [100, 5000, 3 * MIB]
     for i, buf in enumerate(bufs):
         # cuda.core's own DLPack export of the Buffer: no overlap between live blocks.
@@ -100,7 +101,7 @@ def test_streams_of_every_kind(mr: PoolMemoryResource, pool: DevicePool) -> None
     cases = [(None, 0), (LEGACY_DEFAULT_STREAM, 0), (PER_THREAD_DEFAULT_STREAM, 2), (Stream(0x9000), 0x9000), (0x9100, 0x9100)]
     for stream, handle in cases:
         buf = mr.allocate(2048, stream=stream)
-        (block,) = [b for b in pool.native.live_blocks() if b[0] == int(buf.handle)]
+        (block,) = [b for b in native(pool).live_blocks() if b[0] == int(buf.handle)]
         assert block[3] == handle
         buf.close()
     assert current(pool) == 0
@@ -110,13 +111,13 @@ def test_streams_of_every_kind(mr: PoolMemoryResource, pool: DevicePool) -> None
 
 
 def test_deallocate_on_another_stream_orders_reuse(mr: PoolMemoryResource, pool: DevicePool) -> None:
-    pool.native.sim_set_auto_complete(False)
+    native(pool).sim_set_auto_complete(False)
     buf = mr.allocate(4096, stream=Stream(0x1000))
     ptr = int(buf.handle)
     mr.deallocate(ptr, 4096, stream=Stream(0x2000))  # as Buffer.close(stream) would
     assert mr.live_blocks == 0
     assert int(mr.allocate(4096, stream=Stream(0x1000)).handle) != ptr
-    pool.native.sim_complete_stream(0x2000)
+    native(pool).sim_complete_stream(0x2000)
     gc.collect()
     assert int(mr.allocate(4096, stream=Stream(0x1000)).handle) == ptr
 

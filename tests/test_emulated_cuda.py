@@ -19,6 +19,7 @@ import pytest
 
 import vrampool
 from vrampool import DevicePool, _native
+from vrampool.testing import native
 
 MIB = 1 << 20
 
@@ -354,7 +355,7 @@ def test_emulated_cuda_core_device_stream_and_buffer(pool: DevicePool) -> None:
     src = mr.allocate(MIB, stream=stream)
     dst = mr.allocate(MIB, stream=stream)
     assert isinstance(src, core.Buffer) and src.is_device_accessible and src.device_id == 0
-    blocks = {b[0]: b for b in pool.native.live_blocks()}
+    blocks = {b[0]: b for b in native(pool).live_blocks()}
     assert blocks[int(src.handle)][3] == int(stream.handle), "allocated in the stream's order"
     DRIVER.lib.cuMemsetD8Async(int(src.handle), 0x42, MIB, c_void_p(int(stream.handle)))
     dst.copy_from(src, stream=stream)  # cuda.core's own copy, queued on the stream

@@ -13,6 +13,7 @@ import pytest
 import vrampool
 from vrampool import DevicePool, InvalidFreeError, PlannedPool
 from vrampool.planned import signature_key
+from vrampool.testing import native
 
 torch = pytest.importorskip("torch")
 capture = pytest.importorskip("vrampool.capture")
@@ -40,14 +41,14 @@ class PlannedDriver:
 
     def on_alloc(self, ident: int, size: int) -> None:
         ptr = self.planned.allocate(size)
-        self.pool.native.sim_write(ptr, pattern(ident, size))
+        native(self.pool).sim_write(ptr, pattern(ident, size))
         self.live[ident] = (ptr, size)
         self.trace.append(("alloc", ident, size))
 
     def on_free(self, ident: int, size: int) -> None:
         try:
             ptr, size = self.live.pop(ident)
-            if self.pool.native.sim_read(ptr, size) != pattern(ident, size):
+            if native(self.pool).sim_read(ptr, size) != pattern(ident, size):
                 self.errors.append(f"storage {ident} ({size} B at {ptr:#x}) was overwritten while live")
             self.planned.deallocate(ptr)
             self.trace.append(("free", ident, 0))
@@ -267,20 +268,20 @@ def test_threads_share_a_planned_pool_without_deadlock_or_overlap() -> None:
                 size = 512 * (1 + (r + k + t) % 7)
                 ptr = planned.allocate(size)
                 data = pattern(t << 32 | r * per_round + k, size)
-                pool.native.sim_write(ptr, data)
+                native(pool).sim_write(ptr, data)
                 live.append((ptr, data))
             barrier.wait()  # every thread's buffers of this round are written
             # Free all but the last three, which stay live into the next round.
             while len(live) > 3:
                 ptr, data = live.popleft()
-                if pool.native.sim_read(ptr, len(data)) != data:
+                if native(pool).sim_read(ptr, len(data)) != data:
                     overwritten.append(f"thread {t}, round {r}: {len(data)} B at {ptr:#x}")
                 planned.deallocate(ptr)
             if t == 0:
                 planned.step()
             barrier.wait()  # checked before the next round writes
         for ptr, data in live:
-            if pool.native.sim_read(ptr, len(data)) != data:
+            if native(pool).sim_read(ptr, len(data)) != data:
                 overwritten.append(f"thread {t}: {len(data)} B at {ptr:#x}")
             planned.deallocate(ptr)
 
@@ -323,12 +324,12 @@ def test_threads_taking_turns_are_served_from_the_arena_without_overlap() -> Non
                 size = 512 * (1 + (t + k) % 5)
                 ptr = planned.allocate(size)
                 data = pattern(t << 32 | it << 16 | k, size)
-                pool.native.sim_write(ptr, data)
+                native(pool).sim_write(ptr, data)
                 live.append((ptr, data))
 
             def free() -> None:
                 ptr, data = live.pop(0)
-                if pool.native.sim_read(ptr, len(data)) != data:
+                if native(pool).sim_read(ptr, len(data)) != data:
                     overwritten.append(f"thread {t}, iteration {it}: {len(data)} B at {ptr:#x}")
                 planned.deallocate(ptr)
 

@@ -1,11 +1,19 @@
-"""Reliability (issue 8) from Python: scrubbing and leak reports."""
+"""Reliability from Python: scrubbing and leak reports (issue 8); other threads' caches and
+test-only controls (issue 16)."""
 
 import inspect
+import subprocess
+import sys
+import textwrap
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Sequence, Tuple
 
 import pytest
 
 from vrampool import DevicePool
+from vrampool.testing import native
 
 STRATEGIES = ("hybrid", "slab", "best_fit", "buddy")
 # Through the fast path, and each tier of the hybrid.
@@ -16,12 +24,12 @@ def _reuse_after_pattern(pool: DevicePool, size: int) -> bytes:
     buf = pool.allocate(size)
     ptr = buf.ptr
     pattern = bytes((i % 251) | 1 for i in range(min(size, 4096)))
-    pool.native.sim_write(ptr, pattern)
-    pool.native.sim_write(ptr + size - len(pattern), pattern)
+    native(pool).sim_write(ptr, pattern)
+    native(pool).sim_write(ptr + size - len(pattern), pattern)
     pool.deallocate(buf)
     again = pool.allocate(size)
     assert again.ptr == ptr, "the freed block is reused"
-    data = pool.native.sim_read(ptr, len(pattern)) + pool.native.sim_read(ptr + size - len(pattern), len(pattern))
+    data = native(pool).sim_read(ptr, len(pattern)) + native(pool).sim_read(ptr + size - len(pattern), len(pattern))
     pool.deallocate(again)
     return data
 
@@ -104,3 +112,318 @@ def test_stacks_of_blocks_freed_behind_the_pools_back_are_pruned() -> None:
     assert [b["ptr"] for b in report] == sorted(b.ptr for b in kept)
     assert all(b["stack"] is not None for b in report)
     pool.close()
+
+
+# ---- other threads' caches (issue 16) ----
+
+MIB = 1 << 20
+#: Sizes the thread caches keep (size classes up to small_max), several of each.
+THREAD_CACHED = (512, 2048, 8192, 64 << 10, 512 << 10, 1 << 20)
+
+
+def _idle_worker(pool: DevicePool, sizes: Sequence[int]) -> Tuple[threading.Thread, threading.Event]:
+    """A thread that allocates and frees `sizes`, then stays alive and idle until released."""
+    ready, release = threading.Event(), threading.Event()
+
+    def work() -> None:
+        bufs = [pool.allocate(n) for n in sizes]
+        for buf in bufs:
+            buf.free()
+        ready.set()
+        release.wait()
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    assert ready.wait(30)
+    return worker, release
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_trim_reaches_the_cache_of_a_thread_that_stays_idle(strategy: str) -> None:
+    pool = DevicePool("sim", capacity=1 << 30, strategy=strategy)
+    worker, release = _idle_worker(pool, THREAD_CACHED * 3)
+    assert pool.stats()["allocated_bytes.all.current"] == 0
+    pool.trim()
+    assert pool.stats()["reserved_bytes.all.current"] == 0, "the idle worker's cached blocks stayed reserved"
+    release.set()
+    worker.join()
+
+
+@pytest.mark.parametrize("reclaim", [True, False])
+def test_an_allocation_gets_the_memory_an_idle_thread_cached(reclaim: bool) -> None:
+    # The issue's case: best_fit on a 48 MiB device, a worker's cache pinning segments.
+    pool = DevicePool("sim", capacity=48 * MIB, strategy="best_fit", host_backed=False, reclaim=reclaim)
+    worker, release = _idle_worker(pool, [THREAD_CACHED[i % len(THREAD_CACHED)] for i in range(40)])
+    assert pool.stats()["reserved_bytes.all.current"] + 44 * MIB > 48 * MIB
+    pool.allocate(44 * MIB).free()
+    release.set()
+    worker.join()
+
+
+def test_a_reset_right_after_join_leaves_nothing_reserved() -> None:
+    # Thread.join() returns before the thread's thread-local destructors run.
+    pool = DevicePool("sim", capacity=1 << 30, host_backed=False)
+    for _ in range(12):
+        worker = threading.Thread(target=lambda: [pool.allocate(n).free() for n in THREAD_CACHED * 4])
+        worker.start()
+        worker.join()
+        pool.trim()
+        assert pool.stats()["reserved_bytes.all.current"] == 0
+
+
+def test_blocks_freed_in_backward_on_the_autograd_thread_come_back() -> None:
+    """A training loop whose backward allocates and frees pool memory on a thread of its own
+    that then stays idle, as PyTorch's autograd engine runs a CUDA device's backward on a
+    long-lived thread (on the CPU it runs backward on the caller's thread, so the test gives
+    backward such a thread)."""
+    torch = pytest.importorskip("torch")
+    pool = DevicePool("sim", capacity=64 * MIB, strategy="best_fit")
+
+    def pool_tensor(like: Any) -> Tuple[Any, Any]:
+        buf = pool.allocate(like.numel() * like.element_size())
+        return buf, torch.from_dlpack(buf).view(like.dtype).view(like.shape)
+
+    class Scale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any) -> Any:
+            return x * 2
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            scratch = [pool_tensor(grad) for _ in range(4)]  # the backward's temporaries
+            out = grad * 2
+            for buf, view in scratch:
+                view.copy_(grad)
+                del view
+                buf.free()
+            return out
+
+    weights = torch.randn(64, 1024, requires_grad=True)
+    with ThreadPoolExecutor(max_workers=1) as autograd_thread:
+        for _ in range(5):
+            loss = Scale.apply(weights).sum()
+            autograd_thread.submit(loss.backward).result()
+        assert weights.grad is not None and float(weights.grad[0, 0]) == 2 * 5
+        # The autograd thread is idle now, its cache full of the backward's blocks.
+        assert pool.stats()["allocated_bytes.all.current"] == 0
+        pool.trim()
+        assert pool.stats()["reserved_bytes.all.current"] == 0, "blocks freed in backward stayed cached"
+        pool.allocate(60 * MIB).free()
+
+
+def test_the_c_abi_reset_hook_reaches_an_idle_threads_cache() -> None:
+    # torch.cuda.empty_cache() under install() calls the reset hook.
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(
+            """
+            import ctypes, threading
+            from vrampool import _native
+            _native.configure("device:sim,sim_capacity:1GB")
+            lib = ctypes.CDLL(_native.__file__)
+            lib.vrampool_malloc.restype = ctypes.c_void_p
+            lib.vrampool_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+            lib.vrampool_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+            sizes = (512, 4096, 65536) * 4
+            ready, release = threading.Event(), threading.Event()
+            def work():
+                ptrs = [lib.vrampool_malloc(n, 0, None) for n in sizes]
+                for p, n in zip(ptrs, sizes):
+                    lib.vrampool_free(p, n, 0, None)
+                ready.set()
+                release.wait()
+            worker = threading.Thread(target=work)
+            worker.start()
+            ready.wait()
+            before = _native.abi_stats(0)["reserved_bytes.all.current"]
+            lib.vrampool_reset()
+            print(before, _native.abi_stats(0)["reserved_bytes.all.current"])
+            release.set()
+            worker.join()
+            """
+        )],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    before, after = map(int, done.stdout.split())
+    assert before > 0 and after == 0, f"reserved {before} B before the reset, {after} B after"
+
+
+# ---- test-only controls (issue 16) ----
+
+
+def test_no_public_attribute_frees_a_live_buffer_behind_its_owner() -> None:
+    pool = DevicePool("sim", capacity=1 << 30)
+    buf = pool.allocate(4096)
+    planned = pool.planned()
+    for obj in (pool, buf, planned):
+        for name in (n for n in dir(obj) if not n.startswith("_")):
+            value = getattr(obj, name, None)
+            assert not hasattr(value, "free_ptr"), f"{type(obj).__name__}.{name} reaches a raw free"
+            assert not hasattr(value, "sim_write"), f"{type(obj).__name__}.{name} reaches the test controls"
+    assert not hasattr(pool, "native")
+    assert not hasattr(pool._native, "free_ptr"), "a raw free would free the buffer behind its DeviceBuffer"
+    c, d = pool.allocate(4096), pool.allocate(4096)
+    assert len({buf.ptr, c.ptr, d.ptr}) == 3
+
+
+# ---- Python numbers and streams (issue 16) ----
+
+
+def test_numpy_integers_serve_as_sizes_and_stream_handles() -> None:
+    np = pytest.importorskip("numpy")
+    pool = DevicePool("sim", capacity=1 << 30)
+    buf = pool.allocate(np.int64(4096), stream=np.uint64(7))
+    assert (buf.size, buf.stream) == (4096, 7)
+    buf.free(np.int32(7))
+    planned = pool.planned()
+    planned.deallocate(planned.allocate(np.int64(512)))
+    for bad in (True, np.bool_(True), 4096.0, np.float64(4096), "4096"):
+        with pytest.raises(TypeError):
+            pool.allocate(bad)
+    for bad in (True, np.bool_(False), 7.0):
+        with pytest.raises(TypeError):
+            pool.allocate(64, stream=bad)
+
+
+@pytest.mark.parametrize("value", [(0, 7.9), (0, "7"), (0, True), (0, None), (True, 7), (0.0, 7), (0, 7, 0), [0, 7]])
+def test_a_cuda_stream_protocol_with_a_bad_tuple_is_refused(value: Any) -> None:
+    class Stream:
+        def __cuda_stream__(self) -> Any:
+            return value
+
+    pool = DevicePool("sim", capacity=1 << 30)
+    with pytest.raises((TypeError, ValueError)):
+        pool.allocate(64, stream=Stream())
+    assert pool.stats()["allocation.all.current"] == 0
+
+
+def test_a_bad_stream_in_buffer_free_is_a_value_error_and_keeps_the_buffer() -> None:
+    pool = DevicePool("sim", capacity=1 << 30)
+    buf = pool.allocate(64)
+    for bad in (-1, 1 << 64):
+        with pytest.raises(ValueError, match="out of range"):
+            buf.free(bad)
+    with pytest.raises(TypeError):
+        buf.free("default")
+    assert not buf.freed
+    buf.free()
+    assert pool.stats()["allocation.all.current"] == 0
+
+
+@pytest.mark.parametrize("device", [-1, 1000, "cuda:999", "cuda:-1"])
+def test_torch_statistics_of_a_device_that_does_not_exist_are_an_error(device: Any) -> None:
+    import vrampool.torch as vt
+
+    for read in (vt.memory_stats, vt.memory_allocated, vt.memory_reserved, vt.memory_summary, vt.reset_peak_memory_stats):
+        with pytest.raises(ValueError):
+            read(device)
+
+
+# ---- processes (issue 16) ----
+
+
+def _run(code: str, timeout: int = 120) -> "subprocess.CompletedProcess[str]":
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_fork_while_threads_allocate_gives_a_child_that_fails_clearly_and_never_hangs() -> None:
+    done = _run(
+        """
+        import os, sys, threading, time
+        from vrampool import DevicePool, PoolClosedError
+        pool = DevicePool("sim", capacity=1 << 30, strategy="hybrid")
+        stop = False
+        def churn():
+            sizes = (512, 4096, 100 << 10, 3 << 20)
+            while not stop:
+                bufs = [pool.allocate(s) for s in sizes]
+                for b in bufs:
+                    b.free()
+                pool.trim()
+        threads = [threading.Thread(target=churn) for _ in range(4)]
+        for t in threads:
+            t.start()
+        hung = failed = 0
+        for _ in range(20):
+            time.sleep(0.01)
+            pid = os.fork()
+            if pid == 0:
+                code = 3
+                try:
+                    pool.allocate(4096)
+                except PoolClosedError as e:
+                    code = 0 if "forked" in str(e) else 4
+                fresh = DevicePool("sim", capacity=64 << 20)  # a pool made in the child works
+                fresh.allocate(4096).free()
+                for call in (pool.stats, pool.trim, pool.snapshot):
+                    try:
+                        call()
+                        code = 5
+                    except PoolClosedError:
+                        pass
+                os._exit(code)
+            deadline = time.time() + 10
+            while True:
+                got, status = os.waitpid(pid, os.WNOHANG)
+                if got:
+                    failed += os.waitstatus_to_exitcode(status) != 0
+                    break
+                if time.time() > deadline:
+                    os.kill(pid, 9)
+                    os.waitpid(pid, 0)
+                    hung += 1
+                    break
+                time.sleep(0.01)
+        stop = True
+        for t in threads:
+            t.join()
+        print(hung, failed)
+        """,
+        timeout=400,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["0", "0"], f"children hung, failed: {done.stdout}"
+
+
+def test_daemon_threads_inside_pool_calls_at_interpreter_exit_do_not_abort_the_process() -> None:
+    code = """
+        import threading
+        from vrampool import DevicePool
+        pool = DevicePool("sim", capacity=1 << 30)
+        planned = pool.planned()
+        def churn():
+            while True:
+                pool.allocate(4096).free()
+                pool.trim()
+                planned.deallocate(planned.allocate(512))
+        for _ in range(4):
+            threading.Thread(target=churn, daemon=True).start()
+        import time; time.sleep(0.05)
+        """
+    for _ in range(10):
+        done = _run(code)
+        assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"
+        assert "FATAL" not in done.stderr
+
+
+def test_a_plain_malloc_never_throws_even_after_install() -> None:
+    pytest.importorskip("torch")
+    done = _run(
+        """
+        import ctypes
+        import vrampool.torch as vt
+        from vrampool import _native
+        try:
+            vt.install(device="sim", sim_capacity=64 << 20)
+        except Exception as e:
+            print("no-install", type(e).__name__)
+            raise SystemExit(0)
+        lib = ctypes.CDLL(_native.__file__)
+        lib.vrampool_malloc.restype = ctypes.c_void_p
+        print("null", lib.vrampool_malloc(ctypes.c_size_t(1 << 40), 0, None))
+        """
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[0] == "null" and done.stdout.split()[1] == "None", done.stdout

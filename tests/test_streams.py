@@ -11,6 +11,7 @@ import pytest
 import vrampool
 from vrampool import DevicePool
 from vrampool.streams import stream_handle
+from vrampool.testing import native
 
 
 class ProtocolStream:
@@ -75,7 +76,7 @@ def test_accepted_stream_kinds(stream: Any, handle: int) -> None:
     pool = DevicePool("sim", capacity=1 << 30)
     buf = pool.allocate(4096, stream=stream)
     assert buf.stream == handle
-    (block,) = pool.native.live_blocks()
+    (block,) = native(pool).live_blocks()
     assert block[3] == handle
     pool.record_stream(buf, stream)
     pool.deallocate(buf, stream=stream)
@@ -156,7 +157,7 @@ def test_malformed_protocol_answers() -> None:
 def test_stream_objects_order_reuse() -> None:
     """A block freed after use on another stream waits for that stream, whatever object names it."""
     pool = DevicePool("sim", capacity=1 << 30)
-    pool.native.sim_set_auto_complete(False)
+    native(pool).sim_set_auto_complete(False)
     mine, theirs = ProtocolStream(0x1000), CUstream(0x2000)
     a = pool.allocate(4096, stream=mine)
     ptr = a.ptr
@@ -164,21 +165,21 @@ def test_stream_objects_order_reuse() -> None:
     pool.deallocate(a)
     b = pool.allocate(4096, stream=mine)
     assert b.ptr != ptr
-    pool.native.sim_complete_stream(stream_handle(theirs))
+    native(pool).sim_complete_stream(stream_handle(theirs))
     assert pool.allocate(4096, stream=mine).ptr == ptr
 
     c = pool.allocate(8192, stream=mine)
     ptr = c.ptr
     pool.deallocate(c, stream=theirs)  # last used on `theirs`
     assert pool.allocate(8192, stream=mine).ptr != ptr
-    pool.native.sim_complete_stream(0x2000)
+    native(pool).sim_complete_stream(0x2000)
     gc.collect()
     assert pool.allocate(8192, stream=mine).ptr == ptr
 
 
 def test_legacy_default_stream_names_share_one_arena() -> None:
     pool = DevicePool("sim", capacity=1 << 30)
-    pool.native.sim_set_auto_complete(False)
+    native(pool).sim_set_auto_complete(False)
     a = pool.allocate(4096, stream=None)
     ptr = a.ptr
     pool.deallocate(a, stream=ProtocolStream(1))  # cuda.core's LEGACY_DEFAULT_STREAM: same stream

@@ -39,6 +39,8 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
+from vrampool.inputs import quote, read_text
+
 #: One buffer of a trace: (id, lower, upper, size, stream), live on [lower, upper).
 TraceRow = Tuple[int, int, int, int, int]
 OPS = ("alloc", "free", "step")
@@ -144,7 +146,7 @@ class Trace:
                     raise ValueError("not a JSON object")
                 op = obj.get("op")
                 if op not in OPS:
-                    raise ValueError(f"op must be one of {OPS}, got {op!r}")
+                    raise ValueError(f"op must be one of {OPS}, got {quote(op)}")
                 if op == "step":
                     events.append(Event("step"))
                     continue
@@ -162,6 +164,8 @@ class Trace:
                     events.append(Event("free", ident, size, stream))
             except (json.JSONDecodeError, ValueError, TypeError) as e:
                 raise ValueError(f"line {number}: {e}") from None
+            except RecursionError:
+                raise ValueError(f"line {number}: JSON nested too deeply") from None
         return cls(events)
 
     @classmethod
@@ -180,8 +184,8 @@ class Trace:
 
 def _natural(obj: Dict[str, Any], key: str, default: Optional[int] = None) -> int:
     value = obj.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{key} must be a non-negative integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 64:
+        raise ValueError(f"{key} must be an integer in [0, 2**64), got {quote(value)}")
     return value
 
 
@@ -190,13 +194,11 @@ def read(path: Union[str, Path]) -> Trace:
     content), the ``id,lower,upper,size[,stream]`` CSV (``.csv``, or a first line that is not
     JSON), or JSON lines. Raises ``ValueError`` naming the line or field of bad input."""
     path = Path(path)
-    data = path.read_bytes()
-    if path.suffix in (".pickle", ".pkl") or data[:1] == b"\x80":  # protocol 2+ opens with PROTO
-        return from_snapshot(load_snapshot(data))
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"not a trace: byte {e.start} is not UTF-8 (expected JSON lines, CSV or a snapshot pickle)") from None
+    with open(path, "rb") as f:
+        head = f.read(1)
+    if path.suffix in (".pickle", ".pkl") or head == b"\x80":  # protocol 2+ opens with PROTO
+        return from_snapshot(load_snapshot(path.read_bytes()))
+    text = read_text(path)
     first = next((line.strip() for line in text.splitlines() if line.strip()), "")
     if path.suffix == ".csv" or (first and not first.startswith("{")):
         from vrampool import _native
@@ -298,6 +300,30 @@ class _AddressTrace:
         return Trace(self.earlier + self.events, reserved)
 
 
+def _check_reserved_covers_allocated(trace: Trace, before_record: int) -> None:
+    """Raises ``ValueError`` where the recorded reserved bytes fall below the bytes that the
+    record itself shows live: no allocator holds blocks in memory it has not reserved, so such a
+    record contradicts itself (a segment freed while its blocks live, or segments that never
+    were). The first ``before_record`` events, allocations from before the record whose time is
+    unknown, are left out."""
+    if not trace.reserved:
+        return
+    earlier = {e.id for e in trace.events[:before_record]}
+    changes = iter(trace.reserved)
+    _, level = next(changes)
+    upcoming = next(changes, None)
+    live = 0
+    for index in range(len(trace.events) + 1):
+        while upcoming is not None and upcoming[0] <= index:
+            _, level = upcoming
+            upcoming = next(changes, None)
+        if level < live:
+            raise ValueError(f"inconsistent record: at event {index}, {live:,} bytes are live but only {level:,} reserved")
+        if before_record <= index < len(trace.events) and trace.events[index].id not in earlier:
+            e = trace.events[index]
+            live += e.size if e.op == "alloc" else -e.size if e.op == "free" else 0
+
+
 #: Snapshot actions that move a block or a segment; the rest (snapshot, oom, user_defined,
 #: free_requested: the block stays taken until free_completed) carry nothing to replay.
 _SEGMENT_GROWTH = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
@@ -329,7 +355,7 @@ def from_snapshot(snapshot: Union[Dict[str, Any], str, Path], device: Optional[i
             raise ValueError(f"{where}: expected a dict, got {type(entry).__name__}")
         action = entry.get("action")
         if not isinstance(action, str):
-            raise ValueError(f"{where}: `action` must be a string, got {action!r}")
+            raise ValueError(f"{where}: `action` must be a string, got {quote(action)}")
         if action not in ("alloc", "free_completed") and action not in _SEGMENT_GROWTH:
             continue
         try:
@@ -338,6 +364,7 @@ def from_snapshot(snapshot: Union[Dict[str, Any], str, Path], device: Optional[i
             raise ValueError(f"{where} ({action}): {e}") from None
     live, total = _snapshot_segments(snapshot.get("segments"), device)
     trace = builder.finish(live, total)
+    _check_reserved_covers_allocated(trace, len(builder.earlier))  # `finish` put these first
     trace.recorded_by = "pytorch"
     segments = snapshot.get("segments") or []
     trace.recorded_expandable = any(isinstance(e, dict) and e.get("action") in ("segment_map", "segment_unmap") for e in traces[device]) or any(
@@ -395,10 +422,10 @@ def from_event_log(events: Iterable[Union[Sequence[Any], Dict[str, Any]]]) -> Tr
             elif isinstance(raw, (tuple, list)) and len(raw) == 5:
                 entry = dict(zip(("time_ns", "kind", "addr", "size", "stream"), raw))
             else:
-                raise ValueError(f"expected a dict or a (time_ns, kind, addr, size, stream) tuple, got {raw!r}")
+                raise ValueError(f"expected a dict or a (time_ns, kind, addr, size, stream) tuple, got {quote(raw)}")
             kind = entry.get("kind")
             if kind not in EVENT_LOG_KINDS:
-                raise ValueError(f"kind must be one of {EVENT_LOG_KINDS}, got {kind!r}")
+                raise ValueError(f"kind must be one of {EVENT_LOG_KINDS}, got {quote(kind)}")
             builder.apply(kind, entry)
         except ValueError as e:
             raise ValueError(f"event {index}: {e}") from None

@@ -1,7 +1,8 @@
 """The `vrampool` command: demo, capture, replay, fit, summary, plan.
 
 Tables are for people and ``--json`` is for machines; progress bars go to stderr, and only when
-it is a terminal. Bad input gives one line on stderr and exit code 1, never a traceback.
+it is a terminal. Bad input (a file, an argument) gives one line on stderr and a nonzero exit
+code (2 for a malformed command line, 1 otherwise), never a traceback.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, TypeVar
+from typing import Any, Dict, Iterable, List, Mapping, NoReturn, Optional, Sequence, TypeVar
 
 from vrampool.planner import ALGORITHMS, plan
 
@@ -24,6 +25,59 @@ DEMO_STRATEGIES = ("default", "torch", "torch+expandable", "rmm", "cupy", "async
 
 class CommandError(Exception):
     """A message for stderr and exit code 1."""
+
+
+#: What bad input raises on its way through the readers, the pool and torch: each is reported
+#: as one line. (Anything else is a bug, reported as one line too, naming its type.)
+INPUT_ERRORS = (ValueError, OverflowError, RecursionError, MemoryError, OSError, RuntimeError)
+#: An error line is cut to this many characters.
+MAX_MESSAGE = 300
+
+
+def _one_line(message: object) -> str:
+    """``message`` on one line of at most :data:`MAX_MESSAGE` characters."""
+    text = " ".join(str(message).split())
+    return text if len(text) <= MAX_MESSAGE else f"{text[:MAX_MESSAGE]}... ({len(text) - MAX_MESSAGE} more characters)"
+
+
+def _nonempty(trace: Any) -> Any:
+    """``trace`` if it allocates something: an empty trace is an error for every command."""
+    if not trace.rows():
+        raise ValueError("the trace holds no allocations")
+    return trace
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line (the usage is in ``--help``)."""
+
+    def error(self, message: str) -> "NoReturn":
+        self.exit(2, f"{self.prog}: {_one_line(message)} (see --help)\n")
+
+
+#: The range of each integer option (its name in ``args``: the option less its dashes).
+BOUNDS = {
+    "steps": (1, 100_000),
+    "repeat": (1, 10**9),
+    "scale": (1, 1024),
+    "seed": (0, 2**63 - 1),
+    "budget_ms": (0, 86_400_000),
+    "alignment": (1, 1 << 40),
+    "ranks": (1, 4096),
+    "batch": (1, 1 << 20),
+    "max": (1, 1 << 30),
+}
+
+
+def _out_of_bounds(args: argparse.Namespace) -> Optional[str]:
+    """What is wrong with the first integer option out of its range, if one is."""
+    for name, (low, high) in BOUNDS.items():
+        value = getattr(args, name, None)
+        option = "--" + name.replace("_", "-")
+        if value is not None and value < low:
+            return f"{option} must be at least {low}"
+        if value is not None and value > high:
+            return f"{option} must be at most {high:,}"
+    return None
 
 
 def _mib(n: float) -> str:
@@ -105,21 +159,18 @@ def replay_command(args: argparse.Namespace) -> int:
     allocator, or JSON (without the timelines, which ``--plot`` draws). On a PyTorch snapshot, the
     model of PyTorch's allocator (with or without expandable segments, as the snapshot was made)
     is always a row, so its prediction stands beside what PyTorch reserved."""
-    from vrampool.capture import Trace
     from vrampool.plot import memory_timeline_svg
-    from vrampool.trace import load, recorded_reserved_timeline, repeated, replay_each, strategy_names
+    from vrampool.trace import load, recorded_reserved_timeline, replay_each, strategy_names
 
     capacity = _size(args.memory) if args.memory else None
     try:
-        trace = load(args.trace)
-        if args.repeat > 1:
-            trace = Trace.from_rows(repeated(trace.rows(), args.repeat))
+        trace = _nonempty(load(args.trace))
         names = strategy_names(args.strategy)
         model = _recording_model(trace)
         if model and model not in names:
             names.append(model)
-        reports = list(_progress(replay_each(trace, names, args.conf, capacity=capacity), len(names), "replay", args.json))
-    except (OSError, ValueError) as e:
+        reports = list(_progress(replay_each(trace, names, args.conf, capacity=capacity, repeat=args.repeat), len(names), "replay", args.json))
+    except INPUT_ERRORS as e:
         raise CommandError(f"{args.trace}: {e}") from None
     if args.plot:
         svg = memory_timeline_svg(reports, f"{Path(args.trace).name}: memory over the replay", recorded_reserved_timeline(trace))
@@ -189,6 +240,8 @@ def capture_command(args: argparse.Namespace) -> int:
         raise CommandError(str(e)) from None
     except ValueError as e:
         raise CommandError(f"--model {args.model}: {e}") from None
+    except (RuntimeError, MemoryError) as e:  # torch's own refusal, at a size past this machine
+        raise CommandError(f"{args.model}: {e}") from None
     stem = Path(args.model.split(":")[-1]).name if not builtin else args.model
     output = Path(args.output or f"{stem}-trace.jsonl")
     paths = [output] if len(traces) == 1 else [output.with_name(f"{output.stem}-rank{r}{output.suffix}") for r in range(len(traces))]
@@ -295,11 +348,11 @@ def format_fit(result: Any, what: str) -> str:
 
 def summary_command(args: argparse.Namespace) -> int:
     """`vrampool summary`: what a trace holds, before replaying it."""
-    from vrampool.trace import summary
+    from vrampool.trace import load, summary
 
     try:
-        s = summary(args.trace)
-    except (OSError, ValueError) as e:
+        s = summary(_nonempty(load(args.trace)))
+    except INPUT_ERRORS as e:
         raise CommandError(f"{args.trace}: {e}") from None
     if args.json:
         print(json.dumps(s))
@@ -320,8 +373,11 @@ def plan_command(args: argparse.Namespace) -> int:
     """`vrampool plan`: prints the figures (or JSON) and writes the plan CSV if asked."""
     try:
         result = plan(args.input, algorithm=args.algorithm, budget_ms=args.budget_ms, alignment=args.alignment)
-    except (OSError, ValueError) as e:
-        raise CommandError(str(e)) from None
+        if not result.buffers:
+            raise ValueError("the input holds no buffers")
+    except INPUT_ERRORS as e:
+        message = str(e)
+        raise CommandError(message if message.startswith(args.input) else f"{args.input}: {message}") from None
     if args.output:
         _write(Path(args.output), result.to_csv())
     if args.json:
@@ -399,8 +455,8 @@ def _parser() -> argparse.ArgumentParser:
     from vrampool.trace import ALL, COMPARE, DEFAULT, PEERS, STRATEGIES, VM_SUFFIX
     from vrampool.workloads import MODELS
 
-    parser = argparse.ArgumentParser(prog="vrampool", description="GPU memory pool tools.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="vrampool", description="GPU memory pool tools.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     trace_help = "trace file: JSON lines, id,lower,upper,size[,stream] CSV, or a PyTorch memory snapshot pickle"
 
     p = sub.add_parser("demo", help="capture a small GPT's and a CNN's training on the CPU and compare the strategies")
@@ -474,21 +530,25 @@ COMMANDS = {"demo": demo_command, "capture": capture_command, "replay": replay_c
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
-    for option in ("steps", "repeat", "scale", "ranks", "batch", "max"):
-        value = getattr(args, option, 1)
-        if value is not None and value < 1:
-            print(f"vrampool {args.command}: --{option} must be at least 1", file=sys.stderr)
-            return 1
+    wrong = _out_of_bounds(args)
+    if wrong:
+        print(f"vrampool {args.command}: {wrong}", file=sys.stderr)
+        return 1
     try:
         return COMMANDS[args.command](args)
     except CommandError as e:
-        print(f"vrampool {args.command}: {e}", file=sys.stderr)
-        return 1
+        message = str(e)
     except ModuleNotFoundError as e:
-        if e.name != "torch":
-            raise
-        print(f"vrampool {args.command}: needs PyTorch (pip install torch)", file=sys.stderr)
-        return 1
+        message = "needs PyTorch (pip install torch)" if e.name == "torch" else f"internal error: {e!r} (please report it)"
+    except INPUT_ERRORS as e:
+        message = str(e)
+    except KeyboardInterrupt:
+        print(f"vrampool {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a bug: still one line, with what to report
+        message = f"internal error: {type(e).__name__}: {e} (please report it)"
+    print(f"vrampool {args.command}: {_one_line(message)}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

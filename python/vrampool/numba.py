@@ -61,7 +61,7 @@ def _manager_class() -> Any:
 
         def get_memory_info(self) -> Any:
             # The device's free memory, plus what the pool holds cached: both can back an allocation.
-            free, total = self.pool.native.mem_info()
+            free, total = self.pool.mem_info()
             s = self.pool.stats()
             cached = s["reserved_bytes.all.current"] - s["allocated_bytes.all.current"]
             return cuda.MemoryInfo(free=min(total, free + max(0, cached)), total=total)

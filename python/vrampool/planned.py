@@ -27,8 +27,8 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING, Any, Dict, Hashable, Optional
 
-from vrampool._native import NativePlannedPool
-from vrampool.streams import stream_handle
+from vrampool._native import InvalidSizeError, NativePlannedPool
+from vrampool.streams import as_int, stream_handle
 
 if TYPE_CHECKING:
     from vrampool.pool import DevicePool
@@ -69,11 +69,16 @@ class PlannedPool:
 
     def __init__(self, pool: "DevicePool", *, budget_ms: int = 10) -> None:
         self._pool = pool
-        self._native = NativePlannedPool(pool.native, budget_ms=budget_ms)
+        self._native = NativePlannedPool(pool._native, budget_ms=budget_ms)
 
     def allocate(self, nbytes: int, stream: Any = None) -> int:
         """The address of ``nbytes`` bytes for use on ``stream`` (None: the default stream)."""
-        return self._native.allocate(nbytes, stream_handle(stream))
+        size = as_int(nbytes)
+        if size is None:
+            raise TypeError(f"nbytes must be an int, not {type(nbytes).__name__}")
+        if not 0 <= size < 1 << 64:
+            raise InvalidSizeError(f"invalid size {size}: not a byte count")
+        return self._native.allocate(size, stream_handle(stream))
 
     def deallocate(self, ptr: int, stream: Any = None) -> None:
         """Frees ``ptr``; ``stream``, when given, is the stream that used it last. A pointer

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Iterable, List, Sequence, Tuple, Union
 
 from vrampool import _native
+from vrampool.inputs import read_text
 
 #: One buffer: (id, lower, upper, size): live on [lower, upper), size bytes.
 Row = Tuple[int, int, int, int]
@@ -52,7 +53,7 @@ class PlanResult:
 
 def read_csv(path: Union[str, Path]) -> List[Row]:
     """Buffers from an ``id,lower,upper,size`` CSV file (MiniMalloc's format)."""
-    return _native.read_buffers_csv(Path(path).read_text())
+    return _native.read_buffers_csv(read_text(path))
 
 
 def plan(

@@ -8,7 +8,7 @@ import traceback
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 from vrampool._native import InvalidFreeError, NativeBuffer, NativePool, PoolClosedError, WrongDeviceError
-from vrampool.streams import stream_handle
+from vrampool.streams import as_int, stream_handle
 from vrampool.summary import format_summary
 
 if TYPE_CHECKING:
@@ -40,8 +40,10 @@ _SCRUB_MODES = ("off", "on_free", "on_alloc")
 
 
 def _check_size(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    number = as_int(value)
+    if number is None:
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    value = number
     if value <= 0:
         raise ValueError(f"{name} must be positive, got {value}")
     if value >= 1 << 64:
@@ -85,7 +87,7 @@ class DevicePool:
 
     ``device`` is a CUDA device ordinal, or ``"sim"`` for the simulated device (host memory when
     ``host_backed``, so tests can write through the pointers; ``ordinal`` models several GPUs).
-    Thread-safe; the GIL is released inside the Rust calls. Streams may be given as anything
+    Thread-safe; a call holds the GIL (it takes a microsecond or so). Streams may be given as anything
     :func:`vrampool.streams.stream_handle` takes (an int handle, a ``CUstream``, an object with
     ``__cuda_stream__``, a ``torch.cuda.Stream``).
 
@@ -359,10 +361,9 @@ class DevicePool:
 
         return PlannedPool(self, budget_ms=budget_ms)
 
-    @property
-    def native(self) -> NativePool:
-        """The extension object (simulated-device controls for tests: ``sim_write``, ...)."""
-        return self._native
+    def mem_info(self) -> Tuple[int, int]:
+        """What the device reports: (free bytes, total bytes)."""
+        return self._native.mem_info()
 
     def _device_name(self) -> str:
         return f"cuda:{self.device}" if self.memory_kind == "device" else f"sim:{self.device}"

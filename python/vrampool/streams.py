@@ -12,10 +12,11 @@
 
 from __future__ import annotations
 
+import operator
 import sys
 from typing import Any
 
-__all__ = ["stream_handle", "LEGACY_DEFAULT_STREAM", "PER_THREAD_DEFAULT_STREAM"]
+__all__ = ["as_int", "stream_handle", "LEGACY_DEFAULT_STREAM", "PER_THREAD_DEFAULT_STREAM"]
 
 #: ``CU_STREAM_LEGACY``: the legacy default stream, also named by handle 0.
 LEGACY_DEFAULT_STREAM = 1
@@ -58,11 +59,28 @@ def stream_handle(stream: Any) -> int:
     return 0 if handle == LEGACY_DEFAULT_STREAM else handle
 
 
+def as_int(value: Any) -> "int | None":
+    """``value`` as an int if it is one: an ``int`` or anything with ``__index__`` (a NumPy
+    integer, say), but not a ``bool`` (NumPy's either), whose ``__index__`` would make True a 1;
+    None otherwise (a float, a string, ...).
+
+    >>> import numpy as np
+    >>> as_int(7), as_int(np.int64(7)), as_int(True), as_int(7.0), as_int("7")
+    (7, 7, None, None, None)
+    """
+    if isinstance(value, bool) or type(value).__name__ in ("bool", "bool_") or not hasattr(type(value), "__index__"):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def _raw_handle(stream: Any) -> int:
-    if isinstance(stream, bool):
+    if type(stream) is int:
+        return stream
+    if isinstance(stream, bool) or type(stream).__name__ in ("bool", "bool_"):
         raise TypeError(f"stream must be {_ACCEPTED}; got bool")
-    if isinstance(stream, int):
-        return int(stream)
     protocol = getattr(stream, "__cuda_stream__", None)
     if protocol is not None:
         return _from_protocol(stream, protocol)
@@ -73,6 +91,10 @@ def _raw_handle(stream: Any) -> int:
         return int(stream)
     if _is_cupy_stream(stream):
         return _as_int(stream.ptr, f"{type(stream).__name__}.ptr")
+    handle = as_int(stream)
+    # cuda.bindings handles have `__index__` too: only its stream types (above) are streams.
+    if handle is not None and not callable(getattr(stream, "getPtr", None)):
+        return handle
     raise TypeError(f"stream must be {_ACCEPTED}; got {type(stream).__name__}")
 
 
@@ -84,18 +106,20 @@ def _from_protocol(stream: Any, protocol: Any) -> int:
             f"{type(stream).__name__}.__cuda_stream__() must return (version, handle), got {value!r}"
         )
     version, handle = value
-    if version != 0:
+    if as_int(version) != 0:
         raise ValueError(f"{type(stream).__name__}.__cuda_stream__() speaks version {version!r}; vrampool knows version 0")
     return _as_int(handle, f"{type(stream).__name__}.__cuda_stream__()[1]")
 
 
 def _as_int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            return int(value)  # a CUstream, or an int-like handle object
-        except (TypeError, ValueError):
-            raise TypeError(f"{what} must be an int handle, not {type(value).__name__}") from None
-    return value
+    """A handle an object gives: an int (see `as_int`), or a cuda.bindings handle object (whose
+    ``int()`` is the handle); a float, a string or a bool is refused, not truncated or parsed."""
+    if _is_bindings_stream(value):
+        return int(value)
+    handle = as_int(value)
+    if handle is not None and not callable(getattr(value, "getPtr", None)):
+        return handle
+    raise TypeError(f"{what} must be an int handle, not {type(value).__name__}")
 
 
 _BINDINGS_STREAM_TYPES = {"cuda.bindings.driver": "CUstream", "cuda.bindings.runtime": "cudaStream_t"}

@@ -66,6 +66,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 from vrampool import _native
+from vrampool.streams import as_int
 from vrampool.summary import format_size, format_summary
 
 __all__ = [
@@ -190,7 +191,7 @@ def allocator() -> Any:
         if _allocator is None:
             torch = _torch()
             path = library_path()
-            alloc = torch.cuda.memory.CUDAPluggableAllocator(path, "vrampool_malloc", "vrampool_free")
+            alloc = torch.cuda.memory.CUDAPluggableAllocator(path, _native.ABI_SYMBOLS["torch_malloc"], "vrampool_free")
             lib = ctypes.CDLL(path)
             native = alloc.allocator()
             for hook, names in _SETTERS.items():
@@ -308,12 +309,43 @@ def planned_stats(device: Device = None) -> Optional[Dict[str, Any]]:
 # ---- statistics, mirrored under PyTorch's names ----
 
 
+#: The device ordinals the C ABI serves (PyTorch's ``DeviceIndex`` is an ``int8_t``).
+MAX_DEVICES = 128
+
+
 def _device_index(device: Device) -> int:
-    """A device ordinal from what PyTorch's memory functions take.
+    """A device ordinal from what PyTorch's memory functions take; ``ValueError`` for one that
+    names no device (as PyTorch refuses it), and ``TypeError`` for what is no device at all.
 
     >>> _device_index(None), _device_index(2), _device_index("cuda:1"), _device_index("cuda")
     (0, 2, 1, 0)
+    >>> _device_index(-1)
+    Traceback (most recent call last):
+    ...
+    ValueError: invalid device -1: not a device ordinal (0 to 127)
     """
+    index = _device_ordinal(device)
+    limit = _device_limit()
+    if not 0 <= index < limit:
+        raise ValueError(f"invalid device {device!r}: not a device ordinal (0 to {limit - 1})")
+    return index
+
+
+def _device_limit() -> int:
+    """How many devices there are: CUDA's count where torch sees CUDA devices and vrampool serves
+    CUDA, else every ordinal the C ABI serves (the simulated device has as many as asked for)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and _native.configuration()["device"] == "cuda":
+        try:
+            count = int(torch.cuda.device_count())
+        except Exception:  # a broken driver: torch's own calls will say so
+            count = 0
+        if count > 0:
+            return min(count, MAX_DEVICES)
+    return MAX_DEVICES
+
+
+def _device_ordinal(device: Device) -> int:
     if device is None or (isinstance(device, str) and device == "cuda"):
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_initialized():
@@ -321,8 +353,9 @@ def _device_index(device: Device) -> int:
         return 0
     if isinstance(device, bool):
         raise TypeError("device must be an int, a 'cuda:N' string or a torch.device")
-    if isinstance(device, int):
-        return device
+    number = as_int(device)
+    if number is not None:
+        return number
     if isinstance(device, str):
         kind, _, index = device.partition(":")
         if kind != "cuda" or not index.isdigit():
@@ -330,7 +363,7 @@ def _device_index(device: Device) -> int:
         return int(index)
     index = getattr(device, "index", None)
     if getattr(device, "type", None) == "cuda":
-        return _device_index(None) if index is None else int(index)
+        return _device_ordinal(None) if index is None else int(index)
     raise TypeError(f"device must be an int, a 'cuda:N' string or a torch.device, not {device!r}")
 
 

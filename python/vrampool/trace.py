@@ -23,6 +23,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tupl
 
 from vrampool import _native
 from vrampool.capture import Trace, read
+from vrampool.inputs import read_text
 
 #: One buffer: (id, lower, upper, size, stream).
 TraceRow = Tuple[int, int, int, int, int]
@@ -66,7 +67,7 @@ def read_trace(path: Union[str, Path]) -> List[TraceRow]:
     ``(id, lower, upper, size, stream)`` rows (a CSV's as written; other formats' times are event
     indices). Raises ``ValueError`` naming the line of bad input."""
     if Path(path).suffix == ".csv":
-        return _native.read_trace_csv(Path(path).read_text())
+        return _native.read_trace_csv(read_text(path))
     return read(path).rows()
 
 
@@ -185,8 +186,14 @@ def replay_each(
     conf: str = "",
     samples: int = SAMPLES,
     capacity: Optional[int] = None,
+    repeat: int = 1,
 ) -> Iterator[Report]:
-    """Yields one report per row (see :func:`replay`) as each finishes, for progress bars."""
+    """Yields one report per row (see :func:`replay`) as each finishes, for progress bars.
+    ``repeat`` replays the trace that many times back to back on the same pool or model (a warm
+    one, for events per second) in the memory of one copy; the plan's row is the same arena for
+    any."""
+    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+        raise ValueError(f"repeat must be a positive int, got {repeat!r}")
     names = strategy_names(strategy)
     shares = split_conf(names, conf)
     loaded = load(trace)
@@ -195,8 +202,9 @@ def replay_each(
     for name in names:
         if name == PLAN:
             report = _plan_report(rows, samples, capacity)
+            report["events"] *= repeat
         else:
-            report = _native.replay_trace(rows, [_run(name, shares[name])], samples, capacity)[0]
+            report = _native.replay_trace(rows, [_run(name, shares[name])], samples, capacity, repeat)[0]
             report["strategy"] = name
         if recorded is not None:
             report["recorded_reserved_bytes"] = recorded

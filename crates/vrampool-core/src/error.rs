@@ -77,6 +77,8 @@ pub enum PoolError {
     WrongDevice { pool: i32, given: i32 },
     #[error("the pool is closed")]
     Closed,
+    #[error("the process forked: this pool belongs to the parent process (make a new pool in the child)")]
+    Forked,
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
     #[error(transparent)]

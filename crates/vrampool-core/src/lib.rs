@@ -15,6 +15,7 @@
 //! ```
 
 mod arena;
+mod barrier;
 mod cache_class;
 pub mod config;
 pub mod device;
@@ -22,6 +23,7 @@ pub mod error;
 pub mod event_log;
 mod expandable;
 mod fast_gate;
+mod fork;
 mod live_table;
 pub mod magazine;
 pub mod peers;
@@ -29,6 +31,7 @@ mod pool;
 pub mod replay;
 pub mod sizes;
 pub mod stats;
+mod steal_cell;
 pub mod strategy;
 mod sync;
 mod thread_cache;

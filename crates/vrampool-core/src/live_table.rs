@@ -26,7 +26,7 @@ const STATE: u64 = 0b111;
 /// What the pool records about a live block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockMeta {
-    /// Below 2^48.
+    /// Below 2^48 (`sizes::MAX_REQUEST` keeps it there).
     pub size: u64,
     pub requested: u64,
     pub stream: u64,

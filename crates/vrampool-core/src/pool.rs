@@ -31,9 +31,9 @@ use crate::error::{DeviceError, InvalidFreeReason, OomReport, PoolError, Result}
 use crate::expandable::{pieces, Expandable, Reservation};
 use crate::fast_gate::FastGate;
 use crate::event_log::{EventKind, EventLog, LogEvent};
-use crate::sizes::{class_size, classes_up_to, round_up, MIN_BLOCK};
-use crate::stats::{Counters, Fast, LocalCounters, Stats};
-use crate::thread_cache::{self, CacheOwner, PoolCache, PoolHandle, HOME_STREAM};
+use crate::sizes::{class_size, classes_up_to, round_up, MAX_REQUEST, MIN_BLOCK};
+use crate::stats::{Counters, Fast, Stats};
+use crate::thread_cache::{self, CacheOfThread, CacheOwner, PoolCache, PoolHandle, HOME_STREAM};
 use crate::strategy::{BestFit, BestFitConfig, Block, BlockInfo, Buddy, BuddyConfig, Segment, Slab, SlabConfig, Strategy, StrategyKind};
 
 type FastMap<K, V> = papaya::HashMap<K, V, FixedState>;
@@ -93,9 +93,15 @@ pub struct Pool(Arc<PoolCore>);
 pub struct PoolCore {
     /// Unique for the process's life: thread caches find their pool by it.
     id: u64,
-    /// Raised by trims: thread caches give their blocks back when they see it move.
-    flush_epoch: AtomicU64,
+    /// The process generation the pool was made in (`fork.rs`): in a forked child it refuses
+    /// every call.
+    generation: u64,
     this: Weak<dyn CacheOwner>,
+    /// Every thread's cache for this pool, so that a trim takes their blocks back at once.
+    thread_caches: Mutex<Vec<CacheOfThread>>,
+    /// Held while the caches are emptied, so that a second flush waits for the first's blocks to
+    /// be back rather than skip the caches the first has claimed.
+    flushing: Mutex<()>,
     device: Arc<dyn Device>,
     config: PoolConfig,
     device_total: u64,
@@ -111,8 +117,8 @@ pub struct PoolCore {
     /// The default stream's arena, reached without a map lookup.
     default_arena: Arena,
     /// Thread caches hold the classes below this index: the first tier's blocks of at most
-    /// `small_max` bytes. Larger cached blocks go to the magazines only, which a trim or a growth
-    /// empties at once (a thread's cache only at that thread's next call).
+    /// `small_max` bytes. Larger cached blocks go to the magazines only (a trim or a growth
+    /// empties both at once).
     thread_classes: usize,
     /// For the fastest path, per 512-byte granule of request size: the thread-cache class of the
     /// requests in it, if any (see `thread_class_table`).
@@ -154,8 +160,10 @@ impl Pool {
         gate.set(FastGate::WATCHED, thread_class_of.is_empty());
         let core = Arc::new_cyclic(|this: &Weak<PoolCore>| PoolCore {
             id: NEXT_ID.fetch_add(1, Relaxed),
-            flush_epoch: AtomicU64::new(thread_cache::new_epoch()),
+            generation: crate::fork::generation(),
             this: this.clone() as Weak<dyn CacheOwner>,
+            thread_caches: Mutex::default(),
+            flushing: Mutex::default(),
             device,
             config,
             device_total,
@@ -223,8 +231,9 @@ impl CacheOwner for PoolCore {
         }
     }
 
-    fn retire_counters(&self, counters: &Arc<LocalCounters>) {
-        self.counters.fast.retire(counters);
+    fn retire(&self, cache: &Arc<PoolCache>) {
+        self.counters.fast.retire(cache.counters_arc());
+        self.thread_caches.lock().retain(|c| !c.is(cache));
     }
 }
 
@@ -294,17 +303,19 @@ impl PoolCore {
         }
         // SAFETY: nothing below calls anything that uses a thread cache: it reads and writes the
         // cache, the live table and this thread's counters only.
-        let cache = unsafe { thread_cache::current_unmarked(self.flush_epoch.load(Relaxed)) }?;
+        let cache = unsafe { thread_cache::current_unmarked(self.id) }?;
         // A zero size wraps to a granule past the table's end.
         let class = *self.thread_class_of.get((size.wrapping_sub(1) / MIN_BLOCK) as usize)?;
         let index = class.index()?;
         let block = LiveBlock { size: class.size(), requested: size, stream: HOME_STREAM, tier: 0, class: class.tag() };
-        let list = cache.home_list(index)?;
+        let mut lists = cache.lists()?;
+        let list = lists.home(index)?;
         let &addr = list.last()?;
         if !self.live.revive(addr, block) {
             return None;
         }
         list.pop();
+        drop(lists);
         Self::count_alloc(cache, &block);
         Some(match cache.note_allocated(block.size) {
             true => FastAlloc::PeaksDue(addr),
@@ -386,7 +397,7 @@ impl PoolCore {
             return FastFree::Removed;
         };
         // SAFETY: as in `allocate_from_thread_cache`.
-        let Some(cache) = (unsafe { thread_cache::current_unmarked(self.flush_epoch.load(Relaxed)) }) else {
+        let Some(cache) = (unsafe { thread_cache::current_unmarked(self.id) }) else {
             return FastFree::Removed;
         };
         if !cache.push_home(index, addr) {
@@ -399,10 +410,12 @@ impl PoolCore {
     /// The rest of a free whose block the fastest path took out of the table, and holds.
     #[inline(never)]
     fn free_parked(&self, addr: u64, stream: Option<StreamId>) -> Result<()> {
-        match self.live.parked(addr) {
-            Some(block) => self.free_removed(addr, block, stream),
-            None => unreachable!("only the block's holder unparks its slot"),
+        let Some(block) = self.live.parked(addr) else { unreachable!("only the block's holder unparks its slot") };
+        if let Err(forked) = self.check_process() {
+            self.insert_live(addr, block);
+            return Err(forked);
         }
+        self.free_removed(addr, block, stream)
     }
 
     #[inline(never)]
@@ -594,7 +607,7 @@ impl PoolCore {
     /// Refuses every later call, gives back every free segment and returns the blocks still live
     /// (leaks). Their segments stay reserved until the pool is dropped.
     pub fn close(&self) -> Vec<LiveBlockInfo> {
-        if self.gate.set(FastGate::CLOSED, true) {
+        if self.gate.set(FastGate::CLOSED, true) || self.check_process().is_err() {
             return Vec::new();
         }
         let _ = self.release_free();
@@ -1081,11 +1094,12 @@ impl PoolCore {
         }
     }
 
-    /// Runs `f` on this thread's cache for this pool (giving back first what a trim asked for);
-    /// None when the thread's storage is gone (it is exiting).
-    fn with_thread_cache<R>(&self, f: impl FnOnce(&mut PoolCache) -> R) -> Option<R> {
+    /// Runs `f` on this thread's cache for this pool; None when the thread has none (it is
+    /// exiting, or thread caches are off: see `thread_cache::with_pool_cache`).
+    fn with_thread_cache<R>(&self, f: impl FnOnce(&PoolCache) -> R) -> Option<R> {
         let register = || self.counters.fast.register();
-        let handle = PoolHandle { id: self.id, epoch: self.flush_epoch.load(Relaxed), owner: &self.this, register: &register };
+        let enlist = |cache| self.thread_caches.lock().push(cache);
+        let handle = PoolHandle { id: self.id, owner: &self.this, register: &register, enlist: &enlist };
         thread_cache::with_pool_cache(&handle, f)
     }
 
@@ -1128,9 +1142,8 @@ impl PoolCore {
         users
     }
 
-    /// Empties the thread caches and magazines into their strategies (other threads' at their
-    /// next call), then gives every wholly free segment back and unmaps every wholly free
-    /// expandable chunk.
+    /// Empties every thread's cache and the magazines into their strategies, then gives every
+    /// wholly free segment back and unmaps every wholly free expandable chunk.
     fn release_free(&self) -> Result<u64> {
         self.flush_caches();
         self.give_back_free(None)
@@ -1177,14 +1190,15 @@ impl PoolCore {
         }
     }
 
-    /// Gives the completed deferred frees, this thread's cache and the magazines back to their
-    /// strategies (other threads' caches at their next call).
+    /// Gives the completed deferred frees, every thread's cache (busy, idle or exiting) and the
+    /// magazines back to their strategies.
     fn flush_caches(&self) {
         self.complete_deferred_frees();
         // Cached blocks keep their slabs from being wholly free: on the demo's traces, slab
         // segments holding only cached blocks were most of what hybrid reserved above the bound.
-        self.flush_epoch.store(thread_cache::new_epoch(), Relaxed);
-        self.with_thread_cache(|_| ());
+        let _one_flush = self.flushing.lock();
+        let blocks = thread_cache::take_all(&self.thread_caches.lock());
+        self.adopt(blocks);
         self.for_each_arena(|arena| {
             arena.magazines.drain(
                 |_| true,
@@ -1240,8 +1254,19 @@ impl PoolCore {
     }
 
     fn ensure_open(&self) -> Result<()> {
+        self.check_process()?;
         match self.gate.any(FastGate::CLOSED) {
             true => Err(PoolError::Closed),
+            false => Ok(()),
+        }
+    }
+
+    /// `Forked` in a process forked after the pool was made (see `fork.rs`), where its locks
+    /// and caches may be held by threads that do not exist: callers of the methods that do not
+    /// check (`stats`, `snapshot`, ...) check first.
+    pub fn check_process(&self) -> Result<()> {
+        match crate::fork::forked_since(self.generation) {
+            true => Err(PoolError::Forked),
             false => Ok(()),
         }
     }
@@ -1254,8 +1279,10 @@ impl PoolCore {
         }
         let cap = self.capacity();
         match self.config.padded(size) {
-            Some(rounded) if rounded <= cap => Ok(rounded),
-            _ => Err(PoolError::InvalidSize { size, reason: "larger than the pool may ever reserve" }),
+            Some(rounded) if rounded > cap => Err(PoolError::InvalidSize { size, reason: "larger than the pool may ever reserve" }),
+            Some(rounded) if rounded > MAX_REQUEST => Err(PoolError::InvalidSize { size, reason: "larger than one block can be (128 TiB)" }),
+            Some(rounded) => Ok(rounded),
+            None => Err(PoolError::InvalidSize { size, reason: "larger than the pool may ever reserve" }),
         }
     }
 
@@ -1316,7 +1343,11 @@ impl std::ops::Deref for ArenaRef<'_> {
 impl Drop for PoolCore {
     fn drop(&mut self) {
         // Every segment goes back to the device, live blocks or not: nobody can free them now.
+        // In a forked child they are the parent's, and the locks may be held for good: leave them.
         self.gate.set(FastGate::CLOSED, true);
+        if self.check_process().is_err() {
+            return;
+        }
         let mut segments = Vec::new();
         self.for_each_arena(|arena| {
             for tier in arena.tiers.iter() {

@@ -96,11 +96,13 @@ pub struct ReplayOptions {
     pub samples: usize,
     /// The simulated device's memory; None for [`REPLAY_CAPACITY`], which no trace fills.
     pub capacity: Option<u64>,
+    /// Copies of the trace replayed back to back (at least 1).
+    pub repeat: u64,
 }
 
 impl Default for ReplayOptions {
     fn default() -> Self {
-        Self { samples: DEFAULT_SAMPLES, capacity: None }
+        Self { samples: DEFAULT_SAMPLES, capacity: None, repeat: 1 }
     }
 }
 
@@ -156,6 +158,8 @@ pub enum ReplayError {
     DuplicateId { index: usize, id: u64 },
     #[error("event {index}: allocation of 0 bytes (id {id})")]
     ZeroSize { index: usize, id: u64 },
+    #[error("cannot replay {events} events {times} times: a replay runs a trace at least once, and no more often than it can count")]
+    Repeat { times: u64, events: usize },
     /// The pool refused an event (or could not be made).
     #[error("event {index}: {source}")]
     Pool { index: usize, source: PoolError },
@@ -177,20 +181,20 @@ pub fn read_trace_csv(text: &str) -> Result<Vec<TraceBuffer>, ReplayError> {
     for (i, name) in columns.iter().enumerate() {
         match NAMES.iter().position(|n| n == name) {
             Some(k) if index[k].is_some() => {
-                return Err(parse_err(header_line, format!("column `{name}` appears twice in the header")))
+                return Err(parse_err(header_line, format!("column `{}` appears twice in the header", excerpt(name))))
             }
             Some(k) => index[k] = Some(i),
             None if *name == "offset" => {}
             None => {
                 return Err(parse_err(
                     header_line,
-                    format!("unknown column `{name}` (expected id,lower,upper,size and optionally stream)"),
+                    format!("unknown column `{}` (expected id,lower,upper,size and optionally stream)", excerpt(name)),
                 ))
             }
         }
     }
     if let Some(k) = (0..4).find(|&k| index[k].is_none()) {
-        return Err(parse_err(header_line, format!("the header `{header}` lacks the `{}` column", NAMES[k])));
+        return Err(parse_err(header_line, format!("the header `{}` lacks the `{}` column", excerpt(header), NAMES[k])));
     }
     let mut buffers = Vec::new();
     let mut ids = std::collections::HashSet::new();
@@ -207,7 +211,7 @@ pub fn read_trace_csv(text: &str) -> Result<Vec<TraceBuffer>, ReplayError> {
                     .parse::<u64>()
                     .ok()
                     .filter(|_| text.bytes().all(|c| c.is_ascii_digit()))
-                    .ok_or_else(|| parse_err(line, format!("{} `{text}` is not a non-negative integer", NAMES[k])))?;
+                    .ok_or_else(|| parse_err(line, format!("{} `{}` is not a non-negative integer", NAMES[k], excerpt(text))))?;
             }
         }
         let [id, lower, upper, size, stream] = values;
@@ -219,6 +223,17 @@ pub fn read_trace_csv(text: &str) -> Result<Vec<TraceBuffer>, ReplayError> {
         buffers.push(buffer);
     }
     Ok(buffers)
+}
+
+/// At most the first 100 bytes of `text` (cut at a character boundary), for quoting bad input in
+/// a message.
+fn excerpt(text: &str) -> String {
+    const MAX: usize = 100;
+    if text.len() <= MAX {
+        return text.to_owned();
+    }
+    let cut = (0..=MAX).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
+    format!("{}... ({} more bytes)", &text[..cut], text.len() - cut)
 }
 
 fn check_buffer(b: &TraceBuffer) -> Result<(), String> {
@@ -383,15 +398,23 @@ pub fn replay_prepared(prepared: &PreparedTrace, target: &ReplayTarget, options:
     let report = match target {
         ReplayTarget::Pool(config) => {
             let mut pool = Pool::new(device, config.clone()).map_err(|source| ReplayError::Pool { index: 0, source })?;
-            run(prepared, &mut pool, options.samples)
+            run(prepared, &mut pool, options)
         }
-        ReplayTarget::Peer(peer) => run(prepared, &mut peer.build(device, options.capacity), options.samples),
+        ReplayTarget::Peer(peer) => run(prepared, &mut peer.build(device, options.capacity), options),
     }?;
     Ok(ReplayReport { strategy: target.name(), approximate: matches!(target, ReplayTarget::Peer(p) if p.approximate()), ..report })
 }
 
-fn run<R: Replayed>(prepared: &PreparedTrace, target: &mut R, samples: usize) -> Result<ReplayReport, ReplayError> {
-    let events = prepared.ops.len();
+/// `options.repeat` copies of the trace run back to back on the same pool or model (a warm one,
+/// for events per second) in the memory of one copy: each starts once the one before has freed
+/// everything.
+fn run<R: Replayed>(prepared: &PreparedTrace, target: &mut R, options: ReplayOptions) -> Result<ReplayReport, ReplayError> {
+    let ReplayOptions { samples, repeat, .. } = options;
+    let events = usize::try_from(repeat)
+        .ok()
+        .and_then(|times| prepared.ops.len().checked_mul(times))
+        .filter(|_| repeat > 0)
+        .ok_or(ReplayError::Repeat { times: repeat, events: prepared.ops.len() })?;
     // ceil(events / samples) events apart: at most `samples` points, the last at the end.
     let stride = if samples == 0 { usize::MAX } else { events.div_ceil(samples).max(1) };
     let mut timeline = Vec::with_capacity(samples.min(events));
@@ -408,7 +431,7 @@ fn run<R: Replayed>(prepared: &PreparedTrace, target: &mut R, samples: usize) ->
     let mut out_of_memory = None;
     let mut done = events;
     let start = Instant::now();
-    for (index, &(slot, size, stream)) in prepared.ops.iter().enumerate() {
+    for (index, &(slot, size, stream)) in prepared.ops.iter().cycle().take(events).enumerate() {
         let result = if size > 0 {
             target.allocate(size, stream).map(|addr| addrs[slot as usize] = addr)
         } else {
@@ -560,7 +583,7 @@ mod tests {
         let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap();
         assert_eq!((prepared.len(), prepared.lower_bound_bytes()), (2000, 2 * MIB));
         for (samples, expected) in [(0, 0), (1, 1), (7, 7), (1000, 1000), (3000, 2000)] {
-            let report = replay_prepared(&prepared, &ReplayTarget::Pool(config(StrategyKind::BestFit)), ReplayOptions { samples, capacity: None }).unwrap();
+            let report = replay_prepared(&prepared, &ReplayTarget::Pool(config(StrategyKind::BestFit)), ReplayOptions { samples, capacity: None, repeat: 1 }).unwrap();
             let points: Vec<usize> = report.timeline.iter().map(|p| p.event).collect();
             assert_eq!(points.len(), expected, "{samples} samples");
             if let (Some(&first), Some(&last)) = (points.first(), points.last()) {
@@ -574,7 +597,7 @@ mod tests {
             }
         }
         // Mid-trace one or two buffers are live; at the end none is.
-        let report = replay_prepared(&prepared, &ReplayTarget::Pool(config(StrategyKind::BestFit)), ReplayOptions { samples: 10, capacity: None }).unwrap();
+        let report = replay_prepared(&prepared, &ReplayTarget::Pool(config(StrategyKind::BestFit)), ReplayOptions { samples: 10, capacity: None, repeat: 1 }).unwrap();
         assert!(report.timeline[..9].iter().all(|p| p.allocated_bytes >= MIB), "{:?}", report.timeline);
         assert_eq!(report.timeline[9].allocated_bytes, 0);
         assert!((0.0..=1.0).contains(&report.fragmentation));
@@ -599,7 +622,7 @@ mod tests {
         // (its cached 30 MiB segment goes back and it retries); 90 MiB live at once fits nobody.
         let buffers = [TraceBuffer::new(0, 0, 1, 30 * MIB), TraceBuffer::new(1, 1, 3, 40 * MIB), TraceBuffer::new(2, 2, 3, 50 * MIB)];
         let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap();
-        let options = ReplayOptions { samples: 10, capacity: Some(60 * MIB) };
+        let options = ReplayOptions { samples: 10, capacity: Some(60 * MIB), repeat: 1 };
         for target in [ReplayTarget::Peer(PeerConfig::named("torch").unwrap()), ReplayTarget::Pool(PoolConfig::default())] {
             let report = replay_prepared(&prepared, &target, options).unwrap();
             let oom = report.out_of_memory.unwrap_or_else(|| panic!("{}: {report:?}", target.name()));
@@ -608,7 +631,7 @@ mod tests {
             assert!(report.peak_reserved_bytes <= 60 * MIB);
             assert_eq!(report.timeline.last().unwrap().event, 3);
         }
-        let roomy = ReplayOptions { samples: 10, capacity: Some(100 * MIB) };
+        let roomy = ReplayOptions { samples: 10, capacity: Some(100 * MIB), repeat: 1 };
         assert!(replay_prepared(&prepared, &ReplayTarget::Pool(PoolConfig::default()), roomy).unwrap().out_of_memory.is_none());
     }
 
@@ -683,7 +706,7 @@ mod tests {
             // With the plots' timeline and without: the sampling's cost shows as the difference.
             let best = |samples| {
                 (0..3)
-                    .map(|_| replay_prepared(&prepared, &ReplayTarget::Pool(config(strategy)), ReplayOptions { samples, capacity: None }).unwrap().events_per_s)
+                    .map(|_| replay_prepared(&prepared, &ReplayTarget::Pool(config(strategy)), ReplayOptions { samples, capacity: None, repeat: 1 }).unwrap().events_per_s)
                     .fold(0.0, f64::max)
             };
             let (sampled, bare) = (best(DEFAULT_SAMPLES), best(0));
@@ -694,6 +717,29 @@ mod tests {
                 bare / 1e6,
                 long.len()
             );
+        }
+    }
+
+    #[test]
+    fn a_repeated_replay_counts_every_copy_in_the_memory_of_one() {
+        let buffers = [TraceBuffer::new(1, 0, 2, MIB), TraceBuffer::new(2, 1, 3, 3 * MIB)];
+        let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap();
+        let target = ReplayTarget::Pool(config(StrategyKind::Hybrid));
+        let times = |repeat| replay_prepared(&prepared, &target, ReplayOptions { samples: 10, capacity: None, repeat });
+        let (once, thrice) = (times(1).unwrap(), times(3).unwrap());
+        assert_eq!(thrice.events, 3 * once.events);
+        assert_eq!((thrice.peak_reserved_bytes, thrice.lower_bound_bytes), (once.peak_reserved_bytes, once.lower_bound_bytes));
+        assert_eq!(thrice.timeline.last().unwrap().allocated_bytes, 0, "every copy frees what it allocated");
+        assert!(matches!(times(u64::MAX), Err(ReplayError::Repeat { .. })));
+        assert!(matches!(times(0), Err(ReplayError::Repeat { .. })));
+    }
+
+    #[test]
+    fn a_csv_error_quotes_at_most_a_hundred_bytes_of_its_input() {
+        let field = "9".repeat(1 << 20) + "x";
+        for text in [format!("id,lower,upper,size\n1,0,1,{field}\n"), format!("id,lower,upper,{field}\n"), "id,lower,upper\u{e9},size\n".to_string()] {
+            let message = read_trace_csv(&text).unwrap_err().to_string();
+            assert!(message.len() < 250, "{} bytes: {}", message.len(), &message[..250.min(message.len())]);
         }
     }
 }

@@ -5,6 +5,10 @@ pub const MIN_BLOCK: u64 = 512;
 pub const KIB: u64 = 1024;
 pub const MIB: u64 = 1024 * KIB;
 pub const GIB: u64 = 1024 * MIB;
+/// The largest request the pool takes: 128 TiB. The live-block table keeps a block's size in 48
+/// bits, and every strategy's block for a request up to this (a buddy rounds it up to a power of
+/// two, a segment to its growth unit) stays below 2^48.
+pub const MAX_REQUEST: u64 = 1 << 47;
 
 /// Rounds `size` up to a multiple of `unit` (a power of two); None on overflow.
 pub fn round_up(size: u64, unit: u64) -> Option<u64> {

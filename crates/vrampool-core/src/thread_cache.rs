@@ -5,14 +5,20 @@
 //! stream's inline, so that a hit follows as few pointers as glibc's tcache). A block
 //! freed on a thread goes to that thread's list for the block's own stream, so stream ordering is
 //! unchanged. The lists are bounded (`CLASS_BYTES` per class); what does not fit goes to the
-//! shared magazines. A trim raises the pool's flush epoch: each thread empties its lists into the
-//! pool at its next call, and a thread that exits gives its lists back at once.
+//! shared magazines.
+//!
+//! The pool keeps a handle on every thread's cache (`CacheOfThread`), so that a trim, a growth
+//! or an out-of-memory retry takes the blocks of every thread's cache at once, also of a thread
+//! that stays idle or has finished its work but not yet run its thread-local destructors. The
+//! lists sit in a `StealCell`: their owner uses them with plain stores, and a trim takes them
+//! over for a moment. A thread that exits gives its lists back itself.
 
 use std::cell::{Cell, UnsafeCell};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 
+use crate::barrier;
 use crate::stats::LocalCounters;
+use crate::steal_cell::{steal_each, Owned, StealCell};
 
 /// The stream whose lists are inline in the cache: the default stream, the one most threads use
 /// only.
@@ -26,8 +32,8 @@ const CLASS_MIN_DEPTH: usize = 2;
 pub trait CacheOwner: Send + Sync {
     /// Takes back blocks from a thread cache: (stream, addr) pairs.
     fn adopt(&self, blocks: Vec<(u64, u64)>);
-    /// Folds an exiting thread's counters into the pool's.
-    fn retire_counters(&self, counters: &Arc<LocalCounters>);
+    /// Folds an exiting thread's counters into the pool's and forgets its cache.
+    fn retire(&self, cache: &Arc<PoolCache>);
 }
 
 /// The most classes a thread caches: those up to 64 MiB, the largest `small_max`.
@@ -46,20 +52,14 @@ impl StreamCache {
     }
 }
 
-/// One thread's state for one pool.
-pub struct PoolCache {
-    pool_id: u64,
-    owner: Weak<dyn CacheOwner>,
-    epoch: u64,
-    counters: Arc<LocalCounters>,
-    /// Bytes allocated since this thread last updated the pool's peaks.
-    since_checkpoint: u64,
-    /// The default stream's cache (the stream most threads use only), and the other streams'.
+/// One thread's cached blocks for one pool.
+struct Lists {
+    /// The default stream's (the stream most threads use only), and the other streams'.
     home: StreamCache,
     others: Vec<StreamCache>,
 }
 
-impl PoolCache {
+impl Lists {
     fn take_all(&mut self) -> Vec<(u64, u64)> {
         let mut out = Vec::new();
         for sc in std::iter::once(&mut self.home).chain(&mut self.others) {
@@ -88,24 +88,55 @@ impl PoolCache {
             }
         }
     }
+}
 
+/// One thread's state for one pool. Every `&PoolCache` this module hands out comes from the
+/// calling thread's own `CURRENT` or `CACHES` (a `CacheOfThread` gives none out), so the thread
+/// that holds one is the cache's owner: that is what its owner's sections (`StealCell::own`)
+/// require.
+pub struct PoolCache {
+    pool_id: u64,
+    owner: Weak<dyn CacheOwner>,
+    counters: Arc<LocalCounters>,
+    /// Bytes allocated since this thread last updated the pool's peaks (owner only).
+    since_checkpoint: Cell<u64>,
+    /// The owning thread (`this_thread`).
+    thread: usize,
+    lists: StealCell<Lists>,
+}
+
+// SAFETY: other threads reach a cache only through a `CacheOfThread`, which touches nothing but
+// `lists`, a `StealCell`; `since_checkpoint`, the one field that is not thread-safe, is used by
+// the owner only (see the type's doc).
+unsafe impl Sync for PoolCache {}
+
+impl PoolCache {
     /// This thread's counters for the pool.
     #[inline(always)]
     pub fn counters(&self) -> &LocalCounters {
         &self.counters
     }
 
-    /// The default stream's list of class `index`.
+    pub fn counters_arc(&self) -> &Arc<LocalCounters> {
+        &self.counters
+    }
+
+    /// The lists, for the owner's section that lasts as long as the guard; None while a trim has
+    /// them.
     #[inline(always)]
-    pub fn home_list(&mut self, index: usize) -> Option<&mut Vec<u64>> {
-        self.home.classes.get_mut(index)
+    pub fn lists(&self) -> Option<OwnLists<'_>> {
+        // SAFETY: the owner calls (type doc); the guard borrows the cache, and the fast paths
+        // that hold it call nothing that reaches the cache (`current_unmarked`).
+        unsafe { self.lists.own() }.map(OwnLists)
     }
 
     /// Caches a block of class `index` for the default stream, if its list has room without
     /// growing (a list not made yet has none: its first push makes it, on the general path).
     #[inline(always)]
-    pub fn push_home(&mut self, index: usize, addr: u64) -> bool {
-        match self.home.classes.get_mut(index) {
+    pub fn push_home(&self, index: usize, addr: u64) -> bool {
+        // SAFETY: the owner calls (type doc).
+        let Some(mut lists) = (unsafe { self.lists.own() }) else { return false };
+        match lists.home.classes.get_mut(index) {
             // `push` can't grow here: the fast path makes no call.
             Some(list) if list.len() < list.capacity() => {
                 list.push(addr);
@@ -116,65 +147,97 @@ impl PoolCache {
     }
 
     /// Counts `bytes` allocated; true when the pool's peaks are due for an update.
-    pub fn note_allocated(&mut self, bytes: u64) -> bool {
-        self.since_checkpoint += bytes;
-        if self.since_checkpoint >= crate::stats::PEAK_SLACK {
-            self.since_checkpoint = 0;
-            return true;
-        }
-        false
+    #[inline(always)]
+    pub fn note_allocated(&self, bytes: u64) -> bool {
+        let since = self.since_checkpoint.get() + bytes;
+        let due = since >= crate::stats::PEAK_SLACK;
+        self.since_checkpoint.set(if due { 0 } else { since });
+        due
     }
 }
 
-impl Drop for PoolCache {
-    fn drop(&mut self) {
-        if let Some(owner) = self.owner.upgrade() {
-            let blocks = self.take_all();
-            owner.adopt(blocks);
-            owner.retire_counters(&self.counters);
-        }
+/// A thread's own lists, in a section (see `PoolCache::lists`).
+pub struct OwnLists<'a>(Owned<'a, Lists>);
+
+impl OwnLists<'_> {
+    /// The default stream's list of class `index`.
+    #[inline(always)]
+    pub fn home(&mut self, index: usize) -> Option<&mut Vec<u64>> {
+        self.0.home.classes.get_mut(index)
     }
 }
 
-/// This thread's caches, one per pool it used. Boxed, so that `CURRENT` may point into one
-/// while the vector grows.
+/// A thread's cache as its pool keeps it: for taking its blocks from any thread.
+pub struct CacheOfThread(Arc<PoolCache>);
+
+impl CacheOfThread {
+    pub fn is(&self, cache: &Arc<PoolCache>) -> bool {
+        Arc::ptr_eq(&self.0, cache)
+    }
+}
+
+/// Takes every block out of `caches`, as (stream, addr) pairs, whether their threads are busy,
+/// idle or exiting; a cache that another trim has at the moment is left to it. Nothing is taken
+/// where the barrier this needs is missing.
+pub fn take_all(caches: &[CacheOfThread]) -> Vec<(u64, u64)> {
+    let me = this_thread();
+    let mut blocks = Vec::new();
+    let all_mine = caches.iter().all(|c| c.0.thread == me);
+    steal_each(caches.iter().map(|c| &c.0.lists), all_mine, |lists| blocks.extend(lists.take_all()));
+    blocks
+}
+
+/// This thread's caches, one per pool it used. `CURRENT` points into one of the `Arc`s, which
+/// stays put while the vector grows.
 #[derive(Default)]
-#[allow(clippy::vec_box)]
-struct Caches(Vec<Box<PoolCache>>);
+struct Caches(Vec<Arc<PoolCache>>);
 
 impl Drop for Caches {
     fn drop(&mut self) {
-        // The pointer must not outlive the box; later calls (other thread-local destructors that
+        // The pointer must not outlive the cache; later calls (other thread-local destructors that
         // free blocks) then find no cache and count into the pool's shared counters.
-        FAST.with(|f| f.current.set(std::ptr::null_mut()));
+        FAST.with(|f| f.current.set(std::ptr::null()));
+        for cache in self.0.drain(..) {
+            let Some(owner) = cache.owner.upgrade() else { continue };
+            // SAFETY: this thread owns the cache, and no section is open: the thread is past
+            // every call.
+            let blocks = unsafe { cache.lists.own_waiting() }.take_all();
+            owner.adopt(blocks);
+            owner.retire(&cache);
+        }
     }
 }
 
 thread_local! {
     static CACHES: UnsafeCell<Caches> = const { UnsafeCell::new(Caches(Vec::new())) };
     // No destructor, so it stays readable while the thread's other storage is torn down.
-    static FAST: FastState = const { FastState { current: Cell::new(std::ptr::null_mut()), busy: Cell::new(false) } };
+    static FAST: FastState = const { FastState { current: Cell::new(std::ptr::null()), busy: Cell::new(false) } };
 }
 
 /// What the fast path reads first, in one thread-local so that one address computation finds
 /// both. `CURRENT` (`current`) is the cache used last (null when none); `BUSY` (`busy`) is set
 /// while a call uses a cache.
 struct FastState {
-    current: Cell<*mut PoolCache>,
+    current: Cell<*const PoolCache>,
     busy: Cell<bool>,
 }
 
+/// This thread, as an address unique among live threads (its `FAST`).
+fn this_thread() -> usize {
+    FAST.with(|f| f as *const FastState as usize)
+}
+
 /// This thread's cache for one pool, in use: `BUSY` is set while it lives (and cleared when it
-/// goes, even by a panic), so it is the only reference to the cache.
+/// goes, even by a panic), so that no other call of this thread reaches the cache meanwhile.
 pub struct CacheRef {
-    cache: *mut PoolCache,
+    cache: *const PoolCache,
 }
 
 impl CacheRef {
     /// Takes the cache that `cache` points at. Only when nothing is busy, with `cache` from
     /// `CURRENT` or just found in `CACHES`.
     #[inline(always)]
-    fn enter(cache: *mut PoolCache) -> Self {
+    fn enter(cache: *const PoolCache) -> Self {
         // `with` rather than `LocalKey::set`, which LLVM does not always inline.
         FAST.with(|f| f.busy.set(true));
         Self { cache }
@@ -185,16 +248,8 @@ impl std::ops::Deref for CacheRef {
     type Target = PoolCache;
     #[inline(always)]
     fn deref(&self) -> &PoolCache {
-        // SAFETY: see `current_cache`: the box outlives this guard, which is its only reference.
+        // SAFETY: see `current_cache`: the cache outlives this guard.
         unsafe { &*self.cache }
-    }
-}
-
-impl std::ops::DerefMut for CacheRef {
-    #[inline(always)]
-    fn deref_mut(&mut self) -> &mut PoolCache {
-        // SAFETY: as in `deref`.
-        unsafe { &mut *self.cache }
     }
 }
 
@@ -208,124 +263,126 @@ impl Drop for CacheRef {
 /// What `with_pool_cache` needs to make a cache for a pool this thread has not used yet.
 pub struct PoolHandle<'a> {
     pub id: u64,
-    pub epoch: u64,
     pub owner: &'a Weak<dyn CacheOwner>,
     pub register: &'a dyn Fn() -> Arc<LocalCounters>,
+    /// Hands the pool its handle on the new cache.
+    pub enlist: &'a dyn Fn(CacheOfThread),
 }
 
 /// Runs `f` on this thread's cache for the pool; None when thread-local storage is gone (the
-/// thread is exiting) or when called from inside another call's `f` (which must not happen: `f`
-/// must not call back into the pool). When the pool's flush epoch moved on since the last call,
-/// the cached blocks go back to the pool first (after `f`, outside the call, so the pool may use
-/// this thread's cache again meanwhile).
+/// thread is exiting), when the process cannot make the barrier that lets trims reach thread
+/// caches (then there are none), or when called from inside another call's `f` (which must not
+/// happen: `f` must not call back into the pool).
 #[inline]
-pub fn with_pool_cache<R>(pool: &PoolHandle<'_>, f: impl FnOnce(&mut PoolCache) -> R) -> Option<R> {
-    match current_cache(pool.epoch) {
-        Some(mut cache) => Some(f(&mut cache)),
+pub fn with_pool_cache<R>(pool: &PoolHandle<'_>, f: impl FnOnce(&PoolCache) -> R) -> Option<R> {
+    match current_cache(pool.id) {
+        Some(cache) => Some(f(&cache)),
         None if FAST.with(|f| f.busy.get()) => None,
         None => with_pool_cache_slow(pool, f),
     }
 }
 
-/// This thread's cache for the pool whose flush epoch is `epoch` (see `new_epoch`): None unless
-/// it is the cache this thread used last and nothing is busy.
+/// This thread's cache for the pool `pool_id`: None unless it is the cache this thread used last
+/// and nothing is busy.
 ///
-/// A non-null `CURRENT` points into a box that `CACHES` owns: boxes are dropped only by
+/// A non-null `CURRENT` points into an `Arc` that `CACHES` holds: those are dropped only by
 /// `find_or_make` (whose caller sets `CURRENT` again before it returns) and by the destructor of
-/// `CACHES` (which nulls `CURRENT` first). The `CacheRef` sets `BUSY` for its life, which makes
-/// it the only reference to the box, as `find_or_make` runs only when nothing is busy.
+/// `CACHES` (which nulls `CURRENT` first). The `CacheRef` sets `BUSY` for its life, and
+/// `find_or_make` runs only when nothing is busy.
 #[inline(always)]
-fn current_cache(epoch: u64) -> Option<CacheRef> {
+fn current_cache(pool_id: u64) -> Option<CacheRef> {
     // SAFETY: the reference becomes a pointer at once, and `CacheRef` marks the cache busy.
-    let cache: *mut PoolCache = unsafe { current_unmarked(epoch) }?;
+    let cache: *const PoolCache = unsafe { current_unmarked(pool_id) }?;
     Some(CacheRef::enter(cache))
 }
 
-/// A flush epoch no pool had before: unique in the process, so that an epoch alone tells which
-/// pool a cache belongs to.
-pub fn new_epoch() -> u64 {
-    static NEXT_EPOCH: AtomicU64 = AtomicU64::new(1);
-    NEXT_EPOCH.fetch_add(1, Relaxed)
-}
-
-/// This thread's cache for the pool whose flush epoch is `epoch` (see `new_epoch`), if it is the
-/// cache this thread used last and nothing is busy. The fastest paths' way in: unlike
-/// `current_cache` it does not mark the cache busy, which would cost two stores, and it never
-/// makes a cache.
+/// This thread's cache for the pool `pool_id`, if it is the cache this thread used last and
+/// nothing is busy. The fastest paths' way in: unlike `current_cache` it does not mark the cache
+/// busy, which would cost two stores, and it never makes a cache.
 ///
 /// # Safety
 ///
 /// While the reference lives, the caller must not call anything that may use a thread cache (a
 /// pool's methods, a drop that frees blocks or ends a pool): nothing marks the cache busy, so
-/// such a call would make a second mutable reference to it.
+/// such a call could open a section of the cache's lists inside another.
 #[inline(always)]
-pub unsafe fn current_unmarked<'a>(epoch: u64) -> Option<&'a mut PoolCache> {
+pub unsafe fn current_unmarked<'a>(pool_id: u64) -> Option<&'a PoolCache> {
     let (busy, cache) = FAST.with(|f| (f.busy.get(), f.current.get()));
     if busy {
         return None;
     }
-    // SAFETY: as the doc of `current_cache` says, nothing busy means no other reference into the
-    // box exists, and the caller makes none while this one lives.
-    let cache = unsafe { cache.as_mut() }?;
-    (cache.epoch == epoch).then_some(cache)
+    // SAFETY: as the doc of `current_cache` says, a non-null `CURRENT` points at a live cache.
+    let cache = unsafe { cache.as_ref() }?;
+    (cache.pool_id == pool_id).then_some(cache)
 }
 
 #[cold]
-fn with_pool_cache_slow<R>(pool: &PoolHandle<'_>, f: impl FnOnce(&mut PoolCache) -> R) -> Option<R> {
-    let cache = CACHES.try_with(|caches| find_or_make(caches.get(), pool)).ok()?;
+fn with_pool_cache_slow<R>(pool: &PoolHandle<'_>, f: impl FnOnce(&PoolCache) -> R) -> Option<R> {
+    let cache = CACHES.try_with(|caches| find_or_make(caches.get(), pool)).ok();
+    let cache = cache.flatten().unwrap_or(std::ptr::null());
     FAST.with(|f| f.current.set(cache));
-    let stale = {
-        // SAFETY: as in `current_cache`: `cache` was just found in `CACHES`, nothing is busy,
-        // and this reference ends before `CacheRef` makes another.
-        let cache = unsafe { &mut *cache };
-        if cache.epoch != pool.epoch {
-            cache.epoch = pool.epoch;
-            cache.take_all()
-        } else {
-            Vec::new()
-        }
-    };
-    let result = f(&mut CacheRef::enter(cache));
-    if !stale.is_empty() {
-        if let Some(owner) = pool.owner.upgrade() {
-            owner.adopt(stale);
-        }
+    if cache.is_null() {
+        return None;
     }
-    Some(result)
+    Some(f(&CacheRef::enter(cache)))
 }
 
-/// This thread's cache for the pool, made if the thread has none yet.
-fn find_or_make(caches: *mut Caches, pool: &PoolHandle<'_>) -> *mut PoolCache {
+/// This thread's cache for the pool, made if the thread has none yet; None where thread caches
+/// cannot be reached by other threads (no heavy barrier).
+fn find_or_make(caches: *mut Caches, pool: &PoolHandle<'_>) -> Option<*const PoolCache> {
     // SAFETY: only this thread reaches its `CACHES`, and no reference into it is alive: callers
-    // run this only when no call is busy, and boxes (not the vector) are what `CURRENT` points at.
+    // run this only when no call is busy, and `CURRENT` points into an `Arc`, not the vector.
     let caches = unsafe { &mut (*caches).0 };
-    if let Some(cache) = caches.iter_mut().find(|c| c.pool_id == pool.id) {
-        return &mut **cache;
+    if let Some(cache) = caches.iter().find(|c| c.pool_id == pool.id) {
+        return Some(Arc::as_ptr(cache));
     }
     // Forget caches of pools that are gone, then make this one.
     caches.retain(|c| c.owner.strong_count() > 0);
-    caches.push(Box::new(PoolCache {
+    if !barrier::available() {
+        return None;
+    }
+    let cache = Arc::new(PoolCache {
         pool_id: pool.id,
         owner: pool.owner.clone(),
-        epoch: pool.epoch,
         counters: (pool.register)(),
-        since_checkpoint: 0,
-        home: StreamCache::new(HOME_STREAM),
-        others: Vec::new(),
-    }));
-    &mut **caches.last_mut().expect("just pushed")
+        since_checkpoint: Cell::new(0),
+        thread: this_thread(),
+        lists: StealCell::new(Lists { home: StreamCache::new(HOME_STREAM), others: Vec::new() }),
+    });
+    (pool.enlist)(CacheOfThread(Arc::clone(&cache)));
+    let ptr = Arc::as_ptr(&cache);
+    caches.push(cache);
+    Some(ptr)
 }
 
-/// Pops a cached block of class `index` for `stream`.
-#[inline(always)]
-pub fn pop(cache: &mut PoolCache, stream: u64, index: usize) -> Option<u64> {
-    cache.stream(stream).classes.get_mut(index)?.pop()
+/// In a forked child: forgets this thread's caches without touching them (they belong to pools
+/// of the parent, which refuse every call in the child) and leaks them, as dropping them would
+/// give their blocks back through locks that a thread of the parent may have held.
+pub fn forget_after_fork() {
+    FAST.with(|f| {
+        f.current.set(std::ptr::null());
+        f.busy.set(false);
+    });
+    // SAFETY: only this thread reaches its `CACHES`, and the fork did not happen inside one of
+    // its calls into a pool (nothing is busy), so no reference into it is alive.
+    let _ = CACHES.try_with(|caches| std::mem::forget(std::mem::take(unsafe { &mut (*caches.get()).0 })));
 }
 
-/// Caches a block of class `index` (of `class_size` bytes) for `stream`; false when full.
+/// Pops a cached block of class `index` for `stream`; None also while a trim has the lists.
 #[inline(always)]
-pub fn push(cache: &mut PoolCache, stream: u64, index: usize, class_size: u64, addr: u64) -> bool {
-    let sc = cache.stream(stream);
+pub fn pop(cache: &PoolCache, stream: u64, index: usize) -> Option<u64> {
+    // SAFETY: the owner calls (see `PoolCache`).
+    let mut lists = unsafe { cache.lists.own() }?;
+    lists.stream(stream).classes.get_mut(index)?.pop()
+}
+
+/// Caches a block of class `index` (of `class_size` bytes) for `stream`; false when full (or
+/// while a trim has the lists).
+#[inline(always)]
+pub fn push(cache: &PoolCache, stream: u64, index: usize, class_size: u64, addr: u64) -> bool {
+    // SAFETY: the owner calls (see `PoolCache`).
+    let Some(mut lists) = (unsafe { cache.lists.own() }) else { return false };
+    let sc = lists.stream(stream);
     let list = match sc.classes.get_mut(index) {
         Some(list) if list.capacity() > 0 => list,
         Some(_) => first_list(sc, index, class_size),

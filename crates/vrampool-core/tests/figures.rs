@@ -195,7 +195,7 @@ fn replay_figures_of_a_known_trace() {
     assert_eq!(report.fragmentation, 0.0);
     // Events per second are the events over the loop's time.
     assert!(report.seconds > 0.0 && (report.events_per_s * report.seconds - 6.0).abs() < 1e-6, "{report:?}");
-    let bare = replay_prepared(&PreparedTrace::new(&events).unwrap(), &ReplayTarget::Pool(config), ReplayOptions { samples: 0, capacity: None }).unwrap();
+    let bare = replay_prepared(&PreparedTrace::new(&events).unwrap(), &ReplayTarget::Pool(config), ReplayOptions { samples: 0, capacity: None, repeat: 1 }).unwrap();
     assert!(bare.timeline.is_empty() && bare.fragmentation == 0.0 && bare.peak_reserved_bytes == 8 * MIB);
 }
 

@@ -317,3 +317,197 @@ fn a_fault_at_every_event_record_leaves_the_block_live_and_nothing_leaks() {
     }
     eprintln!("event-record faults: {points} fault points, each surfaced as an error");
 }
+
+// ---- other threads' caches (issue 16) ----
+
+/// Sizes that the thread caches keep (class sizes up to `small_max`), a few blocks of each.
+const THREAD_CACHED: [u64; 6] = [512, 2 * KIB, 8 * KIB, 64 * KIB, 512 * KIB, MIB];
+
+/// A thread that allocates `sizes` (each `copies` times), frees them all into its own cache, and
+/// then stays alive and idle, never calling the pool again, until the returned sender is
+/// dropped.
+fn idle_worker(pool: &Arc<Pool>, sizes: &[u64], copies: usize) -> (std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+    let (release, wait) = std::sync::mpsc::channel::<()>();
+    let (ready, is_ready) = std::sync::mpsc::channel::<()>();
+    let (pool, sizes) = (Arc::clone(pool), sizes.to_vec());
+    let worker = std::thread::spawn(move || {
+        let blocks: Vec<u64> = sizes.iter().flat_map(|&s| std::iter::repeat_n(s, copies)).map(|s| pool.allocate(s, S0).unwrap()).collect();
+        blocks.into_iter().for_each(|b| pool.free(b, None, None).unwrap());
+        ready.send(()).unwrap();
+        let _ = wait.recv();
+    });
+    is_ready.recv().unwrap();
+    (release, worker)
+}
+
+#[test]
+fn a_trim_reaches_the_cache_of_a_thread_that_stays_idle() {
+    for strategy in ALL {
+        let dev = Arc::new(SimDevice::new(GIB, SimMode::AddressOnly));
+        let pool = Arc::new(Pool::new(dev.clone() as Arc<dyn Device>, PoolConfig { strategy, ..PoolConfig::default() }).unwrap());
+        let (release, worker) = idle_worker(&pool, &THREAD_CACHED, 2);
+        assert_eq!(pool.stats().allocated_bytes.current, 0);
+        assert!(pool.snapshot().iter().flat_map(|s| &s.blocks).any(|b| b.2 == vrampool_core::BlockState::Cached), "{strategy:?}: the worker cached blocks");
+        pool.trim().unwrap();
+        assert_eq!(pool.stats().reserved_bytes.current, 0, "{strategy:?}: the idle worker's cached blocks went back");
+        assert_eq!(dev.counters().used, 0);
+        drop(release);
+        worker.join().unwrap();
+        assert_eq!(pool.stats().allocation.current, 0);
+    }
+}
+
+/// The issue's case: a worker's cached blocks pin segments of a small device; the main thread's
+/// large allocation gets them back through the out-of-memory retry (and, with `reclaim`, through
+/// the emptying of the caches before a growth).
+#[test]
+fn an_allocation_gets_the_memory_an_idle_thread_has_cached() {
+    for strategy in ALL {
+        for reclaim in [true, false] {
+            // Buddy's segments are powers of two: it gets a device that one such request fills.
+            let (capacity, request) = if strategy == StrategyKind::Buddy { (64 * MIB, 64 * MIB) } else { (48 * MIB, 44 * MIB) };
+            let dev = Arc::new(SimDevice::new(capacity, SimMode::AddressOnly));
+            let config = PoolConfig { strategy, reclaim, ..PoolConfig::default() };
+            let pool = Arc::new(Pool::new(dev.clone() as Arc<dyn Device>, config).unwrap());
+            // Blocks spread over many segments, each of which a cached block then pins.
+            let sizes: Vec<u64> = (0..40).map(|i| THREAD_CACHED[i % THREAD_CACHED.len()]).collect();
+            let (release, worker) = idle_worker(&pool, &sizes, 1);
+            let reserved = pool.stats().reserved_bytes.current;
+            assert!(reserved + request > capacity, "{strategy:?}: the cached blocks pin {reserved} B, too little to matter");
+            let big = pool.allocate(request, S0).unwrap_or_else(|e| panic!("{strategy:?} reclaim {reclaim}: {e}"));
+            pool.free(big, None, None).unwrap();
+            drop(release);
+            worker.join().unwrap();
+        }
+    }
+}
+
+thread_local! {
+    /// A destructor that runs before the thread cache's (thread-local destructors run in the
+    /// reverse order of first use): it holds the thread between its last call and the return of
+    /// its cache, as a Python thread is held after `Thread.join()` has returned.
+    static HOLD_AT_EXIT: HoldAtExit = const { HoldAtExit(std::cell::RefCell::new(None)) };
+}
+
+struct HoldAtExit(std::cell::RefCell<Option<(std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>)>>);
+
+impl Drop for HoldAtExit {
+    fn drop(&mut self) {
+        if let Some((exiting, resume)) = self.0.borrow_mut().take() {
+            let _ = exiting.send(());
+            let _ = resume.recv();
+        }
+    }
+}
+
+#[test]
+fn a_trim_reaches_the_cache_of_a_thread_that_is_exiting() {
+    let dev = Arc::new(SimDevice::new(GIB, SimMode::AddressOnly));
+    let pool = Arc::new(Pool::new(dev.clone() as Arc<dyn Device>, PoolConfig::default()).unwrap());
+    let (exiting, is_exiting) = std::sync::mpsc::channel::<()>();
+    let (resume, wait) = std::sync::mpsc::channel::<()>();
+    let worker = {
+        let pool = Arc::clone(&pool);
+        std::thread::spawn(move || {
+            let b = pool.allocate(4096, S0).unwrap();
+            pool.free(b, None, None).unwrap();
+            // First used after the cache, so destroyed before it.
+            HOLD_AT_EXIT.with(|h| *h.0.borrow_mut() = Some((exiting, wait)));
+        })
+    };
+    is_exiting.recv().unwrap();
+    pool.trim().unwrap();
+    assert_eq!(pool.stats().reserved_bytes.current, 0, "the exiting thread's cached block went back before its destructors ran");
+    resume.send(()).unwrap();
+    worker.join().unwrap();
+    pool.trim().unwrap();
+    assert_eq!(pool.stats().reserved_bytes.current, 0);
+    assert_eq!(pool.stats().allocation.current, 0);
+}
+
+/// Eight threads allocate and free thread-cached sizes (each block stamped, so that a block
+/// handed to two holders shows) while another thread trims without pause: every trim takes the
+/// caches of threads in the middle of their calls.
+#[test]
+fn trims_racing_eight_busy_threads_lose_and_duplicate_no_block() {
+    let dev = Arc::new(SimDevice::new(4 * GIB, SimMode::HostBacked));
+    let pool = Arc::new(Pool::new(dev.clone() as Arc<dyn Device>, PoolConfig::default()).unwrap());
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let trimmer = {
+        let (pool, done) = (Arc::clone(&pool), Arc::clone(&done));
+        std::thread::spawn(move || {
+            let mut trims = 0u64;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                pool.trim().unwrap();
+                trims += 1;
+            }
+            trims
+        })
+    };
+    let workers: Vec<_> = (0..8u64)
+        .map(|t| {
+            let pool = Arc::clone(&pool);
+            std::thread::spawn(move || {
+                let mut rng = 0x2545_F491_4F6C_DD1D ^ (t + 1);
+                let mut live: Vec<(u64, u64, u64)> = Vec::new();
+                for i in 0..15_000u64 {
+                    let r = next(&mut rng);
+                    if live.len() < 16 && (r % 2 == 0 || live.is_empty()) {
+                        let size = THREAD_CACHED[(r >> 8) as usize % 4];
+                        let addr = pool.allocate(size, S0).unwrap();
+                        let tag = t << 48 | i;
+                        // SAFETY: a fresh live block of a host-backed pool, this thread's alone.
+                        unsafe { std::ptr::write_unaligned(addr as *mut u64, tag) };
+                        live.push((addr, size, tag));
+                    } else {
+                        let (addr, size, tag) = live.swap_remove((r >> 8) as usize % live.len());
+                        // SAFETY: still live: this thread has not freed it.
+                        let seen = unsafe { std::ptr::read_unaligned(addr as *const u64) };
+                        assert_eq!(seen, tag, "block {addr:#x} was handed out twice");
+                        pool.free(addr, Some(size), None).unwrap();
+                    }
+                }
+                live.into_iter().for_each(|(addr, size, _)| pool.free(addr, Some(size), None).unwrap());
+            })
+        })
+        .collect();
+    workers.into_iter().for_each(|w| w.join().unwrap());
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(trimmer.join().unwrap() > 0);
+    let stats = pool.stats();
+    assert_eq!(stats.allocation.current, 0);
+    assert_eq!(stats.allocation.allocated, stats.allocation.freed);
+    assert!(pool.live_blocks().is_empty());
+    pool.trim().unwrap();
+    assert_eq!(pool.stats().reserved_bytes.current, 0);
+    assert_eq!(dev.counters().used, 0);
+}
+
+// ---- sizes past what a block can record (issue 16) ----
+
+/// The live-block table keeps sizes in 48 bits: requests past `MAX_REQUEST` are refused (in
+/// release builds too), and the largest one taken is recorded whole, in every strategy.
+#[test]
+fn sizes_the_live_table_cannot_hold_are_refused_and_the_largest_taken_is_recorded_whole() {
+    use vrampool_core::sizes::MAX_REQUEST;
+    // Plain segments: an expandable growth maps one chunk at a time, too slow at this size.
+    for strategy in ALL {
+        {
+            let dev = Arc::new(SimDevice::new(1 << 50, SimMode::AddressOnly));
+            let config = PoolConfig { strategy, expandable: false, ..PoolConfig::default() };
+            let pool = Pool::new(dev as Arc<dyn Device>, config).unwrap();
+            for size in [MAX_REQUEST + 1, (1 << 48) - 512, 1 << 48, (1 << 48) + 2 * MIB, 1 << 49] {
+                match pool.allocate(size, S0) {
+                    Err(PoolError::InvalidSize { .. }) => {}
+                    other => panic!("{strategy:?}: {size} B gave {other:?}"),
+                }
+            }
+            let big = pool.allocate(MAX_REQUEST, S0).unwrap();
+            let stats = pool.stats();
+            assert!(stats.allocated_bytes.current >= MAX_REQUEST, "{strategy:?}: recorded as {} B", stats.allocated_bytes.current);
+            assert!(stats.allocated_bytes.current <= stats.reserved_bytes.current);
+            pool.free(big, Some(MAX_REQUEST), None).unwrap();
+            assert_eq!(pool.stats().allocated_bytes.current, 0, "{strategy:?}");
+        }
+    }
+}

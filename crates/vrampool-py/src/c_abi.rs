@@ -2,7 +2,8 @@
 //! the native functions `vrampool.torch` reads it through.
 //!
 //! ```text
-//! void* vrampool_malloc(size_t size, int device, cudaStream_t stream);
+//! void* vrampool_malloc(size_t size, int device, cudaStream_t stream);        // never throws
+//! void* vrampool_torch_malloc(size_t size, int device, cudaStream_t stream);  // PyTorch's: may throw
 //! void  vrampool_free(void* ptr, size_t size, int device, cudaStream_t stream);
 //! void  vrampool_init(int device_count);                 // set_init_fn
 //! void  vrampool_reset(void);                            // set_reset_fn: torch.cuda.empty_cache()
@@ -23,7 +24,8 @@
 //! failure is recorded (`last_error`, and for out-of-memory `last_oom`) and answered with null
 //! or nothing. PyTorch does not check the pointer its pluggable allocator returns, so a null
 //! would become a tensor at address 0; `install()` therefore turns on `raise_on_failure`, under
-//! which a failed `vrampool_malloc` throws a C++ `std::runtime_error` ("CUDA out of memory. ...")
+//! which a failed `vrampool_torch_malloc` (the entry PyTorch alone is given; `vrampool_malloc`
+//! never throws, so a C or ctypes caller is never terminated) throws a C++ `std::runtime_error` ("CUDA out of memory. ...")
 //! that PyTorch turns into a Python `RuntimeError`. The throw happens after all Rust work is done,
 //! outside `catch_unwind` and with nothing left to drop, under the one `extern "C-unwind"` entry;
 //! every other entry only ever returns.
@@ -690,24 +692,52 @@ fn to_c_message(message: &str, room: &mut [u8; MESSAGE_ROOM]) {
 // ---- the C ABI ----
 
 /// Allocates `size` bytes on `device` for use on `stream`. Null for 0 bytes, and on failure
-/// (then `last_error`, and for out-of-memory `last_oom`, say why) unless `raise_on_failure` is
-/// on, which throws a C++ `std::runtime_error` instead (PyTorch does not check for null).
+/// (then `last_error`, and for out-of-memory `last_oom`, say why). Never throws: any caller may
+/// use it.
 #[no_mangle]
-pub extern "C-unwind" fn vrampool_malloc(size: usize, device: c_int, stream: *mut c_void) -> *mut c_void {
-    if size == 0 {
-        return null_mut();
-    }
-    // `String::new()` allocates nothing: the fast path stays free of allocation.
-    match guard("malloc", Err(String::new()), || malloc_inner(size, device, stream)) {
-        Ok(addr) => addr as *mut c_void,
-        Err(message) => malloc_failed(message),
+pub extern "C" fn vrampool_malloc(size: usize, device: c_int, stream: *mut c_void) -> *mut c_void {
+    match try_malloc(size, device, stream) {
+        Ok(ptr) => ptr,
+        Err(message) => {
+            malloc_failed(message);
+            null_mut()
+        }
     }
 }
 
-/// The slow end of a failed `vrampool_malloc`: counts and records it, then throws or returns null.
+/// `vrampool_malloc` for PyTorch's `CUDAPluggableAllocator`, the one caller known to be C++:
+/// under `raise_on_failure` (which `install()` turns on, as PyTorch does not check for null) a
+/// failure throws a C++ `std::runtime_error` instead of returning null.
+#[no_mangle]
+pub extern "C-unwind" fn vrampool_torch_malloc(size: usize, device: c_int, stream: *mut c_void) -> *mut c_void {
+    let message = match try_malloc(size, device, stream) {
+        Ok(ptr) => return ptr,
+        Err(message) => message,
+    };
+    let room = malloc_failed(message);
+    if RAISE_ON_FAILURE.load(Relaxed) {
+        let message = CStr::from_bytes_until_nul(&room).unwrap_or(c"CUDA out of memory (vrampool)");
+        // SAFETY: this entry is handed to PyTorch alone, whose C++ caller catches the exception;
+        // no value that owns anything is live here (the message sits in a stack array).
+        unsafe { cxx::throw_runtime_error(message) };
+    }
+    null_mut()
+}
+
+/// A block (null for 0 bytes), or why not.
+#[inline(always)]
+fn try_malloc(size: usize, device: c_int, stream: *mut c_void) -> Result<*mut c_void, String> {
+    if size == 0 {
+        return Ok(null_mut());
+    }
+    // `String::new()` allocates nothing: the fast path stays free of allocation.
+    guard("malloc", Err(String::new()), || malloc_inner(size, device, stream)).map(|addr| addr as *mut c_void)
+}
+
+/// The slow end of a failed malloc: counts and records it; returns the message for a throw.
 #[cold]
 #[inline(never)]
-fn malloc_failed(message: String) -> *mut c_void {
+fn malloc_failed(message: String) -> [u8; MESSAGE_ROOM] {
     FAILED_MALLOCS.fetch_add(1, Relaxed);
     let mut room = [0u8; MESSAGE_ROOM];
     if message.is_empty() {
@@ -717,13 +747,7 @@ fn malloc_failed(message: String) -> *mut c_void {
         to_c_message(&message, &mut room);
         record_error(message);
     }
-    if RAISE_ON_FAILURE.load(Relaxed) {
-        let message = CStr::from_bytes_until_nul(&room).unwrap_or(c"CUDA out of memory (vrampool)");
-        // SAFETY: only `install()` turns this on, when PyTorch (C++) is our caller; no value that
-        // owns anything is live here or in `vrampool_malloc` (the message sits in a stack array).
-        unsafe { cxx::throw_runtime_error(message) };
-    }
-    null_mut()
+    room
 }
 
 /// Frees a block `vrampool_malloc` returned. Null is a no-op; `size` 0 means "not known"; a
@@ -1089,10 +1113,11 @@ fn abi_reset_peak_stats(device: i32) {
     }
 }
 
-/// Gives every wholly free segment of every pool back; returns the bytes given back.
+/// Gives every wholly free segment of every pool back; returns the bytes given back. With the
+/// GIL held, as `NativePool::trim`.
 #[pyfunction]
-fn abi_trim(py: Python<'_>) -> PyResult<u64> {
-    py.detach(trim_all).map_err(PyRuntimeError::new_err)
+fn abi_trim() -> PyResult<u64> {
+    trim_all().map_err(PyRuntimeError::new_err)
 }
 
 /// Every segment of every pool: device, pool_id, stream, strategy, base, size and blocks (addr,
@@ -1243,6 +1268,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_abi_guard_selftest, m)?)?;
     let symbols: HashMap<&str, &str> = HashMap::from([
         ("malloc", "vrampool_malloc"),
+        ("torch_malloc", "vrampool_torch_malloc"),
         ("free", "vrampool_free"),
         ("init", "vrampool_init"),
         ("reset", "vrampool_reset"),

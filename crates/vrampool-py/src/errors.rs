@@ -31,7 +31,7 @@ pub fn to_py(err: PoolError) -> PyErr {
         PoolError::InvalidFree { .. } => InvalidFreeError::new_err(msg),
         PoolError::InvalidSize { .. } => InvalidSizeError::new_err(msg),
         PoolError::WrongDevice { .. } => WrongDeviceError::new_err(msg),
-        PoolError::Closed => PoolClosedError::new_err(msg),
+        PoolError::Closed | PoolError::Forked => PoolClosedError::new_err(msg),
         PoolError::InvalidConfig(_) => PyValueError::new_err(msg),
         PoolError::Device(_) => DeviceError::new_err(msg),
     }

@@ -65,31 +65,28 @@ impl NativePlannedPool {
     }
 
     #[pyo3(signature = (nbytes, stream = 0))]
-    fn allocate(&self, py: Python<'_>, nbytes: u64, stream: u64) -> PyResult<u64> {
-        // Detached, as `NativePool`'s calls are: the planned pool and its pool work without the GIL.
-        let inner = &self.inner;
-        py.detach(|| inner.allocate(nbytes, StreamId(stream))).map_err(to_py)
+    fn allocate(&self, nbytes: u64, stream: u64) -> PyResult<u64> {
+        // With the GIL held, as `NativePool`'s short calls are (see `NativePool::allocate`).
+        self.inner.allocate(nbytes, StreamId(stream)).map_err(to_py)
     }
 
     #[pyo3(signature = (ptr, size = None, stream = None))]
-    fn free(&self, py: Python<'_>, ptr: u64, size: Option<u64>, stream: Option<u64>) -> PyResult<()> {
-        let inner = &self.inner;
-        py.detach(|| inner.free(ptr, size, stream.map(StreamId))).map_err(to_py)
+    fn free(&self, ptr: u64, size: Option<u64>, stream: Option<u64>) -> PyResult<()> {
+        self.inner.free(ptr, size, stream.map(StreamId)).map_err(to_py)
     }
 
-    fn record_stream(&self, py: Python<'_>, ptr: u64, stream: u64) -> PyResult<()> {
-        let inner = &self.inner;
-        py.detach(|| inner.record_stream(ptr, StreamId(stream))).map_err(to_py)
+    fn record_stream(&self, ptr: u64, stream: u64) -> PyResult<()> {
+        self.inner.record_stream(ptr, StreamId(stream)).map_err(to_py)
     }
 
+    /// Detached: a step may plan the iteration just recorded, for up to the budget.
     fn step(&self, py: Python<'_>, key: u64) {
         let inner = &self.inner;
         py.detach(|| inner.step(key));
     }
 
-    fn owns(&self, py: Python<'_>, ptr: u64) -> bool {
-        let inner = &self.inner;
-        py.detach(|| inner.owns(ptr))
+    fn owns(&self, ptr: u64) -> bool {
+        self.inner.owns(ptr)
     }
 
     /// Gives the arena back to the pool unless arena buffers are live; returns the bytes.
@@ -99,9 +96,7 @@ impl NativePlannedPool {
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let inner = &self.inner;
-        let stats = py.detach(|| inner.stats());
-        planned_stats_dict(py, &stats)
+        planned_stats_dict(py, &self.inner.stats())
     }
 }
 

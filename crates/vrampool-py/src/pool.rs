@@ -64,29 +64,26 @@ impl NativePool {
     }
 
     #[pyo3(signature = (nbytes, stream = 0))]
-    fn allocate(&self, py: Python<'_>, nbytes: u64, stream: u64) -> PyResult<NativeBuffer> {
+    fn allocate(&self, nbytes: u64, stream: u64) -> PyResult<NativeBuffer> {
         let shared = &self.shared;
-        let ptr = py.detach(|| shared.pool.allocate(nbytes, StreamId(stream))).map_err(to_py)?;
+        // With the GIL held: a call is a few hundred nanoseconds, and a daemon thread that took
+        // the GIL back inside it at interpreter exit would be ended by a forced unwind that the
+        // binding's panic guard cannot pass (CPython 3.11: "FATAL: exception not rethrown").
+        let ptr = shared.pool.allocate(nbytes, StreamId(stream)).map_err(to_py)?;
         Ok(NativeBuffer { shared: Arc::clone(shared), ptr, size: nbytes, stream, life: Mutex::default() })
-    }
-
-    /// Frees a block by address (the buffer form is `NativeBuffer.free`).
-    #[pyo3(signature = (ptr, size = None, stream = None))]
-    fn free_ptr(&self, py: Python<'_>, ptr: u64, size: Option<u64>, stream: Option<u64>) -> PyResult<()> {
-        let pool = &self.shared.pool;
-        py.detach(|| pool.free(ptr, size, stream.map(StreamId))).map_err(to_py)
     }
 
     fn record_stream(&self, ptr: u64, stream: u64) -> PyResult<()> {
         self.shared.pool.record_stream(ptr, StreamId(stream)).map_err(to_py)
     }
 
-    fn trim(&self, py: Python<'_>) -> PyResult<u64> {
-        let pool = &self.shared.pool;
-        py.detach(|| pool.trim()).map_err(to_py)
+    /// With the GIL held, as in `allocate`.
+    fn trim(&self) -> PyResult<u64> {
+        self.shared.pool.trim().map_err(to_py)
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.shared.pool.check_process().map_err(to_py)?;
         stats_dict(py, &self.shared.pool.stats())
     }
 
@@ -96,6 +93,7 @@ impl NativePool {
 
     /// Segments as dicts: stream, strategy, base, size, blocks (addr, size, state, requested).
     fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        self.shared.pool.check_process().map_err(to_py)?;
         let list = PyList::empty(py);
         for seg in self.shared.pool.snapshot() {
             list.append(segment_dict(py, seg)?)?;
@@ -105,21 +103,23 @@ impl NativePool {
 
     /// Live blocks as (addr, size, requested, stream, age_ns) tuples; `age_ns` (nanoseconds
     /// since the allocation) is None unless the pool tracks leaks (`track_leaks:true`).
-    fn live_blocks(&self) -> Vec<LiveTuple> {
-        self.shared.pool.live_blocks().iter().map(live_tuple).collect()
+    fn live_blocks(&self) -> PyResult<Vec<LiveTuple>> {
+        self.shared.pool.check_process().map_err(to_py)?;
+        Ok(self.shared.pool.live_blocks().iter().map(live_tuple).collect())
     }
 
     /// Takes the events recorded since the last call (pools made with `record_events:true`) as
     /// (time_ns, kind, addr, size, stream) tuples, kind one of alloc, free, segment_alloc,
     /// segment_free: what `vrampool.capture.from_event_log` reads.
-    fn take_events(&self) -> Vec<(u64, &'static str, u64, u64, u64)> {
+    fn take_events(&self) -> PyResult<Vec<EventTuple>> {
+        self.shared.pool.check_process().map_err(to_py)?;
         let kind = |k: EventKind| match k {
             EventKind::Alloc => "alloc",
             EventKind::Free => "free",
             EventKind::SegmentAlloc => "segment_alloc",
             EventKind::SegmentFree => "segment_free",
         };
-        self.shared.pool.take_events().into_iter().map(|e| (e.time_ns, kind(e.kind), e.addr, e.size, e.stream.0)).collect()
+        Ok(self.shared.pool.take_events().into_iter().map(|e| (e.time_ns, kind(e.kind), e.addr, e.size, e.stream.0)).collect())
     }
 
     /// Closes the pool; returns the blocks still live, as `live_blocks` does.
@@ -161,9 +161,8 @@ impl NativePool {
     }
 
     /// The device's (free, total) bytes, as `cuMemGetInfo` reports them.
-    fn mem_info(&self, py: Python<'_>) -> PyResult<(u64, u64)> {
-        let device = self.shared.pool.device();
-        let info = py.detach(|| device.mem_info()).map_err(|e| to_py(e.into()))?;
+    fn mem_info(&self) -> PyResult<(u64, u64)> {
+        let info = self.shared.pool.device().mem_info().map_err(|e| to_py(e.into()))?;
         Ok((info.free, info.total))
     }
 
@@ -210,6 +209,18 @@ impl NativePool {
         Ok(d)
     }
 }
+
+/// The handle of a stream argument, as `vrampool.streams.stream_handle` reads every library's
+/// stream objects (and refuses bad ones with `TypeError` / `ValueError`); None for none.
+fn stream_arg(py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
+    match stream {
+        Some(s) if !s.is_none() => Ok(Some(py.import("vrampool.streams")?.getattr("stream_handle")?.call1((s,))?.extract()?)),
+        _ => Ok(None),
+    }
+}
+
+/// (time_ns, kind, addr, size, stream) of a logged event.
+type EventTuple = (u64, &'static str, u64, u64, u64);
 
 /// (addr, size, requested, stream, age_ns) of a live block.
 type LiveTuple = (u64, u64, u64, u64, Option<u64>);
@@ -284,7 +295,8 @@ impl NativeBuffer {
     /// stream that used the block last. While DLPack consumers hold the memory, the free happens
     /// when the last of them releases it.
     #[pyo3(signature = (stream = None))]
-    fn free(&self, py: Python<'_>, stream: Option<u64>) -> PyResult<()> {
+    fn free(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let stream = stream_arg(py, stream)?;
         {
             let mut life = self.life();
             if life.freed {
@@ -301,7 +313,8 @@ impl NativeBuffer {
             }
         }
         let (pool, ptr, size) = (&self.shared.pool, self.ptr, self.size);
-        let freed = py.detach(|| pool.free(ptr, Some(size), stream.map(StreamId)));
+        // With the GIL held, as in `NativePool::allocate`.
+        let freed = pool.free(ptr, Some(size), stream.map(StreamId));
         if freed.is_err() {
             // The pool refused (an event it could not record, or a pool closed meanwhile): the
             // block is still live, so the buffer is too and may be freed again.
@@ -312,7 +325,7 @@ impl NativeBuffer {
 
     /// `free`, under the name file-like objects use.
     #[pyo3(signature = (stream = None))]
-    fn close(&self, py: Python<'_>, stream: Option<u64>) -> PyResult<()> {
+    fn close(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         self.free(py, stream)
     }
 
@@ -387,7 +400,6 @@ impl NativeBuffer {
         dl_device: Option<(i32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let py = slf.py();
         let this = slf.get();
         if memory_kind(&this.shared) == "none" {
             return Err(PyBufferError::new_err("the address-only simulated device has no memory behind its pointers"));
@@ -413,12 +425,12 @@ impl NativeBuffer {
             // The consumer's stream waits for the work queued so far on the buffer's stream.
             let device = this.shared.pool.device();
             let producer = StreamId(this.stream);
-            let ordered = py.detach(|| {
+            let ordered = (|| {
                 let event = device.record_event(producer)?;
                 let waited = device.stream_wait_event(StreamId(consumer), event);
                 device.release_event(event);
                 waited
-            });
+            })();
             if let Err(e) = ordered {
                 this.release_export();
                 return Err(to_py(e.into()));

@@ -65,16 +65,18 @@ fn target(name: &str, conf: &str) -> PyResult<ReplayTarget> {
 /// Replays `(id, lower, upper, size, stream)` rows on the address-only simulated device once per
 /// entry of `runs`: `("pool", VRAMPOOL_CONF text)` for the pool, or `(model, options)` for an
 /// allocator model (`torch`, `torch+expandable`, `rmm`, `cupy`, `async`). `capacity` limits the
-/// device's memory (a replay that runs out stops there and says where, in `out_of_memory`).
-/// Returns one dict per run.
+/// device's memory (a replay that runs out stops there and says where, in `out_of_memory`);
+/// `repeat` replays the trace that many times back to back, in the memory of one copy. Returns
+/// one dict per run.
 #[pyfunction]
-#[pyo3(signature = (rows, runs, samples = replay::DEFAULT_SAMPLES, capacity = None))]
+#[pyo3(signature = (rows, runs, samples = replay::DEFAULT_SAMPLES, capacity = None, repeat = 1))]
 fn replay_trace<'py>(
     py: Python<'py>,
     rows: Vec<Row>,
     runs: Vec<(String, String)>,
     samples: usize,
     capacity: Option<u64>,
+    repeat: u64,
 ) -> PyResult<Vec<Bound<'py, PyDict>>> {
     let targets = runs.iter().map(|(name, conf)| target(name, conf)).collect::<PyResult<Vec<_>>>()?;
     if capacity == Some(0) {
@@ -84,7 +86,7 @@ fn replay_trace<'py>(
         .into_iter()
         .map(|(id, lower, upper, size, stream)| TraceBuffer { id, lower, upper, size, stream })
         .collect();
-    let options = ReplayOptions { samples, capacity };
+    let options = ReplayOptions { samples, capacity, repeat };
     let reports: Vec<ReplayReport> = py
         .detach(|| {
             let prepared = PreparedTrace::new(&replay::events_from_buffers(&buffers)?)?;
