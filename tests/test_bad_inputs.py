@@ -527,7 +527,7 @@ def test_replay_repeat_takes_the_memory_of_one_copy(tmp_path: Path) -> None:
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
-    args = [sys.executable, "-m", "vrampool.cli", "replay", str(trace), "--repeat", "5000000", "--json"]
+    args = [sys.executable, "-m", "vrampool.cli", "replay", str(trace), "--strategy", "default", "--repeat", "5000000", "--json"]
     done = subprocess.run(args, capture_output=True, text=True, timeout=300, preexec_fn=cap)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout)["events"] == 4 * 5_000_000
