@@ -64,6 +64,7 @@ fn plan_to_csv(rows: Vec<(u64, u64, u64, u64)>, offsets: Vec<u64>, alignment: u6
         offsets,
         arena_bytes,
         lower_bound_bytes: vrampool_plan::lower_bound(&buffers),
+        best_bound_bytes: vrampool_plan::lower_bound(&buffers),
         algorithm: Algorithm::Auto,
         seconds: 0.0,
         optimal: false,
