@@ -53,8 +53,9 @@ impl std::str::FromStr for Algorithm {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PlanOptions {
     pub algorithm: Algorithm,
-    /// Time the exact search may take (Auto and Exact; default 5 s). Auto spends it only when neither
-    /// heuristic meets the lower bound, and all of it only when the search cannot meet it either.
+    /// Time `plan` may take (Auto and Exact; default 5 s), the heuristics' time included. Auto spends it only
+    /// when neither heuristic meets the lower bound, and all of it only when the search cannot meet it
+    /// either.
     pub budget: Duration,
     /// Every offset is a multiple of this (>= 1); sizes are rounded up to it inside the planner.
     pub alignment: u64,
@@ -106,12 +107,16 @@ pub fn plan(buffers: &[Buffer], options: &PlanOptions) -> Result<Plan, PlanError
         Algorithm::Auto => {
             // Cheapest first; stop as soon as a plan meets the lower bound.
             let greedy = greedy_by_size(buffers, alignment)?;
+            let checking = Instant::now();
             let greedy_arena = arena(&greedy)?;
+            // The heuristics' time counts against the budget, and so does the check of the plan at the end.
+            let check = checking.elapsed();
             if greedy_arena <= lower_bound {
                 (greedy, lower_bound)
             } else {
                 let seed = better_heuristic(buffers, alignment, greedy, greedy_arena)?;
-                let outcome = exact_search(buffers, alignment, options.budget, Some(&seed))?;
+                let budget = options.budget.saturating_sub(start.elapsed() + check);
+                let outcome = exact_search(buffers, alignment, budget, Some(&seed))?;
                 (outcome.offsets, outcome.bound_bytes)
             }
         }
@@ -161,7 +166,7 @@ pub fn decide(buffers: &[Buffer], capacity: u64, options: &PlanOptions) -> Resul
     let offsets = if arena(&seed)? <= capacity {
         seed
     } else if matches!(options.algorithm, Algorithm::Exact | Algorithm::Auto) {
-        match exact_decide(buffers, alignment, capacity, options.budget, &seed)? {
+        match exact_decide(buffers, alignment, capacity, options.budget.saturating_sub(start.elapsed()), &seed)? {
             Verdict::Fits(offsets) => offsets,
             Verdict::Infeasible => return Ok(Decision::Infeasible),
             Verdict::Unknown => return Ok(Decision::Unknown),
@@ -173,7 +178,12 @@ pub fn decide(buffers: &[Buffer], capacity: u64, options: &PlanOptions) -> Resul
 }
 
 /// Best fit's plan where it beats greedy by size's.
-fn better_heuristic(buffers: &[Buffer], alignment: u64, greedy: Vec<u64>, greedy_arena: u64) -> Result<Vec<u64>, PlanError> {
+fn better_heuristic(
+    buffers: &[Buffer],
+    alignment: u64,
+    greedy: Vec<u64>,
+    greedy_arena: u64,
+) -> Result<Vec<u64>, PlanError> {
     let best_fit = best_fit_decreasing(buffers, alignment)?;
     Ok(if validate(buffers, &best_fit, alignment)? < greedy_arena { best_fit } else { greedy })
 }

@@ -21,6 +21,9 @@ pub(crate) struct Component {
     pub live: Vec<Vec<u32>>,
     /// For each buffer, the other buffers with exactly its lifetime.
     pub same_life: Vec<Vec<u32>>,
+    /// For each buffer, byte ranges it must stay clear of (buffers outside the part, fixed where they are,
+    /// that overlap it in time): sorted and disjoint. Empty when the part has none.
+    pub obstacles: Vec<Vec<(u64, u64)>>,
 }
 
 /// Groups of instance indices whose lifetimes are connected, in time order.
@@ -111,7 +114,39 @@ impl Component {
                 }
             }
         }
-        Component { members, size, length, lo, hi, neighbors, live, same_life }
+        Component { members, size, length, lo, hi, neighbors, live, same_life, obstacles: Vec::new() }
+    }
+
+    /// Fixes byte ranges that each buffer (in local order) must stay clear of.
+    pub fn set_obstacles(&mut self, mut obstacles: Vec<Vec<(u64, u64)>>) {
+        for ranges in &mut obstacles {
+            ranges.sort_unstable();
+            let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+            for &(start, end) in ranges.iter() {
+                match merged.last_mut() {
+                    Some(last) if start <= last.1 => last.1 = last.1.max(end),
+                    _ => merged.push((start, end)),
+                }
+            }
+            *ranges = merged;
+        }
+        self.obstacles = obstacles;
+    }
+
+    /// The lowest offset at or above `at` where buffer `i` clears its obstacles.
+    pub fn lift(&self, i: usize, at: u64) -> u64 {
+        let Some(ranges) = self.obstacles.get(i) else { return at };
+        let mut at = at;
+        for &(start, end) in ranges {
+            if end <= at {
+                continue;
+            }
+            if start >= at + self.size[i] {
+                break;
+            }
+            at = end;
+        }
+        at
     }
 
     pub fn len(&self) -> usize {
@@ -162,5 +197,24 @@ impl Component {
             Order::Time => items.sort_by_key(|&i| (lo[i as usize], R(hi[i as usize]), R(size[i as usize]), i)),
             Order::Area => items.sort_by_cached_key(|&i| (R(area(i as usize)), R(tight(i as usize)), i)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Buffer;
+
+    #[test]
+    fn a_buffer_lifts_clear_of_its_obstacles() {
+        let inst = Instance::new(&[Buffer::new(0, 0, 4, 4)], 1).unwrap();
+        let mut part = Component::new(&inst, &[0]);
+        assert_eq!(part.lift(0, 3), 3);
+        // Overlapping and touching ranges merge: [0, 2) and [6, 9) stay, [8, 12) joins the second.
+        part.set_obstacles(vec![vec![(8, 12), (0, 2), (6, 9)]]);
+        assert_eq!(part.obstacles[0], [(0, 2), (6, 12)]);
+        assert_eq!(part.lift(0, 0), 2, "the 4 bytes from 2 to 6 fit between the two");
+        assert_eq!(part.lift(0, 3), 12, "from 3 they would reach into [6, 12)");
+        assert_eq!(part.lift(0, 12), 12);
     }
 }

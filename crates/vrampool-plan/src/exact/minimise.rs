@@ -115,7 +115,14 @@ impl Descent {
         Some(high - self.gap * unit)
     }
 
-    fn try_at(&mut self, part: &Component, orders: &[Ranking], capacity: u64, deadline: Instant, nodes: &mut u64) -> Outcome {
+    fn try_at(
+        &mut self,
+        part: &Component,
+        orders: &[Ranking],
+        capacity: u64,
+        deadline: Instant,
+        nodes: &mut u64,
+    ) -> Outcome {
         self.turn += 1;
         let jittered;
         let ranking = match orders.get(self.turn as usize - 1) {

@@ -10,6 +10,7 @@ mod probe;
 #[cfg(test)]
 mod restarts;
 mod search;
+mod windows;
 
 use std::time::{Duration, Instant};
 
@@ -22,11 +23,14 @@ use probe::{orders, Prober};
 use search::{Outcome, Ranking};
 
 /// Parts whose search structures (overlapping pairs plus section memberships) would exceed this many entries
-/// are not searched; they keep the seed's plan (or greedy by size's).
+/// are not searched whole (`decide` answers unknown for them).
 const MAX_ENTRIES: u64 = 20_000_000;
 /// Nor are parts of more buffers than this: each node of the search scans its group, so one descent costs
 /// O(n^2), and the search recurses once per placement.
 const MAX_BUFFERS: usize = 20_000;
+/// Parts of more buffers than this are planned window by window (`windows.rs`): a round robin over thousands
+/// of buffers at once gets nowhere in a budget of seconds.
+const WINDOWS_ABOVE: usize = 4_000;
 const STACK_BYTES: usize = 64 << 20;
 
 /// What the exact search found.
@@ -63,10 +67,22 @@ pub fn exact_search(
 
     let mut nodes = 0;
     let searched = on_search_thread(|| {
-        each_part(&inst, needy, deadline, |comp, part_deadline| {
-            let incumbent = seed.map(|s| (part_arena(&comp.members, s).unwrap_or(0), local(comp, s)));
-            let found = minimise(comp, target, incumbent, part_deadline, &mut nodes);
-            (found.plan, found.bound)
+        each_part(&inst, needy, deadline, |part, part_deadline| {
+            let seeded = seed.map(|s| part_arena(part, s).unwrap_or(0));
+            if part.len() > WINDOWS_ABOVE {
+                let placed = windows::sweep(&inst, part, target, part_deadline, &mut nodes);
+                let (members, local): (Vec<u32>, Vec<u64>) = placed.into_iter().unzip();
+                let arena = members.iter().zip(&local).map(|(&i, o)| o + inst.size[i as usize]).max().unwrap_or(0);
+                // The seed's plan stays where the windows did no better.
+                return (arena < seeded.unwrap_or(u64::MAX)).then_some((members, (Some((arena, local)), target)));
+            }
+            if !searchable(&inst, part) {
+                return None;
+            }
+            let comp = Component::new(&inst, part);
+            let incumbent = seed.map(|s| (seeded.unwrap_or(0), local(&comp, s)));
+            let found = minimise(&comp, target, incumbent, part_deadline, &mut nodes);
+            Some((comp.members, (found.plan, found.bound)))
         })
     })
     .unwrap_or_default();
@@ -182,15 +198,15 @@ fn on_search_thread<T: Send>(search: impl FnOnce() -> T + Send) -> Option<T> {
     })
 }
 
-/// Calls `solve` on every part that is `needy` and small enough to search, with a share of the time left:
-/// small parts first, since they are usually solved at once and the time they leave goes to the large ones.
-/// Returns each searched part's members (instance indices, in the order of the part's local offsets) and
-/// what `solve` returned.
+/// Calls `solve` on every part (instance indices) that is `needy`, with a share of the time left: small parts
+/// first, since they are usually solved at once and the time they leave goes to the large ones. Returns what
+/// `solve` returned for each: the part's members (instance indices, in the order of its local offsets) and
+/// its result.
 fn each_part<T>(
     inst: &Instance,
     needy: impl Fn(&[u32]) -> bool,
     deadline: Instant,
-    mut solve: impl FnMut(&Component, Instant) -> T,
+    mut solve: impl FnMut(&[u32], Instant) -> Option<(Vec<u32>, T)>,
 ) -> Vec<(Vec<u32>, T)> {
     let mut parts: Vec<Vec<u32>> = component::split(inst).into_iter().filter(|p| needy(p)).collect();
     parts.sort_by_key(|p| p.len());
@@ -200,12 +216,7 @@ fn each_part<T>(
         let now = Instant::now();
         let part_deadline = now + deadline.saturating_duration_since(now) / left as u32;
         left -= 1;
-        if !searchable(inst, &part) {
-            continue;
-        }
-        let comp = Component::new(inst, &part);
-        let found = solve(&comp, part_deadline);
-        results.push((comp.members, found));
+        results.extend(solve(&part, part_deadline));
     }
     results
 }

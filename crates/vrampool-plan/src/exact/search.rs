@@ -32,6 +32,11 @@
 //!   last was a comparison of the old ranks.
 //! - **Failed groups**: a group that had no plan is remembered by its state (its buffers, their floors, and
 //!   the level where it matters), since backtracking over a choice elsewhere in time brings it back unchanged.
+//!
+//! **Obstacles.** A part may have to stay clear of buffers fixed outside it (a window of a large instance,
+//! see `windows.rs`). A buffer's floor is then the lowest offset above the placed buffers it overlaps where it
+//! also clears its obstacles; pushed down, P's buffers lie at exactly those floors, so the search stays exact.
+//! The bounds count only the part's own bytes, which keeps them necessary, if weaker.
 
 use std::collections::HashSet;
 use std::time::Instant;
@@ -136,17 +141,26 @@ struct Search<'a> {
 impl<'a> Search<'a> {
     fn new(part: &'a Component, ranking: &Ranking, capacity: u64, deadline: Instant, nodes: u64, limit: u64) -> Self {
         let sections = part.live.len();
+        let floor: Vec<u64> = (0..part.len()).map(|i| part.lift(i, 0)).collect();
+        let lowest_of = |s: &Vec<u32>| s.iter().map(|&i| floor[i as usize]).min().unwrap_or(u64::MAX);
+        let lowest: Vec<u64> = part.live.iter().map(lowest_of).collect();
+        let at_lowest = part
+            .live
+            .iter()
+            .zip(&lowest)
+            .map(|(s, &low)| s.iter().filter(|&&i| floor[i as usize] == low).count() as u32)
+            .collect();
         Search {
             part,
             rank: ranking.rank.clone(),
             rerank: ranking.rerank,
             capacity,
-            floor: vec![0; part.len()],
+            floor,
             placed: vec![false; part.len()],
             open: part.neighbors.iter().map(|v| v.len() as u32).collect(),
             remaining: part.live.iter().map(|s| s.iter().map(|&i| part.size[i as usize]).sum()).collect(),
-            lowest: part.live.iter().map(|s| if s.is_empty() { u64::MAX } else { 0 }).collect(),
-            at_lowest: part.live.iter().map(|s| s.len() as u32).collect(),
+            lowest,
+            at_lowest,
             twin_before: twin_before(part, &ranking.rank),
             slack: vec![0; sections],
             log: Vec::new(),
@@ -342,11 +356,11 @@ impl<'a> Search<'a> {
         for &c in &part.neighbors[b as usize] {
             let c_ = c as usize;
             if !self.placed[c_] && self.floor[c_] < top {
-                let old = self.floor[c_];
+                let (old, new) = (self.floor[c_], part.lift(c_, top));
                 self.log.push(Undo::Floor(c, old));
-                self.floor[c_] = top;
+                self.floor[c_] = new;
                 moved.push((c, old));
-                ok &= top + part.size[c_] <= self.capacity;
+                ok &= new + part.size[c_] <= self.capacity;
             }
         }
         self.refresh_lowest(&moved);
