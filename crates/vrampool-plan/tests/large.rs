@@ -1,6 +1,5 @@
 //! Large graphs, planned window by window (`exact::windows`): LLM-like lifetimes from the crate's generators.
-//! Every plan is checked by the validator; the arena figures are asserted in release builds only, where the
-//! windows get through the budget (a debug build places what the budget leaves by best fit).
+//! Every plan is checked by the validator.
 
 use std::time::Duration;
 
@@ -25,11 +24,10 @@ fn a_decoding_graph_packs_its_growing_caches_far_better_than_greedy() {
     let p = auto(&buffers, Duration::from_secs(3));
     let ratio = |arena: u64| arena as f64 / p.lower_bound_bytes as f64;
     assert!(ratio(greedy) > 1.5, "greedy by size at {:.3} of the bound", ratio(greedy));
-    // The windows' width follows the clock, so the figure varies with the machine's load: 1.1-1.3 here.
-    if !cfg!(debug_assertions) {
-        let (windows, greedy) = (ratio(p.arena_bytes), ratio(greedy));
-        assert!(windows < 1.0 + (greedy - 1.0) / 2.0, "windows at {windows:.3} of the bound, greedy at {greedy:.3}");
-    }
+    // Best fit in order of start comes first (1.052 here), so this holds in any build; the windows can only
+    // improve on it.
+    let (windows, greedy) = (ratio(p.arena_bytes), ratio(greedy));
+    assert!(windows < 1.1, "windows at {windows:.3} of the bound, greedy at {greedy:.3}");
 }
 
 #[test]

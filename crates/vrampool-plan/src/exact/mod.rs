@@ -70,11 +70,11 @@ pub fn exact_search(
         each_part(&inst, needy, deadline, |part, part_deadline| {
             let seeded = seed.map(|s| part_arena(part, s).unwrap_or(0));
             if part.len() > WINDOWS_ABOVE {
-                let placed = windows::sweep(&inst, part, target, part_deadline, &mut nodes);
+                // The seed's plan stays where the windows do no better.
+                let ceiling = seeded.unwrap_or(u64::MAX);
+                let (placed, arena) = windows::sweeps(&inst, part, target, ceiling, part_deadline, &mut nodes)?;
                 let (members, local): (Vec<u32>, Vec<u64>) = placed.into_iter().unzip();
-                let arena = members.iter().zip(&local).map(|(&i, o)| o + inst.size[i as usize]).max().unwrap_or(0);
-                // The seed's plan stays where the windows did no better.
-                return (arena < seeded.unwrap_or(u64::MAX)).then_some((members, (Some((arena, local)), target)));
+                return Some((members, (Some((arena, local)), target)));
             }
             if !searchable(&inst, part) {
                 return None;
