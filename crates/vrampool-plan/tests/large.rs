@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use vrampool_plan::{
-    greedy_by_size, llm_decoding_instance, llm_training_instance, plan, validate, Algorithm, Buffer, PlanOptions,
+    decide, greedy_by_size, llm_decoding_instance, llm_training_instance, plan, validate, Algorithm, Buffer, Decision,
+    PlanOptions,
 };
 
 fn auto(buffers: &[Buffer], budget: Duration) -> vrampool_plan::Plan {
@@ -36,4 +37,20 @@ fn a_training_graph_meets_its_bound() {
     let p = auto(&buffers, Duration::from_secs(3));
     assert_eq!(p.arena_bytes, p.lower_bound_bytes);
     assert!(p.optimal);
+}
+
+#[test]
+fn a_decoding_graph_is_decided_window_by_window() {
+    let buffers = llm_decoding_instance(8, 64, 60, 4096);
+    let options = PlanOptions { algorithm: Algorithm::Auto, budget: Duration::from_secs(3), alignment: 1 };
+    let bound = vrampool_plan::lower_bound(&buffers);
+    // Best fit in order of start reaches 1.052 of the bound here; greedy by size and best fit do not.
+    let capacity = bound + bound / 10;
+    let Decision::Fits(p) = decide(&buffers, capacity, &options).unwrap() else {
+        panic!("no plan at 1.1 of the bound")
+    };
+    assert!(p.arena_bytes <= capacity);
+    assert_eq!(validate(&buffers, &p.offsets, 1).unwrap(), p.arena_bytes);
+    // The windows prove nothing: just above the bound the answer is a plan or "unknown", never "infeasible".
+    assert_ne!(decide(&buffers, bound, &options).unwrap(), Decision::Infeasible);
 }

@@ -133,14 +133,30 @@ pub(crate) fn exact_decide(
 ) -> Result<Verdict, PlanError> {
     let deadline = deadline_after(budget);
     let inst = Instance::new(buffers, alignment)?;
-    let parts: Vec<Vec<u32>> = component::split(&inst)
+    let (large, parts): (Vec<Vec<u32>>, Vec<Vec<u32>>) = component::split(&inst)
         .into_iter()
         .filter(|part| part.iter().map(|&i| seed[i as usize] + inst.size[i as usize]).max().unwrap_or(0) > capacity)
-        .collect();
+        .partition(|part| part.len() > WINDOWS_ABOVE);
     if parts.iter().any(|part| !searchable(&inst, part)) {
         return Ok(Verdict::Unknown);
     }
     let verdict = on_search_thread(|| {
+        let (mut offsets, mut nodes) = (seed.to_vec(), 0);
+        // Large parts window by window, each window searched at the capacity, each part with its share of the
+        // time (the small ones together count as one); a plan within the capacity or none: windows prove
+        // nothing.
+        for (k, part) in large.iter().enumerate() {
+            let now = Instant::now();
+            let left = (large.len() - k + usize::from(!parts.is_empty())) as u32;
+            let part_deadline = now + deadline.saturating_duration_since(now) / left;
+            let beat = capacity.saturating_add(1);
+            let Some((placed, _)) = windows::sweeps(&inst, part, capacity, beat, part_deadline, &mut nodes) else {
+                return Verdict::Unknown;
+            };
+            for (i, offset) in placed {
+                offsets[i as usize] = offset;
+            }
+        }
         let mut open: Vec<(Component, Vec<Ranking>, Prober)> = Vec::with_capacity(parts.len());
         for part in &parts {
             let comp = Component::new(&inst, part);
@@ -150,7 +166,6 @@ pub(crate) fn exact_decide(
             let (orders, prober) = (orders(&comp), Prober::new(&comp, capacity));
             open.push((comp, orders, prober));
         }
-        let (mut offsets, mut nodes) = (seed.to_vec(), 0);
         while !open.is_empty() {
             let now = Instant::now();
             if now >= deadline {
