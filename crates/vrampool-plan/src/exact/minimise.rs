@@ -86,23 +86,35 @@ const TRY_NODES: u64 = 1_000;
 const PATIENCE: u32 = 12;
 
 /// Many short searches (tries) below the best plan, each under its own order and node limit: first each of the
-/// round robin's orders, then jittered copies (`jitter`) of MiniMalloc's three in turn. A try that times out
-/// proves nothing, but on MiniMalloc's D, where no fixed order fits a few percent above the optimum in
-/// seconds, one try in five of a jittered order fits within thousands of nodes. (Jittering all seven orders
-/// instead left D 17 units higher in 5 s: the other orders rarely fit there.) The capacity tried starts halfway between the
-/// bound and the best plan, and moves halfway up only after `PATIENCE` misses in a row, so that a few unlucky
-/// tries do not rule out a range for good. Node limits follow Luby's sequence, so that now and then a try runs
-/// long enough to prove its capacity infeasible.
+/// round robin's orders, then jittered copies (`jitter`) of MiniMalloc's three, the one that has fitted most
+/// often first (`Descent::base`). A try that times out proves nothing, but on MiniMalloc's D, where no fixed
+/// order fits a few percent above the optimum in seconds, one try in five of a jittered order fits within
+/// thousands of nodes. (Jittering all seven orders in turn left D 17 units higher in 5 s: the other orders
+/// rarely fit there.) The capacity tried starts halfway between the bound and the best plan, and moves halfway
+/// up only after `PATIENCE` misses in a row, so that a few unlucky tries do not rule out a range for good. Node
+/// limits follow Luby's sequence, so that now and then a try runs long enough to prove its capacity infeasible.
 struct Descent {
     turn: u64,
     /// Steps of `unit` below the best plan's next lower capacity.
     gap: u64,
     misses: u32,
+    /// Jittered tries of each of MiniMalloc's orders, and how many fitted.
+    tries: [u32; MINIMALLOC_ORDERS],
+    fitted: [u32; MINIMALLOC_ORDERS],
 }
 
 impl Descent {
     fn new() -> Descent {
-        Descent { turn: 0, gap: u64::MAX, misses: 0 }
+        Descent { turn: 0, gap: u64::MAX, misses: 0, tries: [0; MINIMALLOC_ORDERS], fitted: [0; MINIMALLOC_ORDERS] }
+    }
+
+    /// The order to jitter next: the one whose jittered tries have fitted most often, counting one fit and
+    /// one miss before any try, so that each is tried and one that keeps missing gives way. Which order fits
+    /// best differs from instance to instance (on MiniMalloc's D, jittered TWA fits most often, and taking
+    /// the three in turn left D 7 units higher in 5 s).
+    fn base(&self) -> usize {
+        let score = |b: usize| (self.fitted[b] as u64 + 1) * 1_000_000 / (self.tries[b] as u64 + 2);
+        (0..MINIMALLOC_ORDERS).max_by_key(|&b| (score(b), std::cmp::Reverse(b))).expect("three orders")
     }
 
     /// The capacity to try next, if one lies above `floor` (the capacity the bound's prober asks about).
@@ -125,16 +137,22 @@ impl Descent {
     ) -> Outcome {
         self.turn += 1;
         let jittered;
+        let mut base = None;
         let ranking = match orders.get(self.turn as usize - 1) {
             Some(order) => order,
             None => {
-                let base = &orders[self.turn as usize % MINIMALLOC_ORDERS];
-                jittered = Ranking { rank: jitter(&base.rank, self.turn, SWAPS), rerank: None };
+                let b = self.base();
+                base = Some(b);
+                jittered = Ranking { rank: jitter(&orders[b].rank, self.turn, SWAPS), rerank: None };
                 &jittered
             }
         };
         let limit = nodes.saturating_add(TRY_NODES.saturating_mul(luby(self.turn)));
         let outcome = fits(part, ranking, capacity, deadline, nodes, limit);
+        if let Some(b) = base {
+            self.tries[b] += 1;
+            self.fitted[b] += u32::from(matches!(outcome, Outcome::Fits(_)));
+        }
         match outcome {
             Outcome::TimedOut => {
                 self.misses += 1;
@@ -180,6 +198,19 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_descent_jitters_the_order_that_fits_most_often() {
+        let mut descent = Descent::new();
+        assert_eq!(descent.base(), 0, "untried, the first");
+        descent.tries = [6, 0, 0];
+        assert_eq!(descent.base(), 1, "an untried order before one that missed six times");
+        descent.tries = [6, 6, 6];
+        descent.fitted = [1, 0, 3];
+        assert_eq!(descent.base(), 2);
+        descent.tries = [6, 6, 40];
+        assert_eq!(descent.base(), 0, "one that keeps missing gives way");
+    }
 
     #[test]
     fn luby_sequence_starts_as_published() {
