@@ -81,6 +81,7 @@ def test_cli_plans_a_shared_instance_to_json_and_csv(tmp_path: Path, capsys: pyt
         offsets=[int(r["offset"]) for r in rows],
         arena_bytes=report["arena_bytes"],
         lower_bound_bytes=report["lower_bound_bytes"],
+        best_bound_bytes=report["best_bound_bytes"],
         algorithm=report["algorithm"],
         seconds=report["seconds"],
         optimal=report["optimal"],
@@ -101,3 +102,59 @@ def test_cli_reports_bad_files(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert main(["plan", "--input", str(bad)]) == 1
     assert "line 3" in capsys.readouterr().err
     assert main(["plan", "--input", str(tmp_path / "missing.csv")]) == 1
+
+
+def test_decide_gives_a_plan_within_the_capacity_or_says_why_not() -> None:
+    rows = [(0, 0, 2, 100), (1, 1, 3, 50), (2, 2, 4, 100), (3, 0, 4, 8)]
+    fits = vrampool.decide(rows, 158)
+    assert fits.status == "fits" and fits.capacity == 158
+    assert fits.plan is not None
+    check(fits.plan)
+    assert fits.plan.arena_bytes <= 158
+    below = vrampool.decide(rows, 157)
+    assert (below.status, below.plan) == ("infeasible", None)
+    # A heuristic proves nothing: where its plan does not fit, the answer is "unknown".
+    tight = [(0, 5, 6, 5), (1, 0, 3, 5), (2, 4, 8, 4), (3, 4, 6, 2), (4, 2, 5, 2), (5, 1, 3, 2)]
+    assert vrampool.decide(tight, 12, algorithm="greedy-by-size").status == "unknown"
+    assert vrampool.decide(tight, 11).status == "fits"
+
+
+@pytest.mark.parametrize("capacity, message", [(0, "capacity"), (99, "below buffer 0"), (-1, "capacity"), (True, "capacity"), (1.5, "capacity")])
+def test_decide_refuses_capacities_no_plan_can_meet(capacity: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        vrampool.decide([(0, 0, 2, 100), (1, 1, 3, 50)], capacity)  # type: ignore[arg-type]
+
+
+def test_plan_reports_its_best_bound() -> None:
+    result = vrampool.plan([(0, 0, 2, 100), (1, 1, 3, 50)])
+    assert result.lower_bound_bytes == result.best_bound_bytes == result.arena_bytes == 150
+    assert result.to_json()["best_bound_bytes"] == 150
+
+
+@needs_traces
+def test_cli_decides_a_capacity(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = str(TRACES / "minimalloc-challenging-F.csv")
+    out = tmp_path / "plan.csv"
+    assert main(["plan", "--input", source, "--capacity", "1048576", "--output", str(out)]) == 0
+    assert "(fits in 1,048,576 B)" in capsys.readouterr().out
+    assert out.exists()
+    assert main(["plan", "--input", source, "--capacity", "1048576", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["status"] == "fits" and report["arena_bytes"] <= report["capacity"] == 1048576
+    # Below F's lower bound (and above its largest buffer): proven at once.
+    assert main(["plan", "--input", source, "--capacity", "1000000"]) == 2
+    assert capsys.readouterr().out.startswith("proven infeasible: no plan fits in 1,000,000 B")
+    assert main(["plan", "--input", source, "--capacity", "1000000", "--json"]) == 2
+    assert json.loads(capsys.readouterr().out) == {"status": "infeasible", "capacity": 1000000}
+    # Greedy by size needs more than F's bound, and proves nothing.
+    assert main(["plan", "--input", source, "--capacity", "1048576", "--algorithm", "greedy-by-size"]) == 2
+    assert capsys.readouterr().out.startswith("no plan found in the budget")
+
+
+def test_cli_refuses_a_capacity_below_the_largest_buffer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = tmp_path / "two.csv"
+    source.write_text("id,lower,upper,size\n0,0,2,100\n1,1,3,50\n")
+    for capacity in ("0", "99"):
+        assert main(["plan", "--input", str(source), "--capacity", capacity]) == 1
+        err = capsys.readouterr().err
+        assert "capacity" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

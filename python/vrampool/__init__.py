@@ -26,11 +26,12 @@ from vrampool._native import (
     __version__,
 )
 from vrampool.planned import PlannedPool
-from vrampool.planner import PlanResult, plan
+from vrampool.planner import Decision, PlanResult, decide, plan
 from vrampool.pool import DeviceBuffer, DevicePool, set_shared_pool, shared_pool
 from vrampool.streams import stream_handle
 
 __all__ = [
+    "Decision",
     "DeviceBuffer",
     "DeviceError",
     "DevicePool",
@@ -42,6 +43,7 @@ __all__ = [
     "PoolClosedError",
     "WrongDeviceError",
     "__version__",
+    "decide",
     "plan",
     "set_shared_pool",
     "shared_pool",

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, NoReturn, Optional, Sequence, TypeVar
 
-from vrampool.planner import ALGORITHMS, plan
+from vrampool.planner import ALGORITHMS, PlanResult, decide, plan
 
 T = TypeVar("T")
 MIB = 1 << 20
@@ -370,23 +370,42 @@ def summary_command(args: argparse.Namespace) -> int:
 
 
 def plan_command(args: argparse.Namespace) -> int:
-    """`vrampool plan`: prints the figures (or JSON) and writes the plan CSV if asked."""
+    """`vrampool plan`: prints the figures (or JSON) and writes the plan CSV if asked. With
+    `--capacity`, decides that capacity instead: exit 0 with the plan if it fits, 2 if it is proven
+    not to or no plan was found in the budget (the message says which)."""
+    options = dict(algorithm=args.algorithm, budget_ms=args.budget_ms, alignment=args.alignment)
     try:
-        result = plan(args.input, algorithm=args.algorithm, budget_ms=args.budget_ms, alignment=args.alignment)
-        if not result.buffers:
-            raise ValueError("the input holds no buffers")
+        if args.capacity is None:
+            result: Optional[PlanResult] = plan(args.input, **options)
+            if not result.buffers:
+                raise ValueError("the input holds no buffers")
+        else:
+            decision = decide(args.input, args.capacity, **options)
+            result = decision.plan
     except INPUT_ERRORS as e:
         message = str(e)
         raise CommandError(message if message.startswith(args.input) else f"{args.input}: {message}") from None
+    if result is None:
+        if decision.status == "infeasible":
+            message = f"proven infeasible: no plan fits in {decision.capacity:,} B"
+        else:
+            message = f"no plan found in the budget ({args.budget_ms} ms) within {decision.capacity:,} B, and no proof that none fits"
+        print(json.dumps({"status": decision.status, "capacity": decision.capacity}) if args.json else message)
+        return 2
     if args.output:
         _write(Path(args.output), result.to_csv())
     if args.json:
-        print(json.dumps(result.to_json()))
+        report = result.to_json()
+        if args.capacity is not None:
+            report.update(status="fits", capacity=args.capacity)
+        print(json.dumps(report))
     else:
         gap = result.arena_bytes / result.lower_bound_bytes if result.lower_bound_bytes else 1.0
         print(f"buffers      {len(result.buffers):,}")
-        print(f"arena        {result.arena_bytes:,} B")
+        print(f"arena        {result.arena_bytes:,} B" + (f"  (fits in {args.capacity:,} B)" if args.capacity is not None else ""))
         print(f"lower bound  {result.lower_bound_bytes:,} B  (arena / bound = {gap:.4f}{', optimal' if result.optimal else ''})")
+        if result.best_bound_bytes > result.lower_bound_bytes:
+            print(f"best bound   {result.best_bound_bytes:,} B  (proven: no plan fits below it)")
         print(f"algorithm    {result.algorithm}, {result.seconds:.3f} s")
     return 0
 
@@ -520,6 +539,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--algorithm", default="auto", choices=ALGORITHMS)
     p.add_argument("--budget-ms", type=int, default=5000, help="time for the exact search")
     p.add_argument("--alignment", type=int, default=1)
+    p.add_argument("--capacity", type=int, metavar="BYTES", help="decide this arena size instead: a plan within it, or why not")
     p.add_argument("--output", help="write the plan as id,lower,upper,size,offset CSV")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return parser

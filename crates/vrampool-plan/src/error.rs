@@ -16,6 +16,10 @@ pub enum PlanError {
     Overflow { id: u64, what: &'static str },
     #[error("alignment must be at least 1, got 0")]
     ZeroAlignment,
+    #[error("capacity must be at least 1 byte, got 0")]
+    ZeroCapacity,
+    #[error("capacity {capacity} is below buffer {id}'s {size} bytes: no plan can hold it")]
+    CapacityBelowBuffer { id: u64, size: u64, capacity: u64 },
 
     // --- a plan checked by the validator ---
     #[error("{offsets} offsets given for {buffers} buffers")]

@@ -39,28 +39,34 @@ pub fn best_fit_decreasing(buffers: &[Buffer], alignment: u64) -> Result<Vec<u64
 fn place_in_order(inst: &Instance, order: &[u32]) -> Vec<u64> {
     let mut offsets = vec![0u64; inst.len()];
     let mut index = PlacedIndex::new(inst.segments);
-    let mut spans: Vec<(u64, u64)> = Vec::new();
+    let mut spans = Vec::new();
     for &i in order {
-        let (lo, hi, size) = (inst.lo[i as usize], inst.hi[i as usize], inst.size[i as usize]);
-        spans.clear();
-        index.overlapping(lo, hi, &mut spans);
-        spans.sort_unstable();
-        // `top` is the highest byte used so far among the spans scanned; a span starting above it leaves a gap.
-        let (mut top, mut best): (u64, Option<(u64, u64)>) = (0, None);
-        for &(start, end) in &spans {
-            if start > top {
-                let gap = start - top;
-                if gap >= size && best.is_none_or(|(best_gap, _)| gap < best_gap) {
-                    best = Some((gap, top));
-                }
-            }
-            top = top.max(end);
-        }
-        let offset = best.map_or(top, |(_, offset)| offset);
-        offsets[i as usize] = offset;
-        index.insert((offset, offset + size), lo, hi);
+        offsets[i as usize] = best_fit(inst, &mut index, i, &mut spans);
     }
     offsets
+}
+
+/// Buffer `i`'s offset by best fit among the buffers in `index`, where it is then recorded (`spans` is
+/// scratch).
+pub(crate) fn best_fit(inst: &Instance, index: &mut PlacedIndex, i: u32, spans: &mut Vec<(u64, u64)>) -> u64 {
+    let (lo, hi, size) = (inst.lo[i as usize], inst.hi[i as usize], inst.size[i as usize]);
+    spans.clear();
+    index.overlapping(lo, hi, spans);
+    spans.sort_unstable();
+    // `top` is the highest byte used so far among the spans scanned; a span starting above it leaves a gap.
+    let (mut top, mut best): (u64, Option<(u64, u64)>) = (0, None);
+    for &(start, end) in spans.iter() {
+        if start > top {
+            let gap = start - top;
+            if gap >= size && best.is_none_or(|(best_gap, _)| gap < best_gap) {
+                best = Some((gap, top));
+            }
+        }
+        top = top.max(end);
+    }
+    let offset = best.map_or(top, |(_, offset)| offset);
+    index.insert((offset, offset + size), lo, hi);
+    offset
 }
 
 #[cfg(test)]

@@ -6,6 +6,8 @@
 //! - [`exact_search`]: MiniMalloc-style branch and bound over canonical placements, anytime, under a budget.
 //! - [`plan`]: one call that runs them ([`Algorithm::Auto`] stops as soon as the lower bound is met) and checks
 //!   the result with [`validate`], an independent sweep-based checker.
+//! - [`decide`]: the same at a fixed capacity, as MiniMalloc decides it: a plan that fits, a proof that none
+//!   does, or neither within the budget.
 //! - [`read_csv`] / [`write_plan_csv`]: the MiniMalloc CSV format `id,lower,upper,size[,offset]`.
 //!
 //! - [`PlannedPool`]: a planned arena over a core pool: records an iteration's allocations, plans them, and
@@ -46,6 +48,6 @@ pub use csv::{read_csv, read_plan_csv, write_plan_csv};
 pub use error::PlanError;
 pub use exact::{exact_search, ExactOutcome};
 pub use greedy::{best_fit_decreasing, greedy_by_size};
-pub use plan::{plan, Algorithm, Plan, PlanOptions};
-pub use synthetic::random_instance;
+pub use plan::{decide, plan, Algorithm, Decision, Plan, PlanOptions};
+pub use synthetic::{llm_decoding_instance, llm_training_instance, packed_instance, random_instance};
 pub use validate::validate;

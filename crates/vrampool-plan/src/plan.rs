@@ -4,6 +4,7 @@ use std::time::{Duration, Instant};
 
 use crate::bound::lower_bound_of;
 use crate::buffer::round_up;
+use crate::exact::{exact_decide, Verdict};
 use crate::{best_fit_decreasing, exact_search, greedy_by_size, validate, Buffer, PlanError};
 
 /// Which offset assignment to run.
@@ -52,8 +53,9 @@ impl std::str::FromStr for Algorithm {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PlanOptions {
     pub algorithm: Algorithm,
-    /// Time the exact search may take (Auto and Exact; default 5 s). Auto spends it only when neither
-    /// heuristic meets the lower bound, and all of it only when the search cannot meet it either.
+    /// Time `plan` may take (Auto and Exact; default 5 s), the heuristics' time included. Auto spends it only
+    /// when neither heuristic meets the lower bound, and all of it only when the search cannot meet it
+    /// either.
     pub budget: Duration,
     /// Every offset is a multiple of this (>= 1); sizes are rounded up to it inside the planner.
     pub alignment: u64,
@@ -74,6 +76,9 @@ pub struct Plan {
     pub arena_bytes: u64,
     /// The most (aligned) bytes live at one time: no plan needs less.
     pub lower_bound_bytes: u64,
+    /// The best lower bound known: `lower_bound_bytes`, or more where the exact search proved that no plan
+    /// fits below it. At most `arena_bytes`, and equal to it when the plan is optimal.
+    pub best_bound_bytes: u64,
     /// The algorithm asked for.
     pub algorithm: Algorithm,
     /// Wall time spent planning (including validation).
@@ -92,40 +97,117 @@ pub fn plan(buffers: &[Buffer], options: &PlanOptions) -> Result<Plan, PlanError
         lower_bound_of(buffers.iter().map(|b| (b.lower, b.upper, round_up(b.size, alignment).unwrap_or(u64::MAX))));
     let arena = |offsets: &[u64]| validate(buffers, offsets, alignment);
 
-    let (offsets, proven) = match options.algorithm {
-        Algorithm::GreedyBySize => (greedy_by_size(buffers, alignment)?, false),
-        Algorithm::BestFit => (best_fit_decreasing(buffers, alignment)?, false),
+    let (offsets, bound) = match options.algorithm {
+        Algorithm::GreedyBySize => (greedy_by_size(buffers, alignment)?, lower_bound),
+        Algorithm::BestFit => (best_fit_decreasing(buffers, alignment)?, lower_bound),
         Algorithm::Exact => {
             let outcome = exact_search(buffers, alignment, options.budget, None)?;
-            (outcome.offsets, outcome.optimal)
+            (outcome.offsets, outcome.bound_bytes)
         }
         Algorithm::Auto => {
             // Cheapest first; stop as soon as a plan meets the lower bound.
             let greedy = greedy_by_size(buffers, alignment)?;
+            let checking = Instant::now();
             let greedy_arena = arena(&greedy)?;
+            // The heuristics' time counts against the budget, and so do the check of the plan at the end and
+            // the search's own checks of its input: twice the time of this check.
+            let check = 2 * checking.elapsed();
             if greedy_arena <= lower_bound {
-                (greedy, true)
+                (greedy, lower_bound)
             } else {
-                let best_fit = best_fit_decreasing(buffers, alignment)?;
-                let best_fit_arena = arena(&best_fit)?;
-                if best_fit_arena <= lower_bound {
-                    (best_fit, true)
-                } else {
-                    let seed = if best_fit_arena < greedy_arena { best_fit } else { greedy };
-                    let outcome = exact_search(buffers, alignment, options.budget, Some(&seed))?;
-                    (outcome.offsets, outcome.optimal)
-                }
+                let seed = better_heuristic(buffers, alignment, greedy, greedy_arena)?;
+                let budget = options.budget.saturating_sub(start.elapsed() + check);
+                let outcome = exact_search(buffers, alignment, budget, Some(&seed))?;
+                (outcome.offsets, outcome.bound_bytes)
             }
         }
     };
-    let arena_bytes = arena(&offsets)?;
+    finish(buffers, offsets, lower_bound, bound, options, start)
+}
+
+/// The answer to "do the buffers fit in an arena of `capacity` bytes?".
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// A plan whose arena is at most the capacity.
+    Fits(Plan),
+    /// No plan fits: the exact search proved it, or the lower bound is above the capacity.
+    Infeasible,
+    /// The budget ran out before a plan or a proof was found (or the algorithm, a heuristic, proves nothing).
+    Unknown,
+}
+
+/// Decides whether `buffers` fit in an arena of `capacity` bytes, as MiniMalloc does: the heuristics first,
+/// then (Auto and Exact) the exact search at that capacity, within `options.budget`. A plan found is checked
+/// by the validator. A capacity of zero, or one below the largest (aligned) buffer, is an error rather than a
+/// question: no search is needed to answer it.
+pub fn decide(buffers: &[Buffer], capacity: u64, options: &PlanOptions) -> Result<Decision, PlanError> {
+    let start = Instant::now();
+    let alignment = options.alignment;
+    crate::buffer::check_buffers(buffers, alignment)?;
+    if capacity == 0 {
+        return Err(PlanError::ZeroCapacity);
+    }
+    // check_buffers has shown the rounding cannot overflow.
+    let aligned = |b: &Buffer| round_up(b.size, alignment).unwrap_or(u64::MAX);
+    if let Some(largest) = buffers.iter().max_by_key(|b| aligned(b)).filter(|b| aligned(b) > capacity) {
+        return Err(PlanError::CapacityBelowBuffer { id: largest.id, size: aligned(largest), capacity });
+    }
+    let lower_bound = lower_bound_of(buffers.iter().map(|b| (b.lower, b.upper, aligned(b))));
+    if lower_bound > capacity {
+        return Ok(Decision::Infeasible);
+    }
+    let arena = |offsets: &[u64]| validate(buffers, offsets, alignment);
+    let greedy = greedy_by_size(buffers, alignment)?;
+    let greedy_arena = arena(&greedy)?;
+    let seed = match options.algorithm {
+        Algorithm::BestFit => best_fit_decreasing(buffers, alignment)?,
+        Algorithm::Auto if greedy_arena > capacity => better_heuristic(buffers, alignment, greedy, greedy_arena)?,
+        _ => greedy,
+    };
+    let offsets = if arena(&seed)? <= capacity {
+        seed
+    } else if matches!(options.algorithm, Algorithm::Exact | Algorithm::Auto) {
+        match exact_decide(buffers, alignment, capacity, options.budget.saturating_sub(start.elapsed()), &seed)? {
+            Verdict::Fits(offsets) => offsets,
+            Verdict::Infeasible => return Ok(Decision::Infeasible),
+            Verdict::Unknown => return Ok(Decision::Unknown),
+        }
+    } else {
+        return Ok(Decision::Unknown);
+    };
+    Ok(Decision::Fits(finish(buffers, offsets, lower_bound, lower_bound, options, start)?))
+}
+
+/// Best fit's plan where it beats greedy by size's.
+fn better_heuristic(
+    buffers: &[Buffer],
+    alignment: u64,
+    greedy: Vec<u64>,
+    greedy_arena: u64,
+) -> Result<Vec<u64>, PlanError> {
+    let best_fit = best_fit_decreasing(buffers, alignment)?;
+    Ok(if validate(buffers, &best_fit, alignment)? < greedy_arena { best_fit } else { greedy })
+}
+
+/// The plan of `offsets`, validated, with its bounds.
+fn finish(
+    buffers: &[Buffer],
+    offsets: Vec<u64>,
+    lower_bound: u64,
+    bound: u64,
+    options: &PlanOptions,
+    start: Instant,
+) -> Result<Plan, PlanError> {
+    let arena_bytes = validate(buffers, &offsets, options.alignment)?;
+    let best_bound_bytes = bound.max(lower_bound).min(arena_bytes);
     Ok(Plan {
         offsets,
         arena_bytes,
         lower_bound_bytes: lower_bound,
+        best_bound_bytes,
         algorithm: options.algorithm,
         seconds: start.elapsed().as_secs_f64(),
-        optimal: proven || arena_bytes <= lower_bound,
+        optimal: arena_bytes <= best_bound_bytes,
     })
 }
 
@@ -217,6 +299,69 @@ mod tests {
             assert!(matches!(plan(&huge, &o), Err(PlanError::Overflow { .. })));
             let zero = PlanOptions { alignment: 0, ..o };
             assert!(matches!(plan(&[Buffer::new(0, 0, 2, 8)], &zero), Err(PlanError::ZeroAlignment)));
+        }
+    }
+
+    #[test]
+    fn decide_gives_a_plan_within_the_capacity() {
+        let buffers =
+            [Buffer::new(0, 0, 4, 4), Buffer::new(1, 3, 8, 8), Buffer::new(2, 6, 10, 4), Buffer::new(3, 9, 12, 8)];
+        for algorithm in Algorithm::ALL {
+            for capacity in [12, 13, 100] {
+                let Decision::Fits(p) = decide(&buffers, capacity, &options(algorithm)).unwrap() else {
+                    panic!("{algorithm} at {capacity}: no plan");
+                };
+                assert!(p.arena_bytes <= capacity, "{algorithm}");
+                assert_eq!(validate(&buffers, &p.offsets, 1).unwrap(), p.arena_bytes);
+            }
+        }
+    }
+
+    #[test]
+    fn decide_needs_the_search_where_the_heuristics_miss() {
+        // Both heuristics need 13 bytes; 11 fits (see exact_and_auto_beat_the_heuristics_where_they_miss).
+        let buffers = [
+            Buffer::new(0, 5, 6, 5),
+            Buffer::new(1, 0, 3, 5),
+            Buffer::new(2, 4, 8, 4),
+            Buffer::new(3, 4, 6, 2),
+            Buffer::new(4, 2, 5, 2),
+            Buffer::new(5, 1, 3, 2),
+        ];
+        for algorithm in [Algorithm::Exact, Algorithm::Auto] {
+            let decision = decide(&buffers, 11, &options(algorithm)).unwrap();
+            assert!(matches!(decision, Decision::Fits(ref p) if p.arena_bytes == 11), "{algorithm}: {decision:?}");
+        }
+        for algorithm in [Algorithm::GreedyBySize, Algorithm::BestFit] {
+            assert_eq!(decide(&buffers, 12, &options(algorithm)).unwrap(), Decision::Unknown, "{algorithm}");
+        }
+        // Below the lower bound no plan fits, whatever the algorithm.
+        for algorithm in Algorithm::ALL {
+            assert_eq!(decide(&buffers, 10, &options(algorithm)).unwrap(), Decision::Infeasible, "{algorithm}");
+        }
+    }
+
+    #[test]
+    fn decide_refuses_a_capacity_no_buffer_fits() {
+        let buffers = [Buffer::new(0, 0, 4, 100), Buffer::new(7, 2, 6, 300)];
+        let o = PlanOptions::default();
+        assert!(matches!(decide(&buffers, 0, &o), Err(PlanError::ZeroCapacity)));
+        let err = decide(&buffers, 299, &o).unwrap_err();
+        assert!(matches!(err, PlanError::CapacityBelowBuffer { id: 7, size: 300, capacity: 299 }), "{err}");
+        // Sizes are rounded up to the alignment first.
+        let aligned = PlanOptions { alignment: 256, ..o };
+        assert!(matches!(decide(&buffers, 511, &aligned), Err(PlanError::CapacityBelowBuffer { size: 512, .. })));
+        assert!(matches!(decide(&buffers, 300, &o), Ok(Decision::Infeasible)));
+        assert!(matches!(decide(&[Buffer::new(0, 2, 2, 8)], 10, &o), Err(PlanError::EmptyLifetime { .. })));
+    }
+
+    #[test]
+    fn the_best_bound_lies_between_the_lower_bound_and_the_arena() {
+        let buffers = crate::packed_instance(40, 64, 16, 0, 3);
+        for algorithm in Algorithm::ALL {
+            let p = plan(&buffers, &PlanOptions { budget: Duration::from_millis(200), ..options(algorithm) }).unwrap();
+            assert!(p.lower_bound_bytes <= p.best_bound_bytes && p.best_bound_bytes <= p.arena_bytes, "{algorithm}");
+            assert_eq!(p.optimal, p.best_bound_bytes == p.arena_bytes, "{algorithm}");
         }
     }
 

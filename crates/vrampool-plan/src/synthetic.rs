@@ -1,6 +1,14 @@
-//! Seeded random instances for tests and benchmarks, shaped like a network's tensors: most lifetimes short,
-//! a few spanning much of the run, sizes spread over several orders of magnitude. No dependencies: a
-//! splitmix64 generator, so an instance is the same on every machine for the same seed.
+//! Seeded instances for tests and benchmarks. No dependencies: a splitmix64 generator, so an instance is the
+//! same on every machine for the same seed.
+//!
+//! - [`random_instance`]: shaped like a network's tensors: most lifetimes short, a few spanning much of the
+//!   run, sizes spread over several orders of magnitude.
+//! - [`llm_training_instance`] and [`llm_decoding_instance`]: the tensors of a transformer's training step
+//!   (activations kept from each layer's forward pass to its backward pass, over micro-batches) and of its
+//!   decoding (a KV cache per layer grown by concatenation each token): large graphs of repeated layers.
+//! - [`packed_instance`]: a square of time and bytes cut into rectangles, so a plan at its side is known to
+//!   exist: instances of the kind of MiniMalloc's challenging set, to measure the search on instances it was
+//!   not tuned on.
 
 use crate::Buffer;
 
@@ -22,6 +30,181 @@ pub fn random_instance(n: usize, seed: u64) -> Vec<Buffer> {
             Buffer { id, lower, upper: lower + length, size }
         })
         .collect()
+}
+
+/// About `n` buffers cut from a square of `side` units of time by `side` units of `unit` bytes by guillotine
+/// cuts (the largest rectangle is cut next, across its longer side, at a uniform position), with one buffer in
+/// `drop_one_in` left out (none if 0), which may lower the bound below the side. With `side = 1024` and
+/// `unit = 1024` the square is 1 MiB over 1,048,576 steps, as in MiniMalloc's challenging set. The
+/// rectangles' own offsets are a plan at the square's height, so the instance is known to fit there; many
+/// are hard to decide there all the same. Cuts across time favour an earliest-start-first order, so these
+/// instances check the search on structure it was not tuned on, beside the real ones, not in place of them.
+pub fn packed_instance(n: usize, side: u64, unit: u64, drop_one_in: u64, seed: u64) -> Vec<Buffer> {
+    let mut rng = SplitMix64(seed);
+    // (x0, x1, y0, y1) in units.
+    let mut pieces: Vec<(u64, u64, u64, u64)> = vec![(0, side.max(1), 0, side.max(1))];
+    while pieces.len() < n.max(1) {
+        let (k, &(x0, x1, y0, y1)) = pieces
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, &(x0, x1, y0, y1))| (x1 - x0) * (y1 - y0))
+            .expect("at least one piece");
+        let (w, h) = (x1 - x0, y1 - y0);
+        if w.max(h) < 2 {
+            break;
+        }
+        pieces.swap_remove(k);
+        if w >= h {
+            let c = x0 + 1 + rng.below(w - 1);
+            pieces.extend([(x0, c, y0, y1), (c, x1, y0, y1)]);
+        } else {
+            let c = y0 + 1 + rng.below(h - 1);
+            pieces.extend([(x0, x1, y0, c), (x0, x1, c, y1)]);
+        }
+    }
+    pieces
+        .into_iter()
+        .filter(|_| drop_one_in == 0 || rng.below(drop_one_in) != 0)
+        .enumerate()
+        .map(|(id, (x0, x1, y0, y1))| Buffer {
+            id: id as u64,
+            lower: x0 * unit,
+            upper: x1 * unit,
+            size: (y1 - y0) * unit,
+        })
+        .collect()
+}
+
+/// Records buffers on a clock: each op ticks it, and a buffer lives from the op that makes it to the op after
+/// its last use.
+struct Tape {
+    buffers: Vec<Buffer>,
+    now: u64,
+}
+
+impl Tape {
+    fn new() -> Tape {
+        Tape { buffers: Vec::new(), now: 0 }
+    }
+
+    /// A buffer made by the next op; returns its index (its end is set by `free`, or at `finish`).
+    fn make(&mut self, size: u64) -> usize {
+        self.now += 1;
+        self.buffers.push(Buffer { id: self.buffers.len() as u64, lower: self.now, upper: u64::MAX, size });
+        self.buffers.len() - 1
+    }
+
+    /// The buffer's last use is the next op.
+    fn free(&mut self, buffer: usize) {
+        self.now += 1;
+        self.buffers[buffer].upper = self.now + 1;
+    }
+
+    fn finish(mut self) -> Vec<Buffer> {
+        let end = self.now + 2;
+        self.buffers.iter_mut().filter(|b| b.upper == u64::MAX).for_each(|b| b.upper = end);
+        self.buffers
+    }
+}
+
+/// A transformer's training step over `micro_batches` (gradient accumulation): per layer and micro-batch, the
+/// forward pass makes about a dozen tensors and keeps five for the backward pass, which makes about as many
+/// again; each layer's weight gradients live from the first backward pass to the end. Sizes come from
+/// `hidden` (bytes of one token's activation row) times the micro-batch's tokens, which vary by up to a
+/// quarter between micro-batches (seeded), as packed sequences do. About `30 * layers * micro_batches`
+/// buffers: 64 layers and 10 micro-batches give about 19,000.
+pub fn llm_training_instance(layers: usize, micro_batches: usize, hidden: u64, seed: u64) -> Vec<Buffer> {
+    let mut rng = SplitMix64(seed);
+    let mut tape = Tape::new();
+    let mut grads: Vec<Option<[usize; 2]>> = vec![None; layers];
+    for _ in 0..micro_batches {
+        let tokens = 1024 - rng.below(256);
+        let row = hidden * tokens;
+        let mut x = tape.make(row);
+        let mut kept: Vec<[usize; 5]> = Vec::with_capacity(layers);
+        for _ in 0..layers {
+            let norm = tape.make(row);
+            let qkv = tape.make(3 * row);
+            let scores = tape.make(tokens * tokens * 2);
+            let probs = tape.make(tokens * tokens * 2);
+            tape.free(scores);
+            let attn = tape.make(row);
+            tape.free(norm);
+            let out = tape.make(row);
+            tape.free(x);
+            let up = tape.make(4 * row);
+            let act = tape.make(4 * row);
+            let down = tape.make(row);
+            let next = tape.make(row);
+            tape.free(down);
+            tape.free(out);
+            kept.push([qkv, probs, attn, up, act]);
+            x = next;
+        }
+        let mut grad = tape.make(row);
+        tape.free(x);
+        for (layer, saved) in kept.into_iter().enumerate().rev() {
+            let g_act = tape.make(4 * row);
+            let g_up = tape.make(4 * row);
+            tape.free(g_act);
+            let g_attn = tape.make(row);
+            let g_probs = tape.make(tokens * tokens * 2);
+            let g_qkv = tape.make(3 * row);
+            tape.free(g_probs);
+            let w = grads[layer].get_or_insert_with(|| [tape.make(12 * hidden * 64), tape.make(4 * hidden * 64)]);
+            let _ = w;
+            let g_x = tape.make(row);
+            for b in [g_up, g_attn, g_qkv, grad] {
+                tape.free(b);
+            }
+            for b in saved {
+                tape.free(b);
+            }
+            grad = g_x;
+        }
+        tape.free(grad);
+    }
+    tape.finish()
+}
+
+/// A transformer decoding `tokens` tokens after a prompt of `prompt` tokens: per layer and token, the
+/// attention makes q, k and v rows, grows the layer's K and V caches by concatenation (a new buffer one row
+/// longer, the old one freed after the copy), and makes scores over the cache and a few temporaries. Greedy
+/// by size packs the growing caches badly. About `13 * layers * tokens` buffers: 24 layers and 120 tokens
+/// give about 37,000.
+pub fn llm_decoding_instance(layers: usize, prompt: u64, tokens: u64, row: u64) -> Vec<Buffer> {
+    let mut tape = Tape::new();
+    let mut caches: Vec<[usize; 2]> = (0..layers).map(|_| [tape.make(prompt * row), tape.make(prompt * row)]).collect();
+    for t in 0..tokens {
+        let length = prompt + t + 1;
+        let mut x = tape.make(row);
+        for cache in caches.iter_mut() {
+            let norm = tape.make(row);
+            let q = tape.make(row);
+            let k = tape.make(row);
+            let v = tape.make(row);
+            tape.free(norm);
+            let grown = [tape.make(length * row), tape.make(length * row)];
+            for b in [cache[0], cache[1], k, v] {
+                tape.free(b);
+            }
+            *cache = grown;
+            let scores = tape.make(length * 64);
+            let attn = tape.make(row);
+            tape.free(scores);
+            tape.free(q);
+            let up = tape.make(4 * row);
+            let down = tape.make(row);
+            tape.free(up);
+            let next = tape.make(row);
+            for b in [attn, down, x] {
+                tape.free(b);
+            }
+            x = next;
+        }
+        tape.free(x);
+    }
+    tape.finish()
 }
 
 struct SplitMix64(u64);

@@ -21,6 +21,9 @@ pub(crate) struct Component {
     pub live: Vec<Vec<u32>>,
     /// For each buffer, the other buffers with exactly its lifetime.
     pub same_life: Vec<Vec<u32>>,
+    /// For each buffer, byte ranges it must stay clear of (buffers outside the part, fixed where they are,
+    /// that overlap it in time): sorted and disjoint. Empty when the part has none.
+    pub obstacles: Vec<Vec<(u64, u64)>>,
 }
 
 /// Groups of instance indices whose lifetimes are connected, in time order.
@@ -62,15 +65,12 @@ pub(crate) fn cost(inst: &Instance, part: &[u32]) -> u64 {
 /// preorderings: T is the tightest section a buffer lives in (the most bytes live there), W its lifetime length
 /// (its width when time runs left to right), A its area (size times lifetime length), each larger first and
 /// compared in the order of the letters. A search with one order can stall for long on an instance that
-/// another order solves at once, so the search takes turns with all of them (see `exact::probe`); the last
-/// three add variety.
+/// another order solves at once, so the search takes turns with them (see `exact::probe`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Order {
     Twa,
     Taw,
     Wat,
-    /// Larger size first, then longer lifetime.
-    Size,
     /// Earlier start first, then longer lifetime.
     Time,
     /// Larger area first, then tighter section.
@@ -114,34 +114,107 @@ impl Component {
                 }
             }
         }
-        Component { members, size, length, lo, hi, neighbors, live, same_life }
+        Component { members, size, length, lo, hi, neighbors, live, same_life, obstacles: Vec::new() }
+    }
+
+    /// Fixes byte ranges that each buffer (in local order) must stay clear of.
+    pub fn set_obstacles(&mut self, mut obstacles: Vec<Vec<(u64, u64)>>) {
+        for ranges in &mut obstacles {
+            ranges.sort_unstable();
+            let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+            for &(start, end) in ranges.iter() {
+                match merged.last_mut() {
+                    Some(last) if start <= last.1 => last.1 = last.1.max(end),
+                    _ => merged.push((start, end)),
+                }
+            }
+            *ranges = merged;
+        }
+        self.obstacles = obstacles;
+    }
+
+    /// The lowest offset at or above `at` where buffer `i` clears its obstacles.
+    pub fn lift(&self, i: usize, at: u64) -> u64 {
+        let Some(ranges) = self.obstacles.get(i) else { return at };
+        let mut at = at;
+        for &(start, end) in ranges {
+            if end <= at {
+                continue;
+            }
+            if start >= at + self.size[i] {
+                break;
+            }
+            at = end;
+        }
+        at
     }
 
     pub fn len(&self) -> usize {
         self.size.len()
     }
 
+    /// The most bytes live in any one section: the part's lower bound.
+    pub fn load(&self) -> u64 {
+        self.live.iter().map(|s| s.iter().map(|&i| self.size[i as usize]).sum::<u64>()).max().unwrap_or(0)
+    }
+
     /// The rank of each buffer under `order` (0 first).
     pub fn ranking(&self, order: Order) -> Vec<u32> {
         let load: Vec<u64> = self.live.iter().map(|s| s.iter().map(|&i| self.size[i as usize]).sum()).collect();
-        let n = self.len();
-        let tight: Vec<u64> =
-            (0..n).map(|i| load[self.lo[i] as usize..self.hi[i] as usize].iter().copied().max().unwrap_or(0)).collect();
-        let area = |i: usize| self.size[i] as u128 * self.length[i] as u128;
-        use std::cmp::Reverse as R;
-        let mut by: Vec<usize> = (0..n).collect();
-        match order {
-            Order::Twa => by.sort_by_key(|&i| (R(tight[i]), R(self.length[i]), R(area(i)), i)),
-            Order::Taw => by.sort_by_key(|&i| (R(tight[i]), R(area(i)), R(self.length[i]), i)),
-            Order::Wat => by.sort_by_key(|&i| (R(self.length[i]), R(area(i)), R(tight[i]), i)),
-            Order::Size => by.sort_by_key(|&i| (R(self.size[i]), R(self.length[i]), i)),
-            Order::Time => by.sort_by_key(|&i| (self.lo[i], R(self.hi[i]), R(self.size[i]), i)),
-            Order::Area => by.sort_by_key(|&i| (R(area(i)), R(tight[i]), i)),
-        }
-        let mut rank = vec![0u32; n];
+        let mut by: Vec<u32> = (0..self.len() as u32).collect();
+        self.sort_by(order, &mut by, |i| self.tightest(i, &load));
+        let mut rank = vec![0u32; self.len()];
         for (r, &i) in by.iter().enumerate() {
-            rank[i] = r as u32;
+            rank[i as usize] = r as u32;
         }
         rank
+    }
+
+    /// The most bytes of `load` (per section) in any section buffer `i` lives in: its T key.
+    pub fn tightest(&self, i: usize, load: &[u64]) -> u64 {
+        load[self.lo[i] as usize..self.hi[i] as usize].iter().copied().max().unwrap_or(0)
+    }
+
+    /// Sorts buffers by `order`, with `tight` as each buffer's T key. Ties go by index, so buffers of the same
+    /// lifetime and size keep one relative order under every order and every T (the twins rule needs that).
+    pub fn sort_by(&self, order: Order, items: &mut [u32], tight: impl Fn(usize) -> u64) {
+        let area = |i: usize| self.size[i] as u128 * self.length[i] as u128;
+        use std::cmp::Reverse as R;
+        let (length, lo, hi, size) = (&self.length, &self.lo, &self.hi, &self.size);
+        match order {
+            Order::Twa => items.sort_by_cached_key(|&i| {
+                let i = i as usize;
+                (R(tight(i)), R(length[i]), R(area(i)), i)
+            }),
+            Order::Taw => items.sort_by_cached_key(|&i| {
+                let i = i as usize;
+                (R(tight(i)), R(area(i)), R(length[i]), i)
+            }),
+            Order::Wat => items.sort_by_cached_key(|&i| {
+                let i = i as usize;
+                (R(length[i]), R(area(i)), R(tight(i)), i)
+            }),
+            Order::Time => items.sort_by_key(|&i| (lo[i as usize], R(hi[i as usize]), R(size[i as usize]), i)),
+            Order::Area => items.sort_by_cached_key(|&i| (R(area(i as usize)), R(tight(i as usize)), i)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Buffer;
+
+    #[test]
+    fn a_buffer_lifts_clear_of_its_obstacles() {
+        let inst = Instance::new(&[Buffer::new(0, 0, 4, 4)], 1).unwrap();
+        let mut part = Component::new(&inst, &[0]);
+        assert_eq!(part.lift(0, 3), 3);
+        // Overlapping and touching ranges merge: [0, 2) and [6, 9) stay, [8, 12) joins the second.
+        part.set_obstacles(vec![vec![(8, 12), (0, 2), (6, 9)]]);
+        assert_eq!(part.obstacles[0], [(0, 2), (6, 12)]);
+        assert_eq!(part.lift(0, 0), 2, "the 4 bytes from 2 to 6 fit between the two");
+        assert_eq!(part.lift(0, 3), 12, "from 3 they would reach into [6, 12)");
+        assert_eq!(part.lift(0, 12), 12);
     }
 }

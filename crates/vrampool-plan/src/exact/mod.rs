@@ -1,31 +1,36 @@
 //! The exact search: an anytime branch and bound over canonical placements (see `search.rs`), run part by
-//! part under a time budget.
-//!
-//! For each part it first asks whether the part fits under the lower bound of the whole instance (a quarter of
-//! the part's time): that is the usual case, even on hard instances, and the bound prunes hardest there.
-//! Failing that it descends from the best plan so far with many short tries under varied orders. A part is
-//! solved when it fits under the lower bound, or when no plan fits one step below its best (arenas come in
-//! steps of the sizes' greatest common divisor).
+//! part under a time budget, either to minimise the arena (`exact_search`, see `minimise.rs`) or to decide
+//! one capacity (`exact_decide`). Both search each capacity with MiniMalloc's round robin of orders
+//! (`probe.rs`). A part is solved when it fits under the lower bound, or when no plan fits one step below its
+//! best (arenas come in steps of the sizes' greatest common divisor).
 
 mod component;
+mod minimise;
+mod probe;
 #[cfg(test)]
 mod restarts;
 mod search;
+mod windows;
 
 use std::time::{Duration, Instant};
 
 use crate::bound::lower_bound_of;
 use crate::instance::Instance;
 use crate::{greedy_by_size, validate, Buffer, PlanError};
-use component::{Component, Order};
-use search::{fits, Outcome};
+use component::Component;
+use minimise::minimise;
+use probe::{orders, Prober};
+use search::{Outcome, Ranking};
 
 /// Parts whose search structures (overlapping pairs plus section memberships) would exceed this many entries
-/// are not searched; they keep the seed's plan (or greedy by size's).
+/// are not searched whole (`decide` answers unknown for them).
 const MAX_ENTRIES: u64 = 20_000_000;
 /// Nor are parts of more buffers than this: each node of the search scans its group, so one descent costs
 /// O(n^2), and the search recurses once per placement.
 const MAX_BUFFERS: usize = 20_000;
+/// Parts of more buffers than this are planned window by window (`windows.rs`): a round robin over thousands
+/// of buffers at once gets nowhere in a budget of seconds.
+const WINDOWS_ABOVE: usize = 4_000;
 const STACK_BYTES: usize = 64 << 20;
 
 /// What the exact search found.
@@ -35,6 +40,9 @@ pub struct ExactOutcome {
     pub offsets: Vec<u64>,
     /// Whether no plan has a smaller arena: it meets the lower bound, or the search below it was exhausted.
     pub optimal: bool,
+    /// The best lower bound known on the optimum: the most bytes live at once, or more where the search
+    /// proved that a part fits in no smaller arena.
+    pub bound_bytes: u64,
     /// Placements tried.
     pub nodes: u64,
 }
@@ -48,280 +56,194 @@ pub fn exact_search(
     budget: Duration,
     seed: Option<&[u64]>,
 ) -> Result<ExactOutcome, PlanError> {
-    let start = Instant::now();
-    let deadline = start.checked_add(budget).unwrap_or(start + Duration::from_secs(365 * 86_400));
+    let deadline = deadline_after(budget);
     let inst = Instance::new(buffers, alignment)?;
     if let Some(seed) = seed {
         validate(buffers, seed, alignment)?;
     }
     let target = lower_bound_of((0..inst.len()).map(|i| (inst.lo[i] as u64, inst.hi[i] as u64, inst.size[i])));
+    let part_arena = |part: &[u32], plan: &[u64]| part.iter().map(|&i| plan[i as usize] + inst.size[i as usize]).max();
+    let needy = |part: &[u32]| seed.is_none_or(|s| part_arena(part, s).unwrap_or(0) > target);
 
-    // The search recurses once per placement: it runs on a thread with a stack to match. A thread that cannot
-    // be started leaves every part to the fallback.
-    let (searched, nodes) = std::thread::scope(|scope| {
+    let mut nodes = 0;
+    let searched = on_search_thread(|| {
+        each_part(&inst, needy, deadline, |part, part_deadline| {
+            let seeded = seed.map(|s| part_arena(part, s).unwrap_or(0));
+            if part.len() > WINDOWS_ABOVE {
+                // The seed's plan stays where the windows do no better.
+                let ceiling = seeded.unwrap_or(u64::MAX);
+                let (placed, arena) = windows::sweeps(&inst, part, target, ceiling, part_deadline, &mut nodes)?;
+                let (members, local): (Vec<u32>, Vec<u64>) = placed.into_iter().unzip();
+                return Some((members, (Some((arena, local)), target)));
+            }
+            if !searchable(&inst, part) {
+                return None;
+            }
+            let comp = Component::new(&inst, part);
+            let incumbent = seed.map(|s| (seeded.unwrap_or(0), local(&comp, s)));
+            let found = minimise(&comp, target, incumbent, part_deadline, &mut nodes);
+            Some((comp.members, (found.plan, found.bound)))
+        })
+    })
+    .unwrap_or_default();
+
+    // Parts left unsearched keep the seed's plan, or greedy by size's.
+    let fallback = match seed {
+        Some(seed) => seed.to_vec(),
+        None if searched.len() < component::split(&inst).len() || searched.iter().any(|p| p.1 .0.is_none()) => {
+            greedy_by_size(buffers, alignment)?
+        }
+        None => Vec::new(),
+    };
+    let mut offsets = fallback.clone();
+    offsets.resize(inst.len(), 0);
+    let mut bound = target;
+    for (members, (plan, part_bound)) in &searched {
+        if let Some((_, local)) = plan {
+            for (&i, &v) in members.iter().zip(local) {
+                offsets[i as usize] = v;
+            }
+        }
+        bound = bound.max(*part_bound);
+    }
+    let arena = (0..inst.len()).map(|i| offsets[i] + inst.size[i]).max().unwrap_or(0);
+    Ok(ExactOutcome { offsets, optimal: arena <= bound, bound_bytes: bound.min(arena), nodes })
+}
+
+/// The exact search's answer at a fixed capacity.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Verdict {
+    /// Offsets, parallel to the buffers, of a plan whose arena is at most the capacity.
+    Fits(Vec<u64>),
+    /// No plan fits.
+    Infeasible,
+    /// The budget ran out first.
+    Unknown,
+}
+
+/// Whether the buffers fit in `capacity` bytes, within `budget`; `seed` is a valid plan to keep where its
+/// parts already fit. The parts that need the search take turns, each with a share of the time left, until
+/// all fit, one is proven not to, or the time is up; a part's round robin goes on where it stopped.
+pub(crate) fn exact_decide(
+    buffers: &[Buffer],
+    alignment: u64,
+    capacity: u64,
+    budget: Duration,
+    seed: &[u64],
+) -> Result<Verdict, PlanError> {
+    let deadline = deadline_after(budget);
+    let inst = Instance::new(buffers, alignment)?;
+    let (large, parts): (Vec<Vec<u32>>, Vec<Vec<u32>>) = component::split(&inst)
+        .into_iter()
+        .filter(|part| part.iter().map(|&i| seed[i as usize] + inst.size[i as usize]).max().unwrap_or(0) > capacity)
+        .partition(|part| part.len() > WINDOWS_ABOVE);
+    if parts.iter().any(|part| !searchable(&inst, part)) {
+        return Ok(Verdict::Unknown);
+    }
+    let verdict = on_search_thread(|| {
+        let (mut offsets, mut nodes) = (seed.to_vec(), 0);
+        // Large parts window by window, each window searched at the capacity, each part with its share of the
+        // time (the small ones together count as one); a plan within the capacity or none: windows prove
+        // nothing.
+        for (k, part) in large.iter().enumerate() {
+            let now = Instant::now();
+            let left = (large.len() - k + usize::from(!parts.is_empty())) as u32;
+            let part_deadline = now + deadline.saturating_duration_since(now) / left;
+            let beat = capacity.saturating_add(1);
+            let Some((placed, _)) = windows::sweeps(&inst, part, capacity, beat, part_deadline, &mut nodes) else {
+                return Verdict::Unknown;
+            };
+            for (i, offset) in placed {
+                offsets[i as usize] = offset;
+            }
+        }
+        let mut open: Vec<(Component, Vec<Ranking>, Prober)> = Vec::with_capacity(parts.len());
+        for part in &parts {
+            let comp = Component::new(&inst, part);
+            if comp.load() > capacity {
+                return Verdict::Infeasible;
+            }
+            let (orders, prober) = (orders(&comp), Prober::new(&comp, capacity));
+            open.push((comp, orders, prober));
+        }
+        while !open.is_empty() {
+            let now = Instant::now();
+            if now >= deadline {
+                return Verdict::Unknown;
+            }
+            let share = now + deadline.saturating_duration_since(now) / open.len() as u32;
+            let mut k = 0;
+            while k < open.len() {
+                let (comp, orders, prober) = &mut open[k];
+                match prober.run(comp, orders, share, &mut nodes) {
+                    Outcome::Fits(local) => {
+                        write_part(&mut offsets, &comp.members, local.into_iter());
+                        open.swap_remove(k);
+                    }
+                    Outcome::Infeasible => return Verdict::Infeasible,
+                    Outcome::TimedOut => k += 1,
+                }
+            }
+        }
+        Verdict::Fits(offsets)
+    });
+    Ok(verdict.unwrap_or(Verdict::Unknown))
+}
+
+/// Whether the search takes on a part (see `MAX_BUFFERS` and `MAX_ENTRIES`).
+fn searchable(inst: &Instance, part: &[u32]) -> bool {
+    part.len() <= MAX_BUFFERS && component::cost(inst, part) <= MAX_ENTRIES
+}
+
+fn deadline_after(budget: Duration) -> Instant {
+    let start = Instant::now();
+    start.checked_add(budget).unwrap_or(start + Duration::from_secs(365 * 86_400))
+}
+
+/// Runs `search` on a thread with a stack to match the search's recursion (once per placement); `None` if no
+/// such thread can be started.
+fn on_search_thread<T: Send>(search: impl FnOnce() -> T + Send) -> Option<T> {
+    std::thread::scope(|scope| {
         std::thread::Builder::new()
             .name("vrampool-plan-exact".into())
             .stack_size(STACK_BYTES)
-            .spawn_scoped(scope, || search_parts(&inst, seed, target, deadline))
+            .spawn_scoped(scope, search)
             .map(|handle| handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+            .ok()
     })
-    .unwrap_or_else(|_| (component::split(&inst).into_iter().map(PartResult::unsearched).collect(), 0));
-
-    // Parts the search did not solve keep the seed's plan, or greedy by size's.
-    let mut fallback: Option<Vec<u64>> = seed.map(<[u64]>::to_vec);
-    let mut offsets = vec![0u64; inst.len()];
-    let mut arenas: Vec<(u64, bool)> = Vec::with_capacity(searched.len());
-    for part in searched {
-        match part.plan {
-            Some((arena, local)) => {
-                write_part(&mut offsets, &part.members, local.into_iter());
-                arenas.push((arena, part.solved));
-            }
-            None => {
-                if fallback.is_none() {
-                    fallback = Some(greedy_by_size(buffers, alignment)?);
-                }
-                let plan = fallback.as_deref().expect("set above");
-                write_part(&mut offsets, &part.members, part.members.iter().map(|&i| plan[i as usize]));
-                let arena = part.members.iter().map(|&i| plan[i as usize] + inst.size[i as usize]).max();
-                arenas.push((arena.unwrap_or(0), false));
-            }
-        }
-    }
-    // Optimal if a part with the largest arena is solved: no plan of that part alone is smaller.
-    let arena = arenas.iter().map(|a| a.0).max().unwrap_or(0);
-    let optimal = arena <= target || arenas.iter().any(|&(a, solved)| a == arena && solved);
-    Ok(ExactOutcome { offsets, optimal, nodes })
 }
 
-/// One part's outcome: its buffers (instance indices), its best plan (arena and offsets parallel to
-/// `members`) if the search ran, and whether that plan is at the target or proven optimal.
-struct PartResult {
-    members: Vec<u32>,
-    plan: Option<(u64, Vec<u64>)>,
-    solved: bool,
-}
-
-impl PartResult {
-    fn unsearched(members: Vec<u32>) -> Self {
-        PartResult { members, plan: None, solved: false }
-    }
-}
-
-/// Searches every part that needs it, sharing the time left among them. Returns the parts and the nodes.
-fn search_parts(inst: &Instance, seed: Option<&[u64]>, target: u64, deadline: Instant) -> (Vec<PartResult>, u64) {
-    let part_arena =
-        |part: &[u32], plan: &[u64]| part.iter().map(|&i| plan[i as usize] + inst.size[i as usize]).max().unwrap_or(0);
-    let needy = |part: &[u32]| seed.is_none_or(|s| part_arena(part, s) > target);
-    // Small parts first: they are usually solved at once, and the time they leave goes to the large ones.
-    let mut parts = component::split(inst);
+/// Calls `solve` on every part (instance indices) that is `needy`, with a share of the time left: small parts
+/// first, since they are usually solved at once and the time they leave goes to the large ones. Returns what
+/// `solve` returned for each: the part's members (instance indices, in the order of its local offsets) and
+/// its result.
+fn each_part<T>(
+    inst: &Instance,
+    needy: impl Fn(&[u32]) -> bool,
+    deadline: Instant,
+    mut solve: impl FnMut(&[u32], Instant) -> Option<(Vec<u32>, T)>,
+) -> Vec<(Vec<u32>, T)> {
+    let mut parts: Vec<Vec<u32>> = component::split(inst).into_iter().filter(|p| needy(p)).collect();
     parts.sort_by_key(|p| p.len());
-    let mut left = parts.iter().filter(|p| needy(p)).count();
-    let mut nodes = 0;
+    let mut left = parts.len();
     let mut results = Vec::with_capacity(parts.len());
     for part in parts {
-        if !needy(&part) {
-            let plan = seed.expect("only seeded parts are not needy");
-            let local = part.iter().map(|&i| plan[i as usize]).collect();
-            results.push(PartResult { plan: Some((part_arena(&part, plan), local)), members: part, solved: true });
-            continue;
-        }
         let now = Instant::now();
-        let part_deadline = now + deadline.saturating_duration_since(now) / left.max(1) as u32;
+        let part_deadline = now + deadline.saturating_duration_since(now) / left as u32;
         left -= 1;
-        if part.len() > MAX_BUFFERS || component::cost(inst, &part) > MAX_ENTRIES {
-            results.push(PartResult::unsearched(part));
-            continue;
-        }
-        let comp = Component::new(inst, &part);
-        let incumbent = seed.map(|s| (part_arena(&part, s), comp.members.iter().map(|&i| s[i as usize]).collect()));
-        let (plan, solved) = solve_part(&comp, target, incumbent, part_deadline, &mut nodes);
-        results.push(PartResult { members: comp.members, plan, solved });
+        results.extend(solve(&part, part_deadline));
     }
-    (results, nodes)
+    results
 }
 
-fn write_part(offsets: &mut [u64], members: &[u32], values: impl Iterator<Item = u64>) {
+/// A plan's offsets of the part's buffers, in local order.
+fn local(part: &Component, plan: &[u64]) -> Vec<u64> {
+    part.members.iter().map(|&i| plan[i as usize]).collect()
+}
+
+pub(crate) fn write_part(offsets: &mut [u64], members: &[u32], values: impl Iterator<Item = u64>) {
     for (&i, v) in members.iter().zip(values) {
         offsets[i as usize] = v;
-    }
-}
-
-/// Solves one part. First: does it fit under `target` (the lower bound of the whole instance)? A quarter of
-/// the time goes to that question. Then a descent below the best plan so far (see `descend`). Returns the best
-/// plan (arena, local offsets) and whether it is solved: at most `target`, or proven optimal for the part.
-fn solve_part(
-    part: &Component,
-    target: u64,
-    incumbent: Option<(u64, Vec<u64>)>,
-    deadline: Instant,
-    nodes: &mut u64,
-) -> (Option<(u64, Vec<u64>)>, bool) {
-    if incumbent.as_ref().is_some_and(|b| b.0 <= target) {
-        return (incumbent, true);
-    }
-    let ranks: Vec<Vec<u32>> = ORDERS.iter().map(|&o| part.ranking(o)).collect();
-    let now = Instant::now();
-    let quarter = now + deadline.saturating_duration_since(now) / 4;
-    let mut infeasible = None::<u64>;
-    match probe(part, &ranks, target, quarter, nodes) {
-        Outcome::Fits(plan) => return (Some((arena_of(part, &plan), plan)), true),
-        Outcome::Infeasible => infeasible = Some(target),
-        Outcome::TimedOut => {}
-    }
-    let mut best = match incumbent {
-        Some(best) => best,
-        // Any plan at all, to descend from.
-        None => match probe(part, &ranks, u64::MAX, deadline, nodes) {
-            Outcome::Fits(plan) => (arena_of(part, &plan), plan),
-            _ => return (None, false),
-        },
-    };
-    let unit = unit_of(part);
-    let infeasible = descend(part, &ranks, unit, (target, infeasible), &mut best, deadline, nodes);
-    let solved = best.0 <= target || infeasible.is_some_and(|i| i + unit >= best.0);
-    (Some(best), solved)
-}
-
-fn arena_of(part: &Component, plan: &[u64]) -> u64 {
-    plan.iter().zip(&part.size).map(|(o, s)| o + s).max().unwrap_or(0)
-}
-
-/// The step between arenas: a canonical plan's arena is a sum of sizes, so a multiple of their greatest common
-/// divisor, and so is the optimum.
-fn unit_of(part: &Component) -> u64 {
-    part.size.iter().fold(0, |g, &s| gcd(g, s)).max(1)
-}
-
-fn gcd(mut a: u64, mut b: u64) -> u64 {
-    while b != 0 {
-        (a, b) = (b, a % b);
-    }
-    a
-}
-
-/// Node limit of the descent's shortest tries; Luby's sequence multiplies it.
-const TRY_NODES: u64 = 1_000;
-/// Tries in a row that time out before the descent moves its next capacity halfway up towards the best plan.
-const PATIENCE: u32 = 12;
-/// Random swaps of neighbouring ranks in each jittered order.
-const SWAPS: usize = 20;
-
-/// Lowers `best` until `deadline` with short searches (tries) below it, each with its own order and node
-/// limit. `bounds` are the lower bound and the highest capacity proven infeasible so far, if any; returns
-/// the latter, updated. Capacities tried are multiples of `unit` (see `unit_of`).
-///
-/// A try that times out proves nothing. On D, MiniMalloc's hardest challenging instance, a try that fits
-/// usually does so within a few thousand nodes, and one in five tries of 20,000 nodes at 1,010 units fits. So
-/// the answer is many short tries, each under another order, rather than one long search: the first tries
-/// take the fixed orders, the others randomly jittered copies of MiniMalloc's TWA. The capacity tried starts
-/// halfway between the lower bound and the best plan, and moves halfway up only after `PATIENCE` misses in a
-/// row; so a few unlucky tries do not rule out a range for good, as the bisection this replaced did. Node
-/// limits follow Luby's sequence, so that now and then a try runs long enough to prove its capacity
-/// infeasible (each search is complete).
-fn descend(
-    part: &Component,
-    ranks: &[Vec<u32>],
-    unit: u64,
-    (target, mut infeasible): (u64, Option<u64>),
-    best: &mut (u64, Vec<u64>),
-    deadline: Instant,
-    nodes: &mut u64,
-) -> Option<u64> {
-    // ORDERS starts with TWA.
-    let twa = &ranks[0];
-    // Capacities worth a try are the multiples of `unit` from `low` to just below the best plan.
-    let mut low = infeasible.map_or(target, |i| i + 1).div_ceil(unit) * unit;
-    let (mut gap, mut misses) = (u64::MAX, 0);
-    for turn in 1u64.. {
-        let high = (best.0 - 1) / unit * unit;
-        if high < low || Instant::now() >= deadline {
-            break;
-        }
-        gap = gap.min((high - low) / unit / 2);
-        let capacity = high - gap * unit;
-        let jittered;
-        let rank = match ranks.get(turn as usize - 1) {
-            Some(fixed) => fixed,
-            None => {
-                jittered = jitter(twa, turn, SWAPS);
-                &jittered
-            }
-        };
-        let limit = nodes.saturating_add(TRY_NODES.saturating_mul(luby(turn)));
-        match fits(part, rank, capacity, deadline, nodes, limit) {
-            Outcome::Fits(plan) => {
-                *best = (arena_of(part, &plan), plan);
-                misses = 0;
-            }
-            Outcome::Infeasible => {
-                infeasible = infeasible.max(Some(capacity));
-                low = capacity + unit;
-            }
-            Outcome::TimedOut => {
-                misses += 1;
-                if misses == PATIENCE {
-                    (gap, misses) = (gap / 2, 0);
-                }
-            }
-        }
-    }
-    infeasible
-}
-
-/// Luby's restart sequence: 1, 1, 2, 1, 1, 2, 4, 1, 1, 2, 1, 1, 2, 4, 8, ... (`i` from 1).
-fn luby(mut i: u64) -> u64 {
-    loop {
-        // The smallest k with i <= 2^k - 1.
-        let k = 64 - i.leading_zeros() as u64;
-        if i == (1 << k) - 1 {
-            return 1 << (k - 1);
-        }
-        i -= (1 << (k - 1)) - 1;
-    }
-}
-
-/// `rank` with `swaps` random swaps of neighbouring ranks (xorshift64 from `seed`).
-pub(crate) fn jitter(rank: &[u32], seed: u64, swaps: usize) -> Vec<u32> {
-    let n = rank.len();
-    let mut by = vec![0u32; n];
-    for (i, &r) in rank.iter().enumerate() {
-        by[r as usize] = i as u32;
-    }
-    if n > 1 {
-        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        for _ in 0..swaps {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            let k = (state % (n as u64 - 1)) as usize;
-            by.swap(k, k + 1);
-        }
-    }
-    let mut varied = vec![0u32; n];
-    for (r, &i) in by.iter().enumerate() {
-        varied[i as usize] = r as u32;
-    }
-    varied
-}
-
-/// The orders the search takes turns with.
-const ORDERS: [Order; 6] = [Order::Twa, Order::Taw, Order::Wat, Order::Size, Order::Time, Order::Area];
-
-/// Does the part fit under `capacity`? A search with one order can stall in a bad early choice that another
-/// order avoids, so the orders take turns with node limits that double each round (restarts), until `until`.
-/// Each search is complete, so one that ends without a plan proves there is none.
-fn probe(part: &Component, ranks: &[Vec<u32>], capacity: u64, until: Instant, nodes: &mut u64) -> Outcome {
-    let mut limit = 4_096u64;
-    loop {
-        for rank in ranks {
-            let start = *nodes;
-            match fits(part, rank, capacity, until, nodes, start.saturating_add(limit)) {
-                Outcome::TimedOut if Instant::now() < until => {}
-                outcome => return outcome,
-            }
-        }
-        limit = limit.saturating_mul(2);
     }
 }
 
@@ -330,30 +252,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn luby_sequence_starts_as_published() {
-        let first: Vec<u64> = (1..=15).map(luby).collect();
-        assert_eq!(first, [1, 1, 2, 1, 1, 2, 4, 1, 1, 2, 1, 1, 2, 4, 8]);
-    }
-
-    #[test]
-    fn a_jittered_order_is_another_ranking_of_the_same_buffers() {
-        let rank: Vec<u32> = (0..50).rev().collect();
-        let varied = jitter(&rank, 7, SWAPS);
-        assert_ne!(varied, rank);
-        let mut sorted = varied.clone();
-        sorted.sort_unstable();
-        assert_eq!(sorted, (0..50).collect::<Vec<u32>>());
-        // Only neighbouring ranks swap, so no buffer moves further than the number of swaps.
-        assert!(rank.iter().zip(&varied).all(|(&a, &b)| a.abs_diff(b) as usize <= SWAPS));
-        assert_eq!(jitter(&[0], 7, SWAPS), [0]);
-    }
-
-    #[test]
     fn arenas_step_by_the_sizes_greatest_common_divisor() {
         let buffers = [Buffer::new(0, 0, 2, 3072), Buffer::new(1, 1, 3, 1024), Buffer::new(2, 2, 4, 2048)];
         let inst = Instance::new(&buffers, 1).unwrap();
-        assert_eq!(unit_of(&Component::new(&inst, &[0, 1, 2])), 1024);
+        assert_eq!(minimise::unit_of(&Component::new(&inst, &[0, 1, 2])), 1024);
         let inst = Instance::new(&buffers, 5000).unwrap();
-        assert_eq!(unit_of(&Component::new(&inst, &[0, 1, 2])), 5000);
+        assert_eq!(minimise::unit_of(&Component::new(&inst, &[0, 1, 2])), 5000);
     }
 }

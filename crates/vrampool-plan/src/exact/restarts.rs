@@ -16,8 +16,9 @@
 use std::time::{Duration, Instant};
 
 use super::component::{Component, Order};
-use super::search::{fits, Outcome};
-use super::{jitter, write_part, SWAPS};
+use super::search::{fits, Outcome, Ranking};
+use super::probe::{jitter, SWAPS};
+use super::write_part;
 use crate::instance::Instance;
 use crate::{read_csv, validate};
 
@@ -49,7 +50,7 @@ fn descend_on_d() {
             let mut nodes = 0;
             let until = Instant::now() + Duration::from_millis(300);
             if let Outcome::Fits(local) =
-                fits(&part, &jitter(&base, seed, SWAPS), capacity, until, &mut nodes, u64::MAX)
+                fits(&part, &Ranking { rank: jitter(&base, seed, SWAPS), rerank: None }, capacity, until, &mut nodes, u64::MAX)
             {
                 let mut offsets = vec![0u64; part.len()];
                 write_part(&mut offsets, &part.members, local.into_iter());
@@ -65,3 +66,4 @@ fn descend_on_d() {
     });
     search.unwrap().join().unwrap();
 }
+

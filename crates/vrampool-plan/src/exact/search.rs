@@ -26,14 +26,22 @@
 //!   same bytes, and putting the larger below lowers the potential; so in P the lower one is not the smaller.
 //! - **Decomposition**: when no unplaced buffer is live at some moment, the unplaced buffers before and after
 //!   it never meet again; each group is solved on its own, and when one has no plan the node fails at once
-//!   instead of trying every combination of the others' choices.
+//!   instead of trying every combination of the others' choices. Under a re-ranking order (MiniMalloc's
+//!   dynamic preordering) each group is ranked anew by the bytes still unplaced in its sections; the group's
+//!   first placement then only keeps offsets at or above the level, since the tie-break with the buffer placed
+//!   last was a comparison of the old ranks.
 //! - **Failed groups**: a group that had no plan is remembered by its state (its buffers, their floors, and
 //!   the level where it matters), since backtracking over a choice elsewhere in time brings it back unchanged.
+//!
+//! **Obstacles.** A part may have to stay clear of buffers fixed outside it (a window of a large instance,
+//! see `windows.rs`). A buffer's floor is then the lowest offset above the placed buffers it overlaps where it
+//! also clears its obstacles; pushed down, P's buffers lie at exactly those floors, so the search stays exact.
+//! The bounds count only the part's own bytes, which keeps them necessary, if weaker.
 
 use std::collections::HashSet;
 use std::time::Instant;
 
-use super::component::Component;
+use super::component::{Component, Order};
 
 pub(crate) enum Outcome {
     /// Offsets (local order) of a plan whose every buffer ends at or below the capacity.
@@ -46,22 +54,41 @@ pub(crate) enum Outcome {
 
 const NONE: u32 = u32::MAX;
 
+/// A search order: each buffer's rank (among candidates at one floor, lower ranks go first), and the order to
+/// rank each group by anew at a decomposition, if any.
+pub(crate) struct Ranking {
+    pub rank: Vec<u32>,
+    pub rerank: Option<Order>,
+}
+
+impl Ranking {
+    /// The ranks of `order`, kept for the whole search.
+    pub fn fixed(part: &Component, order: Order) -> Ranking {
+        Ranking { rank: part.ranking(order), rerank: None }
+    }
+
+    /// The ranks of `order`, computed anew for each group at every decomposition.
+    pub fn reranked(part: &Component, order: Order) -> Ranking {
+        Ranking { rank: part.ranking(order), rerank: Some(order) }
+    }
+}
+
 /// Failed group states kept at most (16 bytes each); past this the memory starts over.
 const MAX_REMEMBERED: usize = 1 << 22;
 
 /// Searches for a plan of `part` in which every buffer ends at or below `capacity`, until `deadline` or until
-/// `nodes` (placements tried, counted across calls) reaches `node_limit`. `rank` orders the buffers (see
-/// `Component::ranking`): among candidates at the same floor the search tries lower ranks first. Recursion
-/// goes as deep as the part has buffers: call it on a thread with a large stack.
+/// `nodes` (placements tried, counted across calls) reaches `node_limit`. `ranking` orders the buffers:
+/// among candidates at the same floor the search tries lower ranks first. Recursion goes as deep as the part
+/// has buffers: call it on a thread with a large stack.
 pub(crate) fn fits(
     part: &Component,
-    rank: &[u32],
+    ranking: &Ranking,
     capacity: u64,
     deadline: Instant,
     nodes: &mut u64,
     node_limit: u64,
 ) -> Outcome {
-    let mut search = Search::new(part, rank, capacity, deadline, *nodes, node_limit);
+    let mut search = Search::new(part, ranking, capacity, deadline, *nodes, node_limit);
     let outcome = search.run();
     *nodes = search.nodes;
     outcome
@@ -74,11 +101,14 @@ enum Undo {
     Lowest(u32, u64, u32),
     /// Take a buffer out again.
     Place(u32),
+    /// Restore a rank.
+    Rank(u32, u32),
 }
 
 struct Search<'a> {
     part: &'a Component,
-    rank: &'a [u32],
+    rank: Vec<u32>,
+    rerank: Option<Order>,
     capacity: u64,
     floor: Vec<u64>,
     placed: Vec<bool>,
@@ -109,19 +139,29 @@ struct Search<'a> {
 }
 
 impl<'a> Search<'a> {
-    fn new(part: &'a Component, rank: &'a [u32], capacity: u64, deadline: Instant, nodes: u64, limit: u64) -> Self {
+    fn new(part: &'a Component, ranking: &Ranking, capacity: u64, deadline: Instant, nodes: u64, limit: u64) -> Self {
         let sections = part.live.len();
+        let floor: Vec<u64> = (0..part.len()).map(|i| part.lift(i, 0)).collect();
+        let lowest_of = |s: &Vec<u32>| s.iter().map(|&i| floor[i as usize]).min().unwrap_or(u64::MAX);
+        let lowest: Vec<u64> = part.live.iter().map(lowest_of).collect();
+        let at_lowest = part
+            .live
+            .iter()
+            .zip(&lowest)
+            .map(|(s, &low)| s.iter().filter(|&&i| floor[i as usize] == low).count() as u32)
+            .collect();
         Search {
             part,
-            rank,
+            rank: ranking.rank.clone(),
+            rerank: ranking.rerank,
             capacity,
-            floor: vec![0; part.len()],
+            floor,
             placed: vec![false; part.len()],
             open: part.neighbors.iter().map(|v| v.len() as u32).collect(),
             remaining: part.live.iter().map(|s| s.iter().map(|&i| part.size[i as usize]).sum()).collect(),
-            lowest: part.live.iter().map(|s| if s.is_empty() { u64::MAX } else { 0 }).collect(),
-            at_lowest: part.live.iter().map(|s| s.len() as u32).collect(),
-            twin_before: twin_before(part, rank),
+            lowest,
+            at_lowest,
+            twin_before: twin_before(part, &ranking.rank),
             slack: vec![0; sections],
             log: Vec::new(),
             failed: HashSet::new(),
@@ -161,6 +201,7 @@ impl<'a> Search<'a> {
             return false;
         }
         let mut groups = split(self.part, rest);
+        let mut last = last;
         if groups.len() > 1 {
             // Tightest group first: if any group fails, the sooner the better.
             let (part, slack) = (self.part, &self.slack);
@@ -168,8 +209,28 @@ impl<'a> Search<'a> {
                 let (lo, hi) = span(part, g);
                 slack[lo as usize..hi as usize].iter().copied().min().unwrap_or(u64::MAX)
             });
+            if let Some(order) = self.rerank {
+                groups.iter().for_each(|g| self.rank_anew(g, order));
+                last = NONE;
+            }
         }
         groups.into_iter().all(|g| self.solve(&g, level, last))
+    }
+
+    /// Ranks `group` by `order`, with the bytes still unplaced in each section as the T key. The group keeps
+    /// the set of rank values it had, so ranks stay distinct across groups.
+    fn rank_anew(&mut self, group: &[u32], order: Order) {
+        let part = self.part;
+        let mut by = group.to_vec();
+        part.sort_by(order, &mut by, |i| part.tightest(i, &self.remaining));
+        let mut values: Vec<u32> = group.iter().map(|&i| self.rank[i as usize]).collect();
+        values.sort_unstable();
+        for (&i, r) in by.iter().zip(values) {
+            if self.rank[i as usize] != r {
+                self.log.push(Undo::Rank(i, self.rank[i as usize]));
+                self.rank[i as usize] = r;
+            }
+        }
     }
 
     /// Places all of `group` (connected in time, sorted by start). On success the placements stay; on failure
@@ -257,8 +318,9 @@ impl<'a> Search<'a> {
     }
 
     /// A 128-bit fingerprint of what `solve` depends on: the group's buffers and floors, the offsets of placed
-    /// buffers that share a lifetime with one of them (the stacks rule), and the level and the last buffer,
-    /// which matter only while some floor is at or below the level.
+    /// buffers that share a lifetime with one of them (the stacks rule), the level and the last buffer, which
+    /// matter only while some floor is at or below the level, and under a re-ranking order the group's ranks,
+    /// which then depend on the way the search came.
     fn key(&self, group: &[u32], level: u64, last: u32) -> u128 {
         let mut hash = Fingerprint::default();
         if group.iter().any(|&c| self.floor[c as usize] <= level) {
@@ -268,6 +330,9 @@ impl<'a> Search<'a> {
         for &c in group {
             hash.add(c as u64);
             hash.add(self.floor[c as usize]);
+            if self.rerank.is_some() {
+                hash.add(self.rank[c as usize] as u64);
+            }
             for &p in &self.part.same_life[c as usize] {
                 if self.placed[p as usize] {
                     hash.add(p as u64 | 1 << 63);
@@ -291,11 +356,11 @@ impl<'a> Search<'a> {
         for &c in &part.neighbors[b as usize] {
             let c_ = c as usize;
             if !self.placed[c_] && self.floor[c_] < top {
-                let old = self.floor[c_];
+                let (old, new) = (self.floor[c_], part.lift(c_, top));
                 self.log.push(Undo::Floor(c, old));
-                self.floor[c_] = top;
+                self.floor[c_] = new;
                 moved.push((c, old));
-                ok &= top + part.size[c_] <= self.capacity;
+                ok &= new + part.size[c_] <= self.capacity;
             }
         }
         self.refresh_lowest(&moved);
@@ -360,6 +425,7 @@ impl<'a> Search<'a> {
                     self.lowest[s as usize] = f;
                     self.at_lowest[s as usize] = k;
                 }
+                Undo::Rank(i, r) => self.rank[i as usize] = r,
                 Undo::Place(b) => {
                     let b_ = b as usize;
                     self.placed[b_] = false;

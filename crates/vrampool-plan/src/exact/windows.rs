@@ -1,0 +1,187 @@
+//! Large parts (thousands of buffers, up to the whole of a training step or of a decoding run): decompose by
+//! time, search windows, stitch.
+//!
+//! The buffers are taken in order of their start, a window at a time. Each window is searched as a part of
+//! its own, with the buffers of earlier windows that are still live fixed where they were put (obstacles, see
+//! `search.rs`), at a capacity that starts at the lower bound and rises only when the window does not fit in
+//! one round of the round robin. A window's buffers that outlive it are then fixed for the next windows. So
+//! the exact search sees a few hundred buffers at a time, and the plan stays as close to the bound as the
+//! windows allow.
+//!
+//! Wider windows see further ahead but cost more a node (a node scans its group, and each placement updates
+//! every section its neighbours span). So the width follows the clock: it halves while the sweep is behind
+//! its share of the time and doubles while well ahead. Buffers left when the sweep's time is up are placed by
+//! best fit among those placed, so a sweep always ends with a plan, on time. The first plan is a sweep with no
+//! windows at all, best fit in order of start (what a dynamic allocator replaying the run would do, and on a
+//! decoding run far better than greedy by size); each sweep after it, with windows twice as wide as the last,
+//! stops as soon as it cannot beat the best so far.
+
+use std::time::{Duration, Instant};
+
+use super::component::Component;
+use super::probe::{orders, Prober};
+use super::search::Outcome;
+use crate::greedy::best_fit;
+use crate::instance::Instance;
+use crate::placed_index::PlacedIndex;
+
+/// Buffers in the first sweep's first window, and the fewest and most in any.
+const FIRST_WINDOW: usize = 400;
+const MIN_WINDOW: usize = 50;
+const MAX_WINDOW: usize = 3_200;
+/// Rounds of the round robin a window gets at one capacity before the capacity rises.
+const ROUNDS: usize = 2;
+/// The capacity's first rise, as a fraction of the bound; each further rise within a window is half as large
+/// again.
+const RISES_PER_BOUND: u64 = 1_024;
+
+/// The best plan the sweeps find for the part before `deadline`, if one beats `ceiling` (the arena to beat):
+/// offsets (instance index, offset) and the arena. `target` is the lower bound.
+pub(crate) fn sweeps(
+    inst: &Instance,
+    part: &[u32],
+    target: u64,
+    ceiling: u64,
+    deadline: Instant,
+    nodes: &mut u64,
+) -> Option<(Vec<(u32, u64)>, u64)> {
+    let mut order = part.to_vec();
+    order.sort_unstable_by_key(|&i| (inst.lo[i as usize], i));
+    let arena = |offsets: &[(u32, u64)]| offsets.iter().map(|&(i, o)| o + inst.size[i as usize]).max().unwrap_or(0);
+    let fitting = Instant::now();
+    let by_start = fit_rest(inst, &order, PlacedIndex::new(inst.segments), Vec::with_capacity(order.len()));
+    let mut pace =
+        Pace { fit_seconds: fitting.elapsed().as_secs_f64() / order.len().max(1) as f64, window: Duration::ZERO };
+    let by_start_arena = arena(&by_start);
+    let mut best = (by_start_arena < ceiling).then_some((by_start, by_start_arena));
+    let mut width = FIRST_WINDOW;
+    // A sweep begins only with time for a window and for a fit of every buffer after it.
+    while Instant::now() + pace.window + pace.fitting(order.len()) < deadline {
+        let ceiling = best.as_ref().map_or(ceiling, |b: &(Vec<(u32, u64)>, u64)| b.1);
+        let Some(offsets) = sweep(inst, &order, (target, ceiling), width, deadline, &mut pace, nodes) else {
+            break;
+        };
+        let arena = arena(&offsets);
+        if arena < ceiling {
+            best = Some((offsets, arena));
+        }
+        if arena <= target {
+            break;
+        }
+        width = (width * 2).min(MAX_WINDOW);
+        // Wider windows take longer each.
+        pace.window *= 2;
+    }
+    best
+}
+
+/// What the clock has shown so far: seconds a buffer takes to place by best fit, and the time the last
+/// window took.
+struct Pace {
+    fit_seconds: f64,
+    window: Duration,
+}
+
+impl Pace {
+    /// Time to place `buffers` by best fit, with half as much again for a fit slower than the last measured.
+    fn fitting(&self, buffers: usize) -> Duration {
+        Duration::from_secs_f64(1.5 * self.fit_seconds * buffers as f64)
+    }
+}
+
+/// `offsets` and the rest of `order` after them placed by best fit among `placed`.
+fn fit_rest(inst: &Instance, rest: &[u32], mut placed: PlacedIndex, mut offsets: Vec<(u32, u64)>) -> Vec<(u32, u64)> {
+    let mut spans = Vec::new();
+    for &i in rest {
+        offsets.push((i, best_fit(inst, &mut placed, i, &mut spans)));
+    }
+    offsets
+}
+
+/// One sweep over `order` (sorted by start) with windows of `width` buffers to begin with, between the lower
+/// bound and the arena to beat; `None` if its capacity reaches the latter. No window is begun unless one as
+/// long as the last would still leave time to place the rest by best fit (`pace`).
+fn sweep(
+    inst: &Instance,
+    order: &[u32],
+    (target, ceiling): (u64, u64),
+    width: usize,
+    deadline: Instant,
+    pace: &mut Pace,
+    nodes: &mut u64,
+) -> Option<Vec<(u32, u64)>> {
+    let start = Instant::now();
+    let mut capacity = target;
+    let mut placed = PlacedIndex::new(inst.segments);
+    let mut offsets: Vec<(u32, u64)> = Vec::with_capacity(order.len());
+    let (mut done, mut width) = (0, width);
+    while done < order.len() {
+        let now = Instant::now();
+        let windows_end = deadline.checked_sub(pace.fitting(order.len() - done));
+        let Some(windows_end) = windows_end.filter(|&end| now + pace.window < end) else {
+            break;
+        };
+        let spent = (now - start).as_secs_f64() / (windows_end - start).as_secs_f64().max(1e-9);
+        let share = done as f64 / order.len() as f64;
+        if spent > share + 0.05 {
+            width = (width / 2).max(MIN_WINDOW);
+        } else if spent < share / 2.0 {
+            width = (width * 2).min(MAX_WINDOW);
+        }
+        let window = &order[done..(done + width).min(order.len())];
+        let Some(local) = search_window(inst, window, &placed, &mut capacity, target, windows_end, nodes) else {
+            break;
+        };
+        pace.window = now.elapsed();
+        if capacity >= ceiling {
+            return None;
+        }
+        for (i, offset) in local {
+            let i_ = i as usize;
+            placed.insert((offset, offset + inst.size[i_]), inst.lo[i_], inst.hi[i_]);
+            offsets.push((i, offset));
+        }
+        done += window.len();
+    }
+    Some(fit_rest(inst, &order[done..], placed, offsets))
+}
+
+/// The window's buffers placed clear of `placed`, at `capacity` or as little above it as the search finds
+/// (raising `capacity` to it); `None` if the deadline comes first.
+fn search_window(
+    inst: &Instance,
+    window: &[u32],
+    placed: &PlacedIndex,
+    capacity: &mut u64,
+    target: u64,
+    deadline: Instant,
+    nodes: &mut u64,
+) -> Option<Vec<(u32, u64)>> {
+    let mut comp = Component::new(inst, window);
+    let mut spans = Vec::new();
+    let obstacles = comp
+        .members
+        .iter()
+        .map(|&i| {
+            spans.clear();
+            placed.overlapping(inst.lo[i as usize], inst.hi[i as usize], &mut spans);
+            spans.clone()
+        })
+        .collect();
+    comp.set_obstacles(obstacles);
+    let orders = orders(&comp);
+    let mut rise = (target / RISES_PER_BOUND).max(1);
+    loop {
+        let mut prober = Prober::new(&comp, *capacity);
+        for _ in 0..orders.len() * ROUNDS {
+            if let Outcome::Fits(local) = prober.step(&comp, &orders, deadline, nodes) {
+                return Some(comp.members.iter().copied().zip(local).collect());
+            }
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        *capacity = capacity.saturating_add(rise);
+        rise = rise.saturating_add(rise / 2);
+    }
+}
