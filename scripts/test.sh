@@ -8,6 +8,10 @@ echo "== the planner on the shared instances in release, where it must reach the
 cargo test --release -p vrampool-plan --test instances
 echo "== loom models of the lock-free structures (magazine rings, live-block table)"
 RUSTFLAGS="--cfg loom" cargo test -p vrampool-core --lib --target-dir "$CARGO_TARGET_DIR/loom" -- loom_tests
-echo "== wheel and pytest"
+echo "== the wheel, which must be portable (auditwheel show: $WHEEL_PLATFORM)"
 install_wheel
+tag=$(auditwheel show "$root"/dist/vrampool-*.whl)
+grep -qF "\"$WHEEL_PLATFORM\"" <<<"$tag" || { echo "$tag"; echo "the wheel is not $WHEEL_PLATFORM" >&2; exit 1; }
+echo "== pytest (with torch 2.11 beside the venv's 2.15 for the C++ exception's tests)"
+install_torch_2_11
 python -m pytest -q "$@"
