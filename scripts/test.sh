@@ -15,3 +15,5 @@ grep -qF "\"$WHEEL_PLATFORM\"" <<<"$tag" || { echo "$tag"; echo "the wheel is no
 echo "== pytest (with torch 2.11 beside the venv's 2.15 for the C++ exception's tests)"
 install_torch_2_11
 python -m pytest -q "$@"
+echo "== the Python benchmarks (benches/), each run once as a test"
+python -m pytest -q benches --benchmark-disable
