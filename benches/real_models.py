@@ -17,7 +17,7 @@ import argparse
 import json
 import statistics
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 
@@ -51,6 +51,21 @@ def measure(name: str, trace: Callable[[], Any], repeat: int) -> Dict[str, Any]:
     }
 
 
+def model_graphs(gpt_batch: int = 1, resnet_batch: int = 32) -> List[Tuple[str, Callable[[], Any]]]:
+    """The four graphs, each as (name, a function that traces it); the GPT-2 forward first."""
+    # Meta-device models: the fake-tensor trace needs shapes only, so no parameter memory.
+    with torch.device("meta"):
+        gpt, resnet = gpt2_small(), resnet50()
+    tokens = torch.zeros(gpt_batch, 1024, dtype=torch.long, device="meta")
+    images = torch.zeros(resnet_batch, 3, 224, 224, device="meta")
+    return [
+        (f"gpt2-small forward (batch {gpt_batch}, seq 1024)", lambda: trace_forward(gpt, (tokens,))),
+        (f"gpt2-small training step (batch {gpt_batch}, seq 1024)", lambda: trace_training_step(gpt, (tokens,))),
+        (f"resnet50 forward (batch {resnet_batch}, 224x224)", lambda: trace_forward(resnet, (images,))),
+        (f"resnet50 training step (batch {resnet_batch}, 224x224)", lambda: trace_training_step(resnet, (images,))),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -59,22 +74,11 @@ def main() -> None:
     parser.add_argument("--resnet-batch", type=int, default=32)
     args = parser.parse_args()
 
-    # Meta-device models: the fake-tensor trace needs shapes only, so no parameter memory.
-    with torch.device("meta"):
-        gpt, resnet = gpt2_small(), resnet50()
-    tokens = torch.zeros(args.gpt_batch, 1024, dtype=torch.long, device="meta")
-    images = torch.zeros(args.resnet_batch, 3, 224, 224, device="meta")
-
+    graphs = model_graphs(args.gpt_batch, args.resnet_batch)
     start = time.perf_counter()
-    trace_forward(gpt, (tokens,))
+    graphs[0][1]()
     first_trace_s = time.perf_counter() - start
 
-    graphs = [
-        (f"gpt2-small forward (batch {args.gpt_batch}, seq 1024)", lambda: trace_forward(gpt, (tokens,))),
-        (f"gpt2-small training step (batch {args.gpt_batch}, seq 1024)", lambda: trace_training_step(gpt, (tokens,))),
-        (f"resnet50 forward (batch {args.resnet_batch}, 224x224)", lambda: trace_forward(resnet, (images,))),
-        (f"resnet50 training step (batch {args.resnet_batch}, 224x224)", lambda: trace_training_step(resnet, (images,))),
-    ]
     rows: List[Dict[str, Any]] = [measure(name, trace, args.repeat) for name, trace in graphs]
 
     if args.json:

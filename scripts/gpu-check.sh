@@ -68,7 +68,7 @@ for line in sys.stdin:
     if command -v strip >/dev/null; then strip --strip-debug "$dir"/*-tests "$dir/gpu_bench"; fi
     echo "== building the abi3 wheel and fetching pytest's"
     rm -f "$dir"/*.whl
-    maturin build --release --quiet --out "$dir" || return 1
+    build_wheel "$dir" || return 1  # the portable wheel CI tests
     python -m pip download --quiet --only-binary=:all: --dest "$dir/wheels" "$(grep '^pytest==' requirements-dev.txt)" || return 1
     git rev-parse HEAD >"$dir/COMMIT" 2>/dev/null || true
     ls -la "$dir" "$dir/wheels"

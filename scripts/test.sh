@@ -12,9 +12,15 @@ EMULATED_CUDA_DEVICES=2 EMULATED_CUDA_MEMORY=48GiB VRAMPOOL_REQUIRE_EMULATED=1 V
     scripts/emulated-cuda.sh cargo test -p vrampool-cuda
 echo "== loom models of the lock-free structures (magazine rings, live-block table)"
 RUSTFLAGS="--cfg loom" cargo test -p vrampool-core --lib --target-dir "$CARGO_TARGET_DIR/loom" -- loom_tests
-echo "== wheel and pytest"
+echo "== the wheel, which must be portable (auditwheel show: $WHEEL_PLATFORM)"
 install_wheel
+tag=$(auditwheel show "$root"/dist/vrampool-*.whl)
+grep -qF "\"$WHEEL_PLATFORM\"" <<<"$tag" || { echo "$tag"; echo "the wheel is not $WHEEL_PLATFORM" >&2; exit 1; }
+echo "== pytest (with torch 2.11 beside the venv's 2.15 for the C++ exception's tests)"
+install_torch_2_11
 python -m pytest -q "$@"
 echo "== the CUDA Python suites under the emulated CUDA driver (host memory, not a GPU)"
 EMULATED_CUDA_DEVICES=2 VRAMPOOL_REQUIRE_EMULATED=1 scripts/emulated-cuda.sh \
     python -m pytest -q tests/test_cuda_gpu.py tests/test_emulated_cuda.py tests/test_torch_gpu.py
+echo "== the Python benchmarks (benches/), each run once as a test"
+python -m pytest -q benches --benchmark-disable

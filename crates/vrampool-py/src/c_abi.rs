@@ -22,13 +22,16 @@
 //! One pool per device, made on first use from the configuration (`VRAMPOOL_CONF`, then
 //! `configure`). Nothing crosses the ABI as a panic: every entry runs under `catch_unwind`, and a
 //! failure is recorded (`last_error`, and for out-of-memory `last_oom`) and answered with null
-//! or nothing. PyTorch does not check the pointer its pluggable allocator returns, so a null
-//! would become a tensor at address 0; `install()` therefore turns on `raise_on_failure`, under
-//! which a failed `vrampool_torch_malloc` (the entry PyTorch alone is given; `vrampool_malloc`
-//! never throws, so a C or ctypes caller is never terminated) throws a C++ `std::runtime_error` ("CUDA out of memory. ...")
-//! that PyTorch turns into a Python `RuntimeError`. The throw happens after all Rust work is done,
-//! outside `catch_unwind` and with nothing left to drop, under the one `extern "C-unwind"` entry;
-//! every other entry only ever returns.
+//! or nothing. PyTorch does not check the pointer its pluggable allocator returns
+//! (`CUDAPluggableAllocator::malloc` and `allocate` of torch 2.11 and 2.15 store it as is), so a
+//! null would become a tensor at address 0; `install()` therefore turns on `raise_on_failure`,
+//! under which a failed `vrampool_torch_malloc` (the entry PyTorch alone is given;
+//! `vrampool_malloc` never throws, so a C or ctypes caller is never terminated) throws
+//! libstdc++'s `std::runtime_error` ("CUDA out of memory. ...") that PyTorch turns into a Python
+//! `RuntimeError`. (Inside `torch.cuda.MemPool` PyTorch's caching allocator does check: a null is
+//! its out-of-memory.) `vrampool_torch_malloc` itself is C (`csrc/malloc.c`, which says why): it
+//! calls `vrampool_torch_malloc_or_message` here and throws after that has returned, so no
+//! exception ever unwinds through Rust; every Rust entry returns.
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -479,7 +482,7 @@ static REFUSED_FREES: AtomicU64 = AtomicU64::new(0);
 static REFUSED_RECORD_STREAMS: AtomicU64 = AtomicU64::new(0);
 static OTHER_ERRORS: AtomicU64 = AtomicU64::new(0);
 static PANICS: AtomicU64 = AtomicU64::new(0);
-/// Whether a failed `vrampool_malloc` throws a C++ exception instead of returning null.
+/// Whether a failed `vrampool_torch_malloc` throws a C++ exception instead of returning null.
 static RAISE_ON_FAILURE: AtomicBool = AtomicBool::new(false);
 
 /// The figures of the last allocation that failed for want of memory.
@@ -589,104 +592,22 @@ fn record_oom(entry: &DeviceEntry, pool: &Pool, stream: StreamId, mut report: Oo
     message
 }
 
-// ---- throwing a C++ exception (only under `raise_on_failure`) ----
+// ---- the message of the C++ exception (only under `raise_on_failure`) ----
 
-mod cxx {
-    //! `throw std::runtime_error(message)` without a C++ compiler: the C++ runtime's own
-    //! functions, looked up in the libstdc++ the process already has loaded (PyTorch's). Where it
-    //! is not loaded, nothing is thrown and the caller returns null.
-
-    use std::ffi::{c_char, c_int, c_void, CStr};
-    use std::sync::OnceLock;
-
-    extern "C" {
-        fn dlopen(filename: *const c_char, flags: c_int) -> *mut c_void;
-        fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void;
-    }
-    const RTLD_NOW: c_int = 2;
-    const RTLD_NOLOAD: c_int = 4;
-
-    /// Bytes asked for the exception object: `std::runtime_error` is 16 in libstdc++'s stable ABI
-    /// (a vtable pointer and a reference-counted string); the rest is margin.
-    const OBJECT_SIZE: usize = 64;
-
-    type AllocateException = unsafe extern "C" fn(usize) -> *mut c_void;
-    type Throw = unsafe extern "C-unwind" fn(*mut c_void, *mut c_void, unsafe extern "C" fn(*mut c_void)) -> !;
-    /// `std::runtime_error::runtime_error(const char*)`: `this` first, as for any member function.
-    type Construct = unsafe extern "C-unwind" fn(*mut c_void, *const c_char);
-    type Destroy = unsafe extern "C" fn(*mut c_void);
-
-    struct Runtime {
-        allocate: AllocateException,
-        throw: Throw,
-        construct: Construct,
-        destroy: Destroy,
-        type_info: *mut c_void,
-    }
-    // SAFETY: function and data addresses of a loaded library, valid in every thread.
-    unsafe impl Send for Runtime {}
-    unsafe impl Sync for Runtime {}
-
-    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
-
-    fn runtime() -> Option<&'static Runtime> {
-        if let Some(r) = RUNTIME.get() {
-            return Some(r);
-        }
-        // SAFETY: dlopen with RTLD_NOLOAD only finds a library already loaded; dlsym reads it.
-        let found = unsafe {
-            let lib = dlopen(c"libstdc++.so.6".as_ptr(), RTLD_NOW | RTLD_NOLOAD);
-            if lib.is_null() {
-                return None;
-            }
-            let sym = |name: &CStr| dlsym(lib, name.as_ptr());
-            let (allocate, throw, construct, destroy, type_info) = (
-                sym(c"__cxa_allocate_exception"),
-                sym(c"__cxa_throw"),
-                sym(c"_ZNSt13runtime_errorC1EPKc"),
-                sym(c"_ZNSt13runtime_errorD1Ev"),
-                sym(c"_ZTISt13runtime_error"),
-            );
-            if [allocate, throw, construct, destroy, type_info].iter().any(|p| p.is_null()) {
-                return None;
-            }
-            Runtime {
-                allocate: std::mem::transmute::<*mut c_void, AllocateException>(allocate),
-                throw: std::mem::transmute::<*mut c_void, Throw>(throw),
-                construct: std::mem::transmute::<*mut c_void, Construct>(construct),
-                destroy: std::mem::transmute::<*mut c_void, Destroy>(destroy),
-                type_info,
-            }
-        };
-        Some(RUNTIME.get_or_init(|| found))
-    }
-
-    /// Whether `throw_runtime_error` can throw in this process.
-    pub fn available() -> bool {
-        runtime().is_some()
-    }
-
-    /// Throws `std::runtime_error(message)`; returns only when the C++ runtime is not loaded.
-    ///
-    /// # Safety
-    /// Every caller up the stack must be C++ (or `C-unwind`) code that expects exceptions, and
-    /// no Rust frame in between may own anything that needs dropping.
-    pub unsafe fn throw_runtime_error(message: &CStr) {
-        let Some(rt) = runtime() else { return };
-        let object = (rt.allocate)(OBJECT_SIZE);
-        // The constructor copies the message; it may itself throw std::bad_alloc, which is fine.
-        (rt.construct)(object, message.as_ptr());
-        (rt.throw)(object, rt.type_info, rt.destroy)
-    }
+extern "C" {
+    /// `csrc/malloc.c`: whether libstdc++ is loaded, so that a failed `vrampool_torch_malloc` can throw.
+    fn vrampool_cxx_can_throw() -> c_int;
 }
 
-/// Room for the message of a thrown exception, on the stack: nothing to drop when it unwinds.
-const MESSAGE_ROOM: usize = 1024;
-
-fn to_c_message(message: &str, room: &mut [u8; MESSAGE_ROOM]) {
-    let bytes: Vec<u8> = message.bytes().filter(|&b| b != 0).take(MESSAGE_ROOM - 1).collect();
-    room[..bytes.len()].copy_from_slice(&bytes);
-    room[bytes.len()] = 0;
+/// Writes `message` into `room` for C, NUL-terminated, without inner NULs, cut to fit.
+fn to_c_message(message: &str, room: &mut [u8]) {
+    let Some(last) = room.len().checked_sub(1) else { return };
+    let mut len = 0;
+    for b in message.bytes().filter(|&b| b != 0).take(last) {
+        room[len] = b;
+        len += 1;
+    }
+    room[len] = 0;
 }
 
 // ---- the C ABI ----
@@ -698,30 +619,31 @@ fn to_c_message(message: &str, room: &mut [u8; MESSAGE_ROOM]) {
 pub extern "C" fn vrampool_malloc(size: usize, device: c_int, stream: *mut c_void) -> *mut c_void {
     match try_malloc(size, device, stream) {
         Ok(ptr) => ptr,
-        Err(message) => {
-            malloc_failed(message);
+        Err(reason) => {
+            malloc_failed(reason);
             null_mut()
         }
     }
 }
 
-/// `vrampool_malloc` for PyTorch's `CUDAPluggableAllocator`, the one caller known to be C++:
-/// under `raise_on_failure` (which `install()` turns on, as PyTorch does not check for null) a
-/// failure throws a C++ `std::runtime_error` instead of returning null.
+/// `vrampool_torch_malloc` (`csrc/malloc.c`, PyTorch's entry) without the throw: as
+/// `vrampool_malloc`, and under `raise_on_failure` a failure also writes the message of the
+/// exception that `vrampool_torch_malloc` then throws into `message` (`capacity` bytes).
 #[no_mangle]
-pub extern "C-unwind" fn vrampool_torch_malloc(size: usize, device: c_int, stream: *mut c_void) -> *mut c_void {
-    let message = match try_malloc(size, device, stream) {
-        Ok(ptr) => return ptr,
-        Err(message) => message,
-    };
-    let room = malloc_failed(message);
-    if RAISE_ON_FAILURE.load(Relaxed) {
-        let message = CStr::from_bytes_until_nul(&room).unwrap_or(c"CUDA out of memory (vrampool)");
-        // SAFETY: this entry is handed to PyTorch alone, whose C++ caller catches the exception;
-        // no value that owns anything is live here (the message sits in a stack array).
-        unsafe { cxx::throw_runtime_error(message) };
+pub extern "C" fn vrampool_torch_malloc_or_message(size: usize, device: c_int, stream: *mut c_void, message: *mut c_char, capacity: usize) -> *mut c_void {
+    match try_malloc(size, device, stream) {
+        Ok(ptr) => ptr,
+        Err(reason) => {
+            if let Some(text) = malloc_failed(reason) {
+                if !message.is_null() {
+                    // SAFETY: the C caller passes `message` with room for `capacity` bytes.
+                    let room = unsafe { std::slice::from_raw_parts_mut(message.cast::<u8>(), capacity) };
+                    to_c_message(&text, room);
+                }
+            }
+            null_mut()
+        }
     }
-    null_mut()
 }
 
 /// A block (null for 0 bytes), or why not.
@@ -734,20 +656,20 @@ fn try_malloc(size: usize, device: c_int, stream: *mut c_void) -> Result<*mut c_
     guard("malloc", Err(String::new()), || malloc_inner(size, device, stream)).map(|addr| addr as *mut c_void)
 }
 
-/// The slow end of a failed malloc: counts and records it; returns the message for a throw.
+/// The slow end of a failed allocation: counts and records it; under `raise_on_failure`, the
+/// message of the exception to throw.
 #[cold]
 #[inline(never)]
-fn malloc_failed(message: String) -> [u8; MESSAGE_ROOM] {
+fn malloc_failed(reason: String) -> Option<String> {
     FAILED_MALLOCS.fetch_add(1, Relaxed);
-    let mut room = [0u8; MESSAGE_ROOM];
-    if message.is_empty() {
+    let raise = RAISE_ON_FAILURE.load(Relaxed);
+    if reason.is_empty() {
         // The guard caught a panic and recorded it already.
-        to_c_message("vrampool_malloc: internal error (see vrampool last_error)", &mut room);
-    } else {
-        to_c_message(&message, &mut room);
-        record_error(message);
+        return raise.then(|| "vrampool_malloc: internal error (see vrampool last_error)".to_string());
     }
-    room
+    let text = raise.then(|| reason.clone());
+    record_error(reason);
+    text
 }
 
 /// Frees a block `vrampool_malloc` returned. Null is a no-op; `size` 0 means "not known"; a
@@ -1160,14 +1082,15 @@ fn abi_counters(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     Ok(d)
 }
 
-/// Gets, and with `on` sets, whether a failed `vrampool_malloc` throws a C++ exception (what
+/// Gets, and with `on` sets, whether a failed `vrampool_torch_malloc` throws a C++ exception (what
 /// `install()` needs: PyTorch does not check for null) rather than returning null. Turning it
 /// on fails where the C++ runtime is not loaded in the process.
 #[pyfunction]
 #[pyo3(signature = (on = None))]
 fn abi_raise_on_failure(on: Option<bool>) -> PyResult<bool> {
     if let Some(on) = on {
-        if on && !cxx::available() {
+        // SAFETY: a plain C function of csrc/malloc.c, safe to call at any time.
+        if on && unsafe { vrampool_cxx_can_throw() } == 0 {
             return Err(PyRuntimeError::new_err("the C++ runtime (libstdc++) is not loaded in this process: import torch first"));
         }
         RAISE_ON_FAILURE.store(on, Relaxed);
@@ -1319,11 +1242,15 @@ mod tests {
 
     #[test]
     fn a_thrown_message_is_cut_to_fit_and_has_no_inner_nul() {
-        let mut room = [0xffu8; MESSAGE_ROOM];
+        let mut room = [0xffu8; 1024];
         to_c_message("out\0of memory", &mut room);
         assert_eq!(CStr::from_bytes_until_nul(&room).unwrap().to_str().unwrap(), "outof memory");
         to_c_message(&"x".repeat(5000), &mut room);
-        assert_eq!(CStr::from_bytes_until_nul(&room).unwrap().to_bytes().len(), MESSAGE_ROOM - 1);
+        assert_eq!(CStr::from_bytes_until_nul(&room).unwrap().to_bytes().len(), room.len() - 1);
+        let mut tiny = [0xffu8; 1];
+        to_c_message("oom", &mut tiny);
+        assert_eq!(tiny, [0]);
+        to_c_message("oom", &mut []);
     }
 
     #[test]
