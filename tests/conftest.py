@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 import threading
 from typing import Callable, List
 
@@ -31,3 +35,20 @@ def _run_in_threads(work: Callable[[int], None], threads: int) -> None:
 def run_in_threads() -> Callable[[Callable[[int], None], int], None]:
     """``run_in_threads(work, n)``: ``work(seed)`` on n threads at once; the first failure is raised."""
     return _run_in_threads
+
+
+def _run_python(code: str, **env: str) -> str:
+    """Runs ``code`` (dedented) in a fresh interpreter, without ``VRAMPOOL_CONF`` unless given
+    in ``env``; returns its stdout. A failure shows its output."""
+    full_env = {k: v for k, v in os.environ.items() if k != "VRAMPOOL_CONF"}
+    full_env.update(env)
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=full_env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.strip()
+
+
+@pytest.fixture
+def run_python() -> Callable[..., str]:
+    """``run_python(code, **env)``: ``code`` in a fresh interpreter (the C ABI's state is per
+    process); its stdout."""
+    return _run_python

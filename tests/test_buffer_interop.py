@@ -474,7 +474,7 @@ def test_memory_summary_shows_the_figures() -> None:
         assert label in text
     assert f"OOMs: {s['num_ooms']}" in text and s["num_ooms"] == 1
     assert f"alloc retries: {s['num_alloc_retries']}" in text
-    tiers = vrampool.summary.tier_counts(pool.snapshot())
+    tiers = vrampool.summary.tier_counts(pool.snapshot()["segments"])
     assert sum(t["active_blocks"] for t in tiers.values()) == 3
     assert sum(t["reserved_bytes"] for t in tiers.values()) == s["reserved_bytes.all.current"]
     assert sum(t["segments"] for t in tiers.values()) == s["segment.all.current"]

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import ctypes
 import math
-import os
 import shutil
 import subprocess
-import sys
 import textwrap
 import threading
 from ctypes import POINTER, c_char_p, c_double, c_int, c_size_t, c_uint64, c_void_p
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List
 
 import pytest
 
@@ -65,6 +63,10 @@ def stats(device: int = 0) -> Dict[str, Any]:
 
 def counters() -> Dict[str, Any]:
     return _native.abi_counters()
+
+
+def segments() -> List[Dict[str, Any]]:
+    return _native.abi_snapshot()["segments"]
 
 
 @pytest.fixture
@@ -122,7 +124,7 @@ def test_streams_get_their_own_blocks_and_legacy_is_default(sim: ctypes.CDLL) ->
     a = sim.vrampool_malloc(1 * MIB, 0, c_void_p(7))
     b = sim.vrampool_malloc(1 * MIB, 0, c_void_p(1))  # CU_STREAM_LEGACY: the default stream
     assert a and b and a != b
-    by_addr = {blk["addr"]: seg["stream"] for seg in _native.abi_snapshot() for blk in seg["blocks"] if blk["state"] == "active"}
+    by_addr = {blk["address"]: seg["stream"] for seg in segments() for blk in seg["blocks"] if blk["state"] == "active_allocated"}
     assert by_addr[a] == 7 and by_addr[b] == 0
     sim.vrampool_free(a, 1 * MIB, 0, c_void_p(7))
     sim.vrampool_free(b, 1 * MIB, 0, c_void_p(1))
@@ -187,8 +189,8 @@ def test_record_stream_defers_reuse_until_that_stream_passes(sim: ctypes.CDLL) -
     s = stats()
     assert s["deferred_frees"] == 1
     assert s["allocated_bytes.all.current"] == 0 and s["active_bytes.all.current"] >= size
-    states = {b["addr"]: b["state"] for seg in _native.abi_snapshot() for b in seg["blocks"]}
-    assert states[p] == "pending_free"
+    states = {b["address"]: b["state"] for seg in segments() for b in seg["blocks"]}
+    assert states[p] == "active_pending_free"
     held = [sim.vrampool_malloc(size, 0, None) for _ in range(4)]
     assert p not in held, "a block used on stream 5 was reused before stream 5 passed its free"
     for q in held:
@@ -292,7 +294,7 @@ def test_configuration_text_and_its_errors(sim: ctypes.CDLL) -> None:
     LIB.vrampool_free(p, 4096, 0, None)
 
 
-def test_init_hook_reports_a_bad_environment() -> None:
+def test_init_hook_reports_a_bad_environment(run_python: Callable[..., str]) -> None:
     code = textwrap.dedent(
         """
         import ctypes
@@ -310,7 +312,7 @@ def test_init_hook_reports_a_bad_environment() -> None:
     assert out.strip().endswith("None")
 
 
-def test_environment_configures_the_pools() -> None:
+def test_environment_configures_the_pools(run_python: Callable[..., str]) -> None:
     code = textwrap.dedent(
         """
         import ctypes
@@ -338,7 +340,7 @@ def test_private_pools_route_allocations_until_released(sim: ctypes.CDLL) -> Non
     sim.vrampool_end_allocate_to_pool(0, pool_id)
     assert counters()["private_pools"][0]["open"] == []
     after = sim.vrampool_malloc(4096, 0, None)
-    owners = {b["addr"]: tuple(seg["pool_id"]) for seg in _native.abi_snapshot() for b in seg["blocks"] if b["state"] == "active"}
+    owners = {b["address"]: tuple(seg["segment_pool_id"]) for seg in segments() for b in seg["blocks"] if b["state"] == "active_allocated"}
     assert owners[main] == (0, 0) and owners[inside] == (3, 9) and owners[after] == (0, 0)
     assert stats()["allocation.all.current"] == 3  # main and private pools together
     # A block freed in the private pool is reused only inside it.
@@ -435,7 +437,7 @@ def test_base_alloc_finds_the_segment(sim: ctypes.CDLL) -> None:
     size = c_size_t(0)
     base = sim.vrampool_base_alloc(c_void_p(p + 100), ctypes.byref(size))
     assert base and base <= p and p + 3 * MIB <= base + size.value
-    assert any(seg["base"] == base and seg["size"] == size.value for seg in _native.abi_snapshot())
+    assert any(seg["address"] == base and seg["total_size"] == size.value for seg in segments())
     assert sim.vrampool_base_alloc(c_void_p(16), ctypes.byref(size)) is None and size.value == 0
     assert "not in any vrampool segment" in _native.last_error()
     sim.vrampool_free(p, 3 * MIB, 0, None)
@@ -476,7 +478,7 @@ def test_a_panic_becomes_a_recorded_error() -> None:
     _native.clear_last_error()
 
 
-def test_raise_on_failure_needs_the_cpp_runtime_or_says_so() -> None:
+def test_raise_on_failure_needs_the_cpp_runtime_or_says_so(run_python: Callable[..., str]) -> None:
     # In a fresh interpreter without torch, libstdc++ is not loaded: refused, with the reason.
     # Once it is loaded (as torch loads it), the same call turns the option on.
     code = textwrap.dedent(
@@ -531,7 +533,7 @@ extern "C" int call_like_torch(void* fn, std::size_t size, void** result, char* 
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to build a C++ caller")
-def test_failed_malloc_throws_a_cpp_exception_under_raise_on_failure(tmp_path: Path) -> None:
+def test_failed_malloc_throws_a_cpp_exception_under_raise_on_failure(tmp_path: Path, run_python: Callable[..., str]) -> None:
     (tmp_path / "shim.cpp").write_text(SHIM)
     subprocess.run(["g++", "-shared", "-fPIC", "-O1", "-o", str(tmp_path / "shim.so"), str(tmp_path / "shim.cpp")], check=True)
     code = textwrap.dedent(
@@ -566,12 +568,3 @@ def test_failed_malloc_throws_a_cpp_exception_under_raise_on_failure(tmp_path: P
     assert lines[5] == "still-serving 0"
     assert lines[6] == f"failed 3 {100 << 20}"
     assert lines[7] == "plain None", "vrampool_malloc threw (a ctypes caller would be terminated)"
-
-
-def run_python(code: str, **env: str) -> str:
-    """Runs `code` in a fresh interpreter (the registry is per process); returns its stdout."""
-    full_env = {k: v for k, v in os.environ.items() if k != "VRAMPOOL_CONF"}
-    full_env.update(env)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.strip()

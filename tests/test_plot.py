@@ -7,6 +7,7 @@ from typing import List
 
 from vrampool import DevicePool
 from vrampool.plot import memory_timeline_svg, segment_map_svg
+from vrampool.summary import block_state
 from vrampool.trace import replay
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -67,13 +68,13 @@ def test_segment_map_shows_every_block_in_its_state() -> None:
     with DevicePool("sim", capacity=1 << 30, strategy="hybrid", host_backed=False) as pool:
         live = [pool.allocate(size) for size in (4096, 4096, 3 * MIB, 5 * MIB, 2 * MIB)]
         pool.deallocate(live[3])
-        segments = pool.snapshot()
+        segments = pool.snapshot()["segments"]
         root = parse(segment_map_svg(segments, "peak"))
-        ordered = sorted(segments, key=lambda s: (s["strategy"], s["stream"], s["base"]))
+        ordered = sorted(segments, key=lambda s: (s["strategy"], s["stream"], s["address"]))
         groups = [g for g in root.iter(f"{SVG}g") if g.get("class") == "segment"]
-        assert [(g.get("data-strategy"), int(g.get("data-size"))) for g in groups] == [(s["strategy"], s["size"]) for s in ordered]
+        assert [(g.get("data-strategy"), int(g.get("data-size"))) for g in groups] == [(s["strategy"], s["total_size"]) for s in ordered]
         blocks = [r.get("data-state") for r in root.iter(f"{SVG}rect") if r.get("class") == "block"]
-        assert blocks == [b["state"] for s in ordered for b in s["blocks"]]
+        assert blocks == [block_state(b) for s in ordered for b in s["blocks"]]
         # The freed 5 MiB block (a size class) waits in the cache; the rest of the segments is free.
         assert (blocks.count("active"), blocks.count("cached")) == (4, 1) and set(blocks) == {"active", "cached", "free"}
         for block in (r for r in root.iter(f"{SVG}rect") if r.get("class") == "block"):
@@ -81,7 +82,10 @@ def test_segment_map_shows_every_block_in_its_state() -> None:
 
 
 def test_segment_map_caps_its_rows() -> None:
-    segments = [{"strategy": "best_fit", "stream": 0, "base": i * MIB, "size": MIB, "blocks": [{"addr": i * MIB, "size": MIB, "state": "active"}]} for i in range(10)]
+    segments = [
+        {"strategy": "best_fit", "stream": 0, "address": i * MIB, "total_size": MIB, "blocks": [{"address": i * MIB, "size": MIB, "state": "active_allocated"}]}
+        for i in range(10)
+    ]
     root = parse(segment_map_svg(segments, max_rows=4))
     assert len([g for g in root.iter(f"{SVG}g") if g.get("class") == "segment"]) == 4
     assert any("6 more segments" in (t.text or "") for t in root.iter(f"{SVG}text"))

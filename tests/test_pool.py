@@ -195,11 +195,15 @@ def test_cuda_pool_without_a_driver_is_a_clear_error() -> None:
 def test_snapshot_tiles_each_segment() -> None:
     pool = DevicePool("sim", capacity=1 << 30)
     bufs = [pool.allocate(n) for n in (1000, 5 * MIB, 100 * MIB)]
-    for seg in pool.snapshot():
-        assert sum(b["size"] for b in seg["blocks"]) == seg["size"]
+    segments = pool.snapshot()["segments"]
+    for seg in segments:
+        assert sum(b["size"] for b in seg["blocks"]) == seg["total_size"]
         assert seg["strategy"] in ("slab", "best_fit", "buddy")
-    active = [b for seg in pool.snapshot() for b in seg["blocks"] if b["state"] == "active"]
-    assert sorted(b["addr"] for b in active) == sorted(b.ptr for b in bufs)
+        starts = [b["address"] for b in seg["blocks"]]
+        assert starts == sorted(starts) and starts[0] == seg["address"]
+    active = [b for seg in segments for b in seg["blocks"] if b["state"] == "active_allocated"]
+    assert sorted(b["address"] for b in active) == sorted(b.ptr for b in bufs)
+    assert sorted(b["requested_size"] for b in active) == [1000, 5 * MIB, 100 * MIB]
 
 
 def test_demo_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -218,11 +222,11 @@ def test_expandable_segments_grow_in_place_and_can_be_turned_off() -> None:
     plain = DevicePool("sim", capacity=1 << 30, strategy="best_fit", host_backed=False, expandable=False)
     for pool in (grown, plain):
         bufs = [pool.allocate(30 * MIB) for _ in range(4)]
-        segments = pool.snapshot()
-        assert sum(b["state"] == "active" for s in segments for b in s["blocks"]) == 4
+        segments = pool.snapshot()["segments"]
+        assert sum(b["state"] == "active_allocated" for s in segments for b in s["blocks"]) == 4
         del bufs
-    assert all(s["expandable"] for s in grown.snapshot())
-    assert not any(s["expandable"] for s in plain.snapshot())
-    assert len(grown.snapshot()) < len(plain.snapshot())
+    assert all(s["is_expandable"] for s in grown.snapshot()["segments"])
+    assert not any(s["is_expandable"] for s in plain.snapshot()["segments"])
+    assert len(grown.snapshot()["segments"]) < len(plain.snapshot()["segments"])
     with pytest.raises(TypeError):
         DevicePool("sim", expandable="yes")  # type: ignore[arg-type]

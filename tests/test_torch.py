@@ -8,18 +8,16 @@ statistics need neither torch nor a GPU."""
 from __future__ import annotations
 
 import ctypes
-import os
 import pickle
-import subprocess
-import sys
-import textwrap
 from ctypes import c_int, c_size_t, c_void_p
-from typing import Any, Dict, Iterator, List
+from typing import Any, Callable, Dict, Iterator, List
 
+import numpy as np
 import pytest
 
 import vrampool.torch as vt
 from vrampool import _native
+from vrampool.options import conf_text
 
 MIB = 1 << 20
 HOOKS = {"init", "reset", "memory_fraction", "base_alloc", "record_stream", "begin_allocate_to_pool", "end_allocate_to_pool", "release_pool"}
@@ -45,18 +43,10 @@ def sim(monkeypatch: pytest.MonkeyPatch) -> Iterator[ctypes.CDLL]:
     _native._abi_reset()
 
 
-def run_python(code: str, **env: str) -> str:
-    full_env = {k: v for k, v in os.environ.items() if k != "VRAMPOOL_CONF"}
-    full_env.update(env)
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=full_env, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout.strip()
-
-
 # ---- PyTorch loads the allocator (subprocesses) ----
 
 
-def test_pluggable_allocator_resolves_every_symbol_and_takes_every_hook() -> None:
+def test_pluggable_allocator_resolves_every_symbol_and_takes_every_hook(run_python: Callable[..., str]) -> None:
     pytest.importorskip("torch")
     out = run_python(
         """
@@ -88,7 +78,7 @@ def test_pluggable_allocator_resolves_every_symbol_and_takes_every_hook() -> Non
     assert {l.split()[1] for l in lines[:-1]} == HOOKS
 
 
-def test_install_sets_every_hook_and_torch_drives_them() -> None:
+def test_install_sets_every_hook_and_torch_drives_them(run_python: Callable[..., str]) -> None:
     pytest.importorskip("torch")
     out = run_python(
         """
@@ -146,7 +136,7 @@ def test_install_sets_every_hook_and_torch_drives_them() -> None:
     assert b["error"] is None
 
 
-def test_install_refuses_once_cuda_is_initialised_and_pool_needs_mempool() -> None:
+def test_install_refuses_once_cuda_is_initialised_and_pool_needs_mempool(run_python: Callable[..., str]) -> None:
     pytest.importorskip("torch")
     out = run_python(
         """
@@ -174,7 +164,7 @@ def test_install_refuses_once_cuda_is_initialised_and_pool_needs_mempool() -> No
     assert pool.startswith("pool: vrampool.torch.pool() needs torch.cuda.MemPool (PyTorch 2.5 or newer)")
 
 
-def test_vrampool_imports_and_reports_without_torch() -> None:
+def test_vrampool_imports_and_reports_without_torch(run_python: Callable[..., str]) -> None:
     out = run_python(
         """
         import sys
@@ -195,16 +185,21 @@ def test_vrampool_imports_and_reports_without_torch() -> None:
 
 
 def test_keyword_options_become_the_text_form() -> None:
-    assert vt._conf_text({"strategy": "buddy", "round_up_divisions": 4, "limit": "40GB", "record_events": False}) == (
+    assert conf_text({"strategy": "buddy", "round_up_divisions": 4, "limit": "40GB", "record_events": False}) == (
         "strategy:buddy,round_up_divisions:4,limit:40GB,record_events:false"
     )
-    assert vt._conf_text({"limit": None}) == ""
+    assert conf_text({"limit": None}) == ""
+    assert conf_text({"limit": 1, "small_max": np.int64(4096)}) == "limit:1,small_max:4096", "an int is bytes"
+    assert conf_text({"limit": 1.0}) == "limit:1.0", "a float keeps its point: a fraction"
     with pytest.raises(TypeError, match="unknown vrampool option 'stratgy'"):
-        vt._conf_text({"stratgy": "slab"})
+        conf_text({"stratgy": "slab"})
     with pytest.raises(ValueError):
-        vt._conf_text({"strategy": "slab,limit:1"})
+        conf_text({"strategy": "slab,limit:1"})
     with pytest.raises(TypeError):
-        vt._conf_text({"limit": [1]})
+        conf_text({"limit": [1]})
+    with pytest.raises(TypeError, match="track_leaks must be a bool"):
+        conf_text({"track_leaks": "yes"})
+    assert set(vt.OPTIONS) == {name for name, _, _ in _native.config_keys()}, "the core's keys, every one"
 
 
 def test_configure_refuses_bad_values(sim: ctypes.CDLL) -> None:
@@ -290,11 +285,13 @@ def test_memory_snapshot_has_torch_format_field_by_field(sim: ctypes.CDLL) -> No
         assert set(seg) == seg_keys
         assert seg["device"] == 0 and seg["stream"] == 0 and seg["segment_pool_id"] == (0, 0)
         assert isinstance(seg["address"], int) and seg["total_size"] > 0 and seg["frames"] == []
-        assert seg["is_expandable"] is False
+        # The middle tier grows as an expandable segment on the simulated device, which maps.
+        assert seg["is_expandable"] is (seg["strategy"] == "best_fit")
         assert seg["segment_type"] == ("small" if seg["strategy"] == "slab" else "large")
         cursor = seg["address"]
         for b in seg["blocks"]:
-            assert set(b) == {"address", "size", "requested_size", "state", "frames"}
+            assert set(b) == {"address", "size", "requested_size", "state", "frames", "cached"}
+            assert not b["cached"] or b["state"] == "inactive"
             assert b["address"] == cursor, "blocks cover the segment in address order, without gaps"
             assert b["state"] in ("active_allocated", "active_pending_free", "inactive")
             assert b["frames"] == [] and b["size"] > 0

@@ -14,6 +14,8 @@ import math
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 from xml.sax.saxutils import escape, quoteattr
 
+from vrampool.summary import block_state
+
 MIB = 1 << 20
 #: One colour per strategy (Tableau's ten, which stay apart for most colour-blind readers).
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac")
@@ -120,24 +122,25 @@ def memory_timeline_svg(
 
 
 def segment_map_svg(segments: Sequence[Mapping[str, Any]], title: str = "Segments", width: int = 960, max_rows: int = 64) -> str:
-    """A pool's segments (``DevicePool.snapshot()``), one bar each on a common byte scale, with
-    their blocks coloured by state (``active``, ``pending_free``, ``cached``, ``free``).
+    """A pool's segments (``DevicePool.snapshot()["segments"]``), one bar each on a common byte
+    scale, with their blocks coloured by state (``active``, ``pending_free``, ``cached``, ``free``:
+    :func:`vrampool.summary.block_state`).
 
     Each block is a ``<rect class="block" data-state=...>`` inside its segment's
     ``<g class="segment" data-strategy=... data-size=...>``."""
     left, right, top, row_h = 150, 20, 36, 18
-    shown = sorted(segments, key=lambda s: (s["strategy"], s["stream"], s["base"]))[:max_rows]
-    scale = (width - left - right) / max([1] + [s["size"] for s in shown])
+    shown = sorted(segments, key=lambda s: (s["strategy"], s["stream"], s["address"]))[:max_rows]
+    scale = (width - left - right) / max([1] + [s["total_size"] for s in shown])
     body = []
     for row, seg in enumerate(shown):
         sy = top + row * row_h
-        label = f"{seg['strategy']} {seg['size'] / MIB:,.1f} MiB"
-        body.append(f'<g class="segment" data-strategy={quoteattr(str(seg["strategy"]))} data-size="{seg["size"]}">')
+        label = f"{seg['strategy']} {seg['total_size'] / MIB:,.1f} MiB"
+        body.append(f'<g class="segment" data-strategy={quoteattr(str(seg["strategy"]))} data-size="{seg["total_size"]}">')
         body.append(f'<text x="{left - 8}" y="{sy + 12}" text-anchor="end" {FONT}>{escape(label)}</text>')
-        body.append(f'<rect x="{left}" y="{sy}" width="{seg["size"] * scale:.2f}" height="{row_h - 4}" fill="none" stroke="#999"/>')
+        body.append(f'<rect x="{left}" y="{sy}" width="{seg["total_size"] * scale:.2f}" height="{row_h - 4}" fill="none" stroke="#999"/>')
         for block in seg["blocks"]:
-            state = block["state"] if block["state"] in BLOCK_COLOURS else "free"
-            bx = left + (block["addr"] - seg["base"]) * scale
+            state = block_state(block)
+            bx = left + (block["address"] - seg["address"]) * scale
             body.append(
                 f'<rect class="block" data-state="{state}" x="{bx:.2f}" y="{sy}" width="{max(block["size"] * scale, 0.5):.2f}" '
                 f'height="{row_h - 4}" fill="{BLOCK_COLOURS[state]}" stroke="white" stroke-width="0.3"/>'

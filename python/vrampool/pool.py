@@ -8,6 +8,7 @@ import traceback
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 from vrampool._native import InvalidFreeError, NativeBuffer, NativePool, PoolClosedError, WrongDeviceError
+from vrampool.options import POOL_KEYS, conf_text
 from vrampool.streams import as_int, stream_handle
 from vrampool.summary import format_summary
 
@@ -33,10 +34,7 @@ if TYPE_CHECKING:
 #: True
 DeviceBuffer = NativeBuffer
 
-_STRATEGIES = ("hybrid", "slab", "best_fit", "buddy")
-_SIZE_KEYS = ("small_max", "large_min", "alignment")
 _DEFAULT_SIM_CAPACITY = 16 << 30
-_SCRUB_MODES = ("off", "on_free", "on_alloc")
 
 
 def _check_size(name: str, value: Any) -> int:
@@ -49,37 +47,6 @@ def _check_size(name: str, value: Any) -> int:
     if value >= 1 << 64:
         raise ValueError(f"{name} of {value} bytes is larger than any device")
     return value
-
-
-def _conf_text(strategy: str, options: Dict[str, Any]) -> str:
-    if strategy not in _STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(_STRATEGIES)}")
-    parts = [f"strategy:{strategy}"]
-    for key, value in options.items():
-        if value is None:
-            continue
-        if key in _SIZE_KEYS:
-            parts.append(f"{key}:{_check_size(key, value)}")
-        elif key == "limit":
-            # A float is a fraction; one above 1 would otherwise be read as a byte count.
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or (isinstance(value, float) and value > 1):
-                raise ValueError(f"limit must be a positive byte count or a fraction in (0, 1], got {value!r}")
-            parts.append(f"limit:{value}")
-        elif key == "round_up_divisions":
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"round_up_divisions must be a non-negative int, got {value!r}")
-            parts.append(f"round_up_divisions:{value}")
-        elif key == "scrub":
-            if value not in _SCRUB_MODES:
-                raise ValueError(f"scrub must be one of {', '.join(_SCRUB_MODES)}, got {value!r}")
-            parts.append(f"scrub:{value}")
-        elif key in ("record_events", "expandable", "reclaim", "track_leaks"):
-            if not isinstance(value, bool):
-                raise TypeError(f"{key} must be a bool, not {type(value).__name__}")
-            parts.append(f"{key}:{value}")
-        else:
-            raise TypeError(f"unknown pool option {key!r}")
-    return ",".join(parts)
 
 
 class DevicePool:
@@ -103,6 +70,11 @@ class DevicePool:
     ``reclaim=False`` keeps every cached segment, as PyTorch's caching allocator does, at the
     price of a higher peak.
 
+    The options are ``VRAMPOOL_CONF``'s keys, read by the core as that text is
+    (:mod:`vrampool.options`): sizes are bytes (an int, or a string such as ``"64KB"``); ``limit``
+    is bytes (an int) or a fraction of the device's memory in (0, 1] (a float: ``1.0`` is the
+    whole device, ``1`` one byte); None leaves an option at its default.
+
     >>> with DevicePool("sim", capacity=1 << 30, strategy="best_fit") as pool:
     ...     buf = pool.allocate(1 << 20)
     ...     pool.stats()["allocated_bytes.all.current"] >= 1 << 20
@@ -114,38 +86,37 @@ class DevicePool:
         device: Union[int, str] = "sim",
         *,
         capacity: Optional[int] = None,
-        strategy: str = "hybrid",
+        strategy: Optional[str] = "hybrid",
         host_backed: bool = True,
         ordinal: Optional[int] = None,
-        small_max: Optional[int] = None,
-        large_min: Optional[int] = None,
-        alignment: Optional[int] = None,
+        small_max: Optional[Union[int, str]] = None,
+        large_min: Optional[Union[int, str]] = None,
+        alignment: Optional[Union[int, str]] = None,
         round_up_divisions: Optional[int] = None,
-        limit: Optional[Union[int, float]] = None,
+        limit: Optional[Union[int, float, str]] = None,
         record_events: bool = False,
         expandable: Optional[bool] = None,
         reclaim: Optional[bool] = None,
         scrub: str = "off",
         track_leaks: bool = False,
     ) -> None:
-        conf = _conf_text(
-            strategy,
-            {
-                "small_max": small_max,
-                "large_min": large_min,
-                "alignment": alignment,
-                "round_up_divisions": round_up_divisions,
-                "limit": limit,
-                "record_events": record_events or None,
-                "expandable": expandable,
-                "reclaim": reclaim,
-                "scrub": None if scrub == "off" else scrub,
-                "track_leaks": track_leaks or None,
-            },
-        )
+        options = {
+            "strategy": strategy,
+            "small_max": small_max,
+            "large_min": large_min,
+            "alignment": alignment,
+            "round_up_divisions": round_up_divisions,
+            "limit": limit,
+            "record_events": record_events,
+            "expandable": expandable,
+            "reclaim": reclaim,
+            "scrub": scrub,
+            "track_leaks": track_leaks,
+        }
+        conf = conf_text(options, POOL_KEYS)
         # ptr -> the Python stack that allocated it (track_leaks only). Entries of blocks freed
         # without `deallocate` (buffer.free(), collection) are dropped in batches.
-        self._stacks: Optional[Dict[int, traceback.StackSummary]] = {} if track_leaks else None
+        self._stacks: Optional[Dict[int, traceback.StackSummary]] = {} if track_leaks is True else None
         self._stacks_lock = threading.Lock()
         self._stacks_prune_at = 1024
         if device == "sim":
@@ -247,14 +218,20 @@ class DevicePool:
         """
         self._native.reset_peak_stats()
 
-    def snapshot(self) -> List[Dict[str, Any]]:
-        """Segments and their blocks, as data: each segment a dict with ``stream``,
-        ``strategy``, ``base``, ``size`` and ``blocks`` (``addr``, ``size``, ``state`` --
-        active, pending_free, cached or free -- and ``requested``).
+    def snapshot(self) -> Dict[str, Any]:
+        """Segments and their blocks in the format of ``torch.cuda.memory._snapshot()`` (as
+        :func:`vrampool.torch.memory_snapshot` gives them, which ``torch.cuda._memory_viz``
+        reads): ``segments``, each with ``address``, ``total_size``, ``allocated_size``,
+        ``active_size``, ``requested_size``, ``stream``, ``segment_type``, ``segment_pool_id``,
+        ``is_expandable``, vrampool's ``strategy`` (the tier) and ``blocks`` covering it in address
+        order (``address``, ``size``, ``requested_size``, ``state``: ``active_allocated``,
+        ``active_pending_free`` or ``inactive``, and vrampool's ``cached``: an inactive block kept
+        at its size in a cache rather than free); ``device_traces`` (empty: vrampool records no
+        stack traces); ``allocator_settings``.
 
         >>> pool = DevicePool("sim", capacity=1 << 30)
         >>> buf = pool.allocate(1000)
-        >>> [b["requested"] for s in pool.snapshot() for b in s["blocks"] if b["state"] == "active"]
+        >>> [b["requested_size"] for s in pool.snapshot()["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
         [1000]
         """
         return self._native.snapshot()
@@ -273,7 +250,7 @@ class DevicePool:
         ...
         """
         title = f"vrampool memory summary: {self.strategy} pool on {self._device_name()}"
-        return format_summary(self.stats(), self.snapshot(), title)
+        return format_summary(self.stats(), self.snapshot()["segments"], title)
 
     def trim(self) -> int:
         """Gives every wholly free segment back to the device (``torch.cuda.empty_cache``);

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
-__all__ = ["format_summary", "format_size", "tier_counts"]
+__all__ = ["block_state", "format_summary", "format_size", "tier_counts"]
 
 _NAME, _CELL, _CELLS = 21, 11, 4
 _WIDTH = 2 + _NAME + 3 + _CELLS * _CELL + (_CELLS - 1) * 3 + 2  # "| name | c | c | c | c |"
@@ -33,23 +33,40 @@ def format_size(n: Union[int, float]) -> str:
     raise AssertionError("unreachable")
 
 
-def tier_counts(snapshot: Iterable[Mapping[str, Any]]) -> Dict[str, Dict[str, int]]:
-    """Per strategy tier: segments, reserved bytes, and blocks and bytes in each block state.
+def block_state(block: Mapping[str, Any]) -> str:
+    """What a snapshot block (torch's format) is doing, in vrampool's terms: ``active``,
+    ``pending_free`` (freed, waiting for another stream), ``cached`` (freed, kept at its size)
+    or ``free``.
 
-    >>> tier_counts([{"strategy": "slab", "size": 4096, "blocks": [
-    ...     {"size": 1024, "state": "active"}, {"size": 3072, "state": "free"}]}])["slab"]["active_blocks"]
+    >>> block_state({"state": "active_allocated"}), block_state({"state": "inactive", "cached": True})
+    ('active', 'cached')
+    """
+    state = block["state"]
+    if state == "active_allocated":
+        return "active"
+    if state == "active_pending_free":
+        return "pending_free"
+    return "cached" if block.get("cached") else "free"
+
+
+def tier_counts(segments: Iterable[Mapping[str, Any]]) -> Dict[str, Dict[str, int]]:
+    """Per strategy tier: segments, reserved bytes, and blocks and bytes in each block state,
+    from the ``segments`` of a snapshot (``DevicePool.snapshot()["segments"]``).
+
+    >>> tier_counts([{"strategy": "slab", "total_size": 4096, "blocks": [
+    ...     {"size": 1024, "state": "active_allocated"}, {"size": 3072, "state": "inactive"}]}])["slab"]["active_blocks"]
     1
     """
     tiers: Dict[str, Dict[str, int]] = {}
-    for seg in snapshot:
+    for seg in segments:
         t = tiers.setdefault(
             seg["strategy"],
             {"segments": 0, "reserved_bytes": 0, **{f"{s}_{k}": 0 for s in _STATES for k in ("blocks", "bytes")}},
         )
         t["segments"] += 1
-        t["reserved_bytes"] += seg["size"]
+        t["reserved_bytes"] += seg["total_size"]
         for block in seg["blocks"]:
-            state = block["state"] if block["state"] in _STATES else "free"
+            state = block_state(block)
             t[f"{state}_blocks"] += 1
             t[f"{state}_bytes"] += block["size"]
     return tiers
@@ -57,10 +74,11 @@ def tier_counts(snapshot: Iterable[Mapping[str, Any]]) -> Dict[str, Dict[str, in
 
 def format_summary(
     stats: Mapping[str, Union[int, float]],
-    snapshot: Optional[Sequence[Mapping[str, Any]]] = None,
+    segments: Optional[Sequence[Mapping[str, Any]]] = None,
     title: str = "vrampool memory summary",
 ) -> str:
-    """The table ``DevicePool.memory_summary()`` prints, from ``stats()`` and ``snapshot()``.
+    """The table ``DevicePool.memory_summary()`` prints, from ``stats()`` and the ``segments`` of
+    ``snapshot()``.
 
     >>> print(format_summary({"allocated_bytes.all.current": 1024}).splitlines()[5][:37])
     | Allocated memory      |    1.00 KiB
@@ -112,11 +130,11 @@ def format_summary(
             f"fast-path hits: {int(g('fast_path_hits'))}"
         )
     )
-    if snapshot is not None:
+    if segments is not None:
         out.append(rule)
         out.append(row(["Strategy tier", "Segments", "Reserved", "Active blks", "Cached/free"]))
         out.append(rule)
-        tiers = tier_counts(snapshot)
+        tiers = tier_counts(segments)
         if not tiers:
             out.append(line("(no segments)"))
         for name in sorted(tiers):

@@ -36,10 +36,12 @@ read) and :func:`last_oom` (why the last allocation failed and what to try).
 
 Configuration: ``VRAMPOOL_CONF`` (``strategy:hybrid,limit:0.9,small_max:1MB``, in the spirit of
 ``PYTORCH_CUDA_ALLOC_CONF``), then the keyword arguments of :func:`install`, :func:`pool` or
-:func:`configure`, which must come before the first allocation. Keys: ``strategy`` (hybrid, slab,
-best_fit, buddy), ``small_max``, ``large_min``, ``alignment``, ``round_up_divisions``, ``limit``
-(bytes, or a fraction of the device), ``record_events``, ``expandable``, ``reclaim``, and ``device`` (``cuda``,
-or ``sim`` for the simulated device: tests only) with ``sim_capacity``.
+:func:`configure`, which must come before the first allocation. The keys are :data:`OPTIONS`,
+read by the core as the text is (:mod:`vrampool.options`): every option of
+:class:`vrampool.DevicePool` (``strategy``, ``small_max``, ``large_min``, ``alignment``,
+``round_up_divisions``, ``limit``: bytes, or a fraction of the device written with a point,
+``record_events``, ``expandable``, ``reclaim``, ``scrub``, ``track_leaks``), and ``device``
+(``cuda``, or ``sim`` for the simulated device: tests only) with ``sim_capacity``.
 
 An allocation that fails raises ``RuntimeError("CUDA out of memory. ...")`` under :func:`install`
 (PyTorch turns a null from a pluggable allocator into a tensor at address 0, so the C ABI throws a
@@ -63,9 +65,10 @@ import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, Mapping, Optional, Tuple, Union
 
 from vrampool import _native
+from vrampool.options import ALLOCATOR_KEYS, conf_text
 from vrampool.streams import as_int
 from vrampool.summary import format_size, format_summary
 
@@ -97,20 +100,8 @@ __all__ = [
 
 Device = Union[int, str, Any, None]  # an ordinal, "cuda:1", a torch.device, or None (current)
 
-#: Configuration keys: the pool's, then the allocator's own.
-OPTIONS = (
-    "strategy",
-    "small_max",
-    "large_min",
-    "alignment",
-    "round_up_divisions",
-    "limit",
-    "record_events",
-    "expandable",
-    "reclaim",
-    "device",
-    "sim_capacity",
-)
+#: Configuration keys (the core's): the pool's, then the allocator's own.
+OPTIONS = tuple(ALLOCATOR_KEYS)
 
 #: Each optional hook of ``CUDAPluggableAllocator``: the setter names PyTorch versions use for it.
 _SETTERS: Dict[str, Tuple[str, ...]] = {
@@ -138,39 +129,13 @@ def _torch() -> Any:
     return torch
 
 
-def _conf_text(conf: Mapping[str, Any]) -> str:
-    """The text form of keyword options.
-
-    >>> _conf_text({"strategy": "best_fit", "limit": 0.5, "expandable": True, "small_max": 1 << 20})
-    'strategy:best_fit,limit:0.5,expandable:true,small_max:1048576'
-    """
-    parts = []
-    for key, value in conf.items():
-        if key not in OPTIONS:
-            raise TypeError(f"unknown vrampool option {key!r}; options: {', '.join(OPTIONS)}")
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            text = "true" if value else "false"
-        elif isinstance(value, (int, float)):
-            text = repr(value)
-        elif isinstance(value, str):
-            if any(c in value for c in ",:="):
-                raise ValueError(f"option {key}={value!r}: a value cannot hold ',', ':' or '='")
-            text = value.strip()
-        else:
-            raise TypeError(f"option {key} must be a bool, number or string, not {type(value).__name__}")
-        parts.append(f"{key}:{text}")
-    return ",".join(parts)
-
-
 def configure(**conf: Any) -> str:
     """Sets the configuration of the pools vrampool makes for PyTorch, over ``VRAMPOOL_CONF``.
 
     Must come before the first allocation (a later call that would change it raises
     ``ValueError``). Returns the configuration text in force.
     """
-    return _native.configure(_conf_text(conf))
+    return _native.configure(conf_text(conf))
 
 
 def configuration() -> Dict[str, Any]:
@@ -409,7 +374,7 @@ def memory_summary(device: Device = None, abbreviated: bool = False) -> str:
     """A table of the device's figures laid out like ``torch.cuda.memory_summary()``; the strategy
     tiers' segments follow unless ``abbreviated``."""
     index = _device_index(device)
-    segments = None if abbreviated else [s for s in _native.abi_snapshot() if s["device"] == index]
+    segments = None if abbreviated else [s for s in _native.abi_snapshot()["segments"] if s["device"] == index]
     return format_summary(_native.abi_stats(index), segments, title=f"vrampool memory summary, device {index}")
 
 
@@ -423,61 +388,20 @@ def empty_cache() -> int:
     return int(_native.abi_trim())
 
 
-_STATES = {"active": "active_allocated", "pending_free": "active_pending_free", "cached": "inactive", "free": "inactive"}
-
-
-def _block(address: int, size: int, state: str, requested: int) -> Dict[str, Any]:
-    return {"address": address, "size": size, "requested_size": requested, "state": state, "frames": []}
-
-
 def memory_snapshot() -> Dict[str, Any]:
-    """Every segment of every device in the dict format of ``torch.cuda.memory._snapshot()``,
-    which ``torch.cuda._memory_viz`` and the memory visualiser read.
+    """Every segment of every device in the format of ``torch.cuda.memory._snapshot()``, which
+    ``torch.cuda._memory_viz`` and the memory visualiser read (as ``DevicePool.snapshot()``).
 
     Segments carry ``device``, ``address``, ``total_size``, ``allocated_size``, ``active_size``,
     ``requested_size``, ``stream``, ``segment_type`` (``small`` for the slab tier), ``segment_pool_id``
-    (``(0, 0)``, or a private pool's id), ``is_expandable``, ``frames`` and ``blocks``, which cover
-    the segment in address order: ``active_allocated`` (in use), ``active_pending_free`` (freed,
-    waiting for another stream) and ``inactive`` (free or cached). Each also says which
-    ``strategy`` tier it belongs to. ``device_traces`` holds an empty list per device (vrampool
-    records no stack traces).
+    (``(0, 0)``, or a private pool's id), ``is_expandable`` (a mapped run of an expandable
+    segment), ``frames`` and ``blocks``, which cover the segment in address order:
+    ``active_allocated`` (in use), ``active_pending_free`` (freed, waiting for another stream) and
+    ``inactive`` (free, or ``cached``: kept at its size). Each also says which ``strategy`` tier it
+    belongs to. ``device_traces`` holds an empty list per device (vrampool records no stack
+    traces).
     """
-    segments: List[Dict[str, Any]] = []
-    for seg in _native.abi_snapshot():
-        base, total = seg["base"], seg["size"]
-        blocks: List[Dict[str, Any]] = []
-        cursor = base
-        for b in sorted(seg["blocks"], key=lambda b: b["addr"]):
-            if b["addr"] > cursor:
-                blocks.append(_block(cursor, b["addr"] - cursor, "inactive", 0))
-            state = _STATES.get(b["state"], "inactive")
-            blocks.append(_block(b["addr"], b["size"], state, b["requested"] if state == "active_allocated" else 0))
-            cursor = max(cursor, b["addr"] + b["size"])
-        if cursor < base + total:
-            blocks.append(_block(cursor, base + total - cursor, "inactive", 0))
-        segments.append(
-            {
-                "device": seg["device"],
-                "address": base,
-                "total_size": total,
-                "allocated_size": sum(b["size"] for b in blocks if b["state"] == "active_allocated"),
-                "active_size": sum(b["size"] for b in blocks if b["state"].startswith("active")),
-                "requested_size": sum(b["requested_size"] for b in blocks),
-                "stream": seg["stream"],
-                "segment_type": "small" if seg["strategy"] == "slab" else "large",
-                "segment_pool_id": tuple(seg["pool_id"]),
-                "is_expandable": False,
-                "frames": [],
-                "blocks": blocks,
-                "strategy": seg["strategy"],
-            }
-        )
-    devices = 1 + max([s["device"] for s in segments] + [_device_count() - 1, 0])
-    return {
-        "segments": segments,
-        "device_traces": [[] for _ in range(devices)],
-        "allocator_settings": {"vrampool": _native.configuration()["text"]},
-    }
+    return dict(_native.abi_snapshot(_device_count()))
 
 
 def _device_count() -> int:

@@ -128,9 +128,9 @@ def strategy_names(strategy: Union[str, Sequence[str]]) -> List[str]:
 def pool_conf(name: str, conf: str = "") -> str:
     """The ``VRAMPOOL_CONF`` text of a pool row: ``default`` is the pool's defaults; other names
     set their strategy, with virtual-memory growth on for ``+vm`` names and off otherwise; then
-    ``conf`` (which may override both)."""
-    head = "" if name == DEFAULT else f"strategy:{name.removesuffix(VM_SUFFIX)},expandable:{str(name.endswith(VM_SUFFIX)).lower()}"
-    return ",".join(filter(None, (head, conf)))
+    ``conf``, which may not change those (``strategy:slab`` for the row ``best_fit`` is a
+    ``ValueError``: the row would run as slab under best_fit's name)."""
+    return _native.row_conf(name, conf)
 
 
 def _conf_pairs(conf: str) -> List[Tuple[str, str]]:
@@ -158,7 +158,9 @@ def _owner(name: str) -> str:
 def split_conf(names: Sequence[str], conf: str) -> Dict[str, str]:
     """Each row's share of ``conf``: the pool's options go to the pool rows, each allocator
     model's (``PYTORCH_CUDA_ALLOC_CONF`` keys for ``torch``...) to that model's rows. A key no row
-    takes is a ``ValueError`` that lists the keys each row takes."""
+    takes is a ``ValueError`` that lists the keys each row takes; a share that would change what
+    a row's name says (``strategy:slab`` for ``best_fit``, ``expandable_segments:True`` for
+    ``torch``) is refused by the replay itself."""
     pairs = _conf_pairs(conf)
     owners = {_owner(n) for n in names if n != PLAN}
     keys = {owner: set(_native.allocator_options(owner)) for owner in owners}
@@ -169,15 +171,10 @@ def split_conf(names: Sequence[str], conf: str) -> Dict[str, str]:
     return {n: ",".join(f"{k}:{v}" for k, v in pairs if k in keys.get(_owner(n), ())) for n in names}
 
 
-def _run(name: str, conf: str) -> Tuple[str, str]:
-    """The native replay's run for a row."""
-    return (name, conf) if name in PEERS else ("pool", pool_conf(name, conf))
-
-
 def check_conf(conf: str, names: Sequence[str] = (DEFAULT,)) -> None:
     """Raises ``ValueError`` if ``conf`` is no valid configuration of the rows (before long work)."""
     shares = split_conf(names, conf)
-    _native.replay_trace([], [_run(n, shares[n]) for n in names if n != PLAN], 0)
+    _native.replay_trace([], [(n, shares[n]) for n in names if n != PLAN], 0)
 
 
 def replay_each(
@@ -204,7 +201,7 @@ def replay_each(
             report = _plan_report(rows, samples, capacity)
             report["events"] *= repeat
         else:
-            report = _native.replay_trace(rows, [_run(name, shares[name])], samples, capacity, repeat)[0]
+            report = _native.replay_trace(rows, [(name, shares[name])], samples, capacity, repeat)[0]
             report["strategy"] = name
         if recorded is not None:
             report["recorded_reserved_bytes"] = recorded
@@ -313,7 +310,7 @@ def recorded_reserved_timeline(trace: Trace) -> Tuple[List[int], List[int]]:
 
 
 def peak_segments(trace: TraceLike, strategy: str = "hybrid", conf: str = "") -> List[Dict[str, Any]]:
-    """The segments (as ``DevicePool.snapshot()`` gives them) of a pool that has replayed
+    """The segments (``DevicePool.snapshot()["segments"]``) of a pool that has replayed
     ``trace`` up to its moment of most live bytes: the segment map at the peak."""
     name = strategy_names(strategy)[0]
     if name == PLAN or name in PEERS:
@@ -331,7 +328,7 @@ def peak_segments(trace: TraceLike, strategy: str = "hybrid", conf: str = "") ->
             buffers[ident] = pool.allocate(size)
         else:
             buffers.pop(ident).free()
-    segments = pool.snapshot()
+    segments = pool.snapshot()["segments"]
     pool.close()
     return segments
 

@@ -1,5 +1,12 @@
-//! Pool configuration, and its text form (`VRAMPOOL_CONF`, in the spirit of
+//! Configuration, and its one text form (`VRAMPOOL_CONF`, in the spirit of
 //! `PYTORCH_CUDA_ALLOC_CONF`): `strategy:hybrid,limit:0.9,small_max:1MB`.
+//!
+//! Every layer reads its options through here (the pool, the C ABI's allocator, the Python
+//! keyword options, `replay --conf`), so the same text means the same thing everywhere, and the
+//! parsing is strict: bytes are a whole number with an optional binary unit (`4096`, `64KB`,
+//! `2GiB`; `4096.9` is an error, not 4096), a fraction is written with a point and lies in
+//! (0, 1] (`limit:0.9`; `limit:1.5` is an error, `limit:1` is one byte), names are spelt one
+//! way. [`KEYS`] lists every key with the kind of value it takes.
 
 use crate::error::PoolError;
 use crate::sizes::{round_up, size_class_of, GIB, KIB, MIB, MIN_BLOCK};
@@ -19,9 +26,11 @@ pub enum Scrub {
 }
 
 impl Scrub {
+    pub const NAMES: [&'static str; 3] = ["off", "on_free", "on_alloc"];
+
     pub fn parse(text: &str) -> Option<Self> {
-        match text.to_ascii_lowercase().replace('-', "_").as_str() {
-            "off" | "none" | "false" | "0" => Some(Self::Off),
+        match text {
+            "off" => Some(Self::Off),
             "on_free" => Some(Self::OnFree),
             "on_alloc" => Some(Self::OnAlloc),
             _ => None,
@@ -144,25 +153,96 @@ impl PoolConfig {
     }
 }
 
-impl PoolConfig {
-    /// The keys `apply_text` takes.
-    pub const KEYS: [&'static str; 12] = [
-        "strategy",
-        "small_max",
-        "large_min",
-        "alignment",
-        "round_up_divisions",
-        "limit",
-        "record_events",
-        "expandable",
-        "expandable_segments",
-        "scrub",
-        "track_leaks",
-        "reclaim",
-    ];
+/// What a key's value is, in its text form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueKind {
+    /// One of a few names, spelt exactly.
+    Choice(&'static [&'static str]),
+    /// A whole number of bytes with an optional binary unit: `4096`, `64KB`, `2GiB`.
+    Bytes,
+    /// A whole number.
+    Count,
+    /// Bytes as above, or a fraction of the device's memory in (0, 1] written with a point.
+    BytesOrFraction,
+    /// `true` / `false` (also `1` / `0`, `yes` / `no`, `on` / `off`).
+    Bool,
+}
 
+impl ValueKind {
+    /// The kind's name, as the Python layer reads it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Choice(_) => "choice",
+            Self::Bytes => "bytes",
+            Self::Count => "count",
+            Self::BytesOrFraction => "bytes_or_fraction",
+            Self::Bool => "bool",
+        }
+    }
+}
+
+/// Who reads a key: every pool, or only the allocator the C ABI makes pools with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    Pool,
+    /// Which device the C ABI's pools are made on.
+    Allocator,
+}
+
+/// A configuration key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Key {
+    pub name: &'static str,
+    pub kind: ValueKind,
+    pub scope: Scope,
+}
+
+const STRATEGY_NAMES: [&str; 4] = ["slab", "best_fit", "buddy", "hybrid"];
+const DEVICE_NAMES: [&str; 2] = ["cuda", "sim"];
+
+const fn key(name: &'static str, kind: ValueKind, scope: Scope) -> Key {
+    Key { name, kind, scope }
+}
+
+/// Every key, in the order the documentation lists them.
+pub const KEYS: [Key; 14] = [
+    key("strategy", ValueKind::Choice(&STRATEGY_NAMES), Scope::Pool),
+    key("small_max", ValueKind::Bytes, Scope::Pool),
+    key("large_min", ValueKind::Bytes, Scope::Pool),
+    key("alignment", ValueKind::Bytes, Scope::Pool),
+    key("round_up_divisions", ValueKind::Count, Scope::Pool),
+    key("limit", ValueKind::BytesOrFraction, Scope::Pool),
+    key("record_events", ValueKind::Bool, Scope::Pool),
+    key("expandable", ValueKind::Bool, Scope::Pool),
+    // PyTorch's name for it.
+    key("expandable_segments", ValueKind::Bool, Scope::Pool),
+    key("scrub", ValueKind::Choice(&Scrub::NAMES), Scope::Pool),
+    key("track_leaks", ValueKind::Bool, Scope::Pool),
+    key("reclaim", ValueKind::Bool, Scope::Pool),
+    key("device", ValueKind::Choice(&DEVICE_NAMES), Scope::Allocator),
+    key("sim_capacity", ValueKind::Bytes, Scope::Allocator),
+];
+
+/// The names of the keys of `scope`.
+pub fn key_names(scope: Scope) -> Vec<&'static str> {
+    KEYS.iter().filter(|k| k.scope == scope).map(|k| k.name).collect()
+}
+
+fn invalid(message: String) -> PoolError {
+    PoolError::InvalidConfig(message)
+}
+
+/// The `key:value` (or `key=value`) pairs of a text, separated by commas.
+fn pairs(text: &str) -> impl Iterator<Item = Result<(&str, &str), PoolError>> {
+    text.split(',').map(str::trim).filter(|p| !p.is_empty()).map(|pair| {
+        let (key, value) = pair.split_once(':').or_else(|| pair.split_once('=')).ok_or_else(|| invalid(format!("`{pair}` is not key:value")))?;
+        Ok((key.trim(), value.trim()))
+    })
+}
+
+impl PoolConfig {
     pub fn validate(&self) -> Result<(), PoolError> {
-        let bad = |msg: String| Err(PoolError::InvalidConfig(msg));
+        let bad = |msg: String| Err(invalid(msg));
         if !self.alignment.is_power_of_two() || self.alignment < MIN_BLOCK || self.alignment > GIB {
             return bad(format!("alignment must be a power of two between 512 B and 1 GiB, got {}", self.alignment));
         }
@@ -182,85 +262,231 @@ impl PoolConfig {
         }
     }
 
-    /// Applies `key:value` pairs separated by commas over this configuration. Keys: `strategy`,
-    /// `small_max`, `large_min`, `alignment`, `round_up_divisions`, `limit` (bytes with an optional
-    /// unit, or a fraction <= 1), `record_events`, `expandable` (or `expandable_segments`),
-    /// `scrub` (`off`, `on_free`, `on_alloc`), `track_leaks`, `reclaim`.
-    /// Unknown keys are errors, so typos don't pass silently; keys other layers own (e.g.
-    /// `device`) are returned for them.
-    pub fn apply_text(&mut self, text: &str) -> Result<Vec<(String, String)>, PoolError> {
-        let mut others = Vec::new();
-        for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let (key, value) = pair
-                .split_once(':')
-                .or_else(|| pair.split_once('='))
-                .ok_or_else(|| PoolError::InvalidConfig(format!("`{pair}` is not key:value")))?;
-            let (key, value) = (key.trim(), value.trim());
-            match key {
-                "strategy" => {
-                    self.strategy = StrategyKind::parse(value).ok_or_else(|| {
-                        PoolError::InvalidConfig(format!("unknown strategy `{value}` (slab, best_fit, buddy, hybrid)"))
-                    })?
-                }
-                "small_max" => self.small_max = parse_bytes(value)?,
-                "large_min" => self.large_min = parse_bytes(value)?,
-                "alignment" => self.alignment = parse_bytes(value)?,
-                "round_up_divisions" => {
-                    self.round_up_divisions = value
-                        .parse()
-                        .map_err(|_| PoolError::InvalidConfig(format!("round_up_divisions: `{value}` is not a number")))?
-                }
-                "limit" => self.limit = Some(parse_limit(value)?),
-                "record_events" => self.record_events = parse_bool(value)?,
-                "expandable" | "expandable_segments" => self.expandable = parse_bool(value)?,
-                "scrub" => {
-                    self.scrub = Scrub::parse(value)
-                        .ok_or_else(|| PoolError::InvalidConfig(format!("unknown scrub mode `{value}` (off, on_free, on_alloc)")))?
-                }
-                "track_leaks" => self.track_leaks = parse_bool(value)?,
-                "reclaim" => self.reclaim = parse_bool(value)?,
-                _ => others.push((key.to_string(), value.to_string())),
+    /// Applies `key:value` pairs separated by commas over this configuration, then validates
+    /// it. Every pool key of [`KEYS`] is taken; any other key is an error that lists them.
+    /// Nothing is applied from a text with an error in it.
+    pub fn apply_text(&mut self, text: &str) -> Result<(), PoolError> {
+        let mut next = self.clone();
+        for pair in pairs(text) {
+            let (key, value) = pair?;
+            if !next.set(key, value)? {
+                return Err(invalid(format!("unknown configuration key `{key}` (pool keys: {})", key_names(Scope::Pool).join(", "))));
             }
         }
-        self.validate()?;
-        Ok(others)
+        next.validate()?;
+        *self = next;
+        Ok(())
+    }
+
+    /// Sets one pool key; false when `key` is none of them.
+    fn set(&mut self, key: &str, value: &str) -> Result<bool, PoolError> {
+        match key {
+            "strategy" => self.strategy = StrategyKind::parse(parse_choice(key, value, &STRATEGY_NAMES)?).expect("a strategy name"),
+            "small_max" => self.small_max = parse_key_bytes(key, value)?,
+            "large_min" => self.large_min = parse_key_bytes(key, value)?,
+            "alignment" => self.alignment = parse_key_bytes(key, value)?,
+            "round_up_divisions" => {
+                self.round_up_divisions = value.parse().map_err(|_| invalid(format!("round_up_divisions: `{value}` is not a whole number")))?
+            }
+            "limit" => self.limit = Some(parse_limit(value)?),
+            "record_events" => self.record_events = parse_bool(key, value)?,
+            "expandable" | "expandable_segments" => self.expandable = parse_bool(key, value)?,
+            "scrub" => self.scrub = Scrub::parse(parse_choice(key, value, &Scrub::NAMES)?).expect("a scrub name"),
+            "track_leaks" => self.track_leaks = parse_bool(key, value)?,
+            "reclaim" => self.reclaim = parse_bool(key, value)?,
+            _ => return Ok(false),
+        }
+        Ok(true)
     }
 }
 
-/// `1024`, `64KB`, `1.5MiB`, `2GB` (units are binary, as PyTorch's are).
+/// What the C ABI's pools are made on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    Cuda,
+    /// The host-backed simulated device (tests, and trying things on a machine without a GPU).
+    Sim,
+}
+
+impl DeviceKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Cuda => "cuda",
+            Self::Sim => "sim",
+        }
+    }
+}
+
+/// The environment variable the allocator's configuration is read from first.
+pub const ENV_VAR: &str = "VRAMPOOL_CONF";
+
+/// The configuration the C ABI makes every device's pool from: the pool's keys and the
+/// allocator's own (`device`, `sim_capacity`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AllocatorConfig {
+    /// The text it was parsed from: `VRAMPOOL_CONF`, then what `configure` was given.
+    pub text: String,
+    pub pool: PoolConfig,
+    pub device: DeviceKind,
+    /// The simulated device's memory, with `device:sim`.
+    pub sim_capacity: u64,
+}
+
+impl Default for AllocatorConfig {
+    fn default() -> Self {
+        Self { text: String::new(), pool: PoolConfig::default(), device: DeviceKind::Cuda, sim_capacity: 16 * GIB }
+    }
+}
+
+impl AllocatorConfig {
+    /// Defaults, then `env` (`VRAMPOOL_CONF`'s text), then `text`; later keys win. An error names
+    /// the text it comes from.
+    pub fn parse(env: &str, text: &str) -> Result<Self, PoolError> {
+        let mut config = Self::default();
+        for (source, part) in [(ENV_VAR, env), ("configuration", text)] {
+            config.apply_text(part).map_err(|e| invalid(format!("{source} `{part}`: {}", reason(&e))))?;
+        }
+        config.text = [env.trim(), text.trim()].into_iter().filter(|t| !t.is_empty()).collect::<Vec<_>>().join(",");
+        Ok(config)
+    }
+
+    fn apply_text(&mut self, text: &str) -> Result<(), PoolError> {
+        let mut next = self.clone();
+        for pair in pairs(text) {
+            let (key, value) = pair?;
+            match key {
+                "device" => next.device = if parse_choice(key, value, &DEVICE_NAMES)? == "sim" { DeviceKind::Sim } else { DeviceKind::Cuda },
+                "sim_capacity" => {
+                    next.sim_capacity = parse_key_bytes(key, value)?;
+                    if next.sim_capacity == 0 {
+                        return Err(invalid("sim_capacity must be positive".into()));
+                    }
+                }
+                _ if next.pool.set(key, value)? => {}
+                _ => {
+                    return Err(invalid(format!(
+                        "unknown configuration key `{key}` (pool keys: {}; allocator keys: {})",
+                        key_names(Scope::Pool).join(", "),
+                        key_names(Scope::Allocator).join(", ")
+                    )))
+                }
+            }
+        }
+        next.pool.validate()?;
+        *self = next;
+        Ok(())
+    }
+
+    /// Whether pools made from `other` would be the same as from this (the texts may differ).
+    pub fn makes_the_same_pools(&self, other: &Self) -> bool {
+        (&self.pool, self.device, self.sim_capacity) == (&other.pool, other.device, other.sim_capacity)
+    }
+}
+
+/// A key's value in a configuration.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Value {
+    Name(&'static str),
+    Bytes(u64),
+    Count(u64),
+    Limit(Option<Limit>),
+    Bool(bool),
+}
+
+impl PoolConfig {
+    /// The value of the pool key `key`; None for another key.
+    pub fn value(&self, key: &str) -> Option<Value> {
+        Some(match key {
+            "strategy" => Value::Name(self.strategy.name()),
+            "small_max" => Value::Bytes(self.small_max),
+            "large_min" => Value::Bytes(self.large_min),
+            "alignment" => Value::Bytes(self.alignment),
+            "round_up_divisions" => Value::Count(self.round_up_divisions.into()),
+            "limit" => Value::Limit(self.limit),
+            "record_events" => Value::Bool(self.record_events),
+            "expandable" | "expandable_segments" => Value::Bool(self.expandable),
+            "scrub" => Value::Name(self.scrub.name()),
+            "track_leaks" => Value::Bool(self.track_leaks),
+            "reclaim" => Value::Bool(self.reclaim),
+            _ => return None,
+        })
+    }
+}
+
+impl AllocatorConfig {
+    /// The value of any key of [`KEYS`]; None for another key.
+    pub fn value(&self, key: &str) -> Option<Value> {
+        match key {
+            "device" => Some(Value::Name(self.device.name())),
+            "sim_capacity" => Some(Value::Bytes(self.sim_capacity)),
+            _ => self.pool.value(key),
+        }
+    }
+}
+
+/// An error's message without the "invalid configuration: " its display starts with.
+fn reason(e: &PoolError) -> String {
+    match e {
+        PoolError::InvalidConfig(message) => message.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn parse_choice<'a>(key: &str, value: &'a str, names: &[&str]) -> Result<&'a str, PoolError> {
+    if names.contains(&value) {
+        Ok(value)
+    } else {
+        Err(invalid(format!("unknown {key} `{value}`: {key} must be one of {}", names.join(", "))))
+    }
+}
+
+fn parse_key_bytes(key: &str, value: &str) -> Result<u64, PoolError> {
+    parse_bytes(value).map_err(|e| invalid(format!("{key}: {}", reason(&e))))
+}
+
+/// A whole number of bytes with an optional binary unit (as PyTorch's units are): `1024`,
+/// `64KB`, `2GiB`, `1T`. A fractional number (`1.5MiB`, `4096.9`) is an error.
 pub fn parse_bytes(text: &str) -> Result<u64, PoolError> {
     let text = text.trim();
-    let split = text.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
+    let digits = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
     let scale = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" | "kib" => KIB,
         "m" | "mb" | "mib" => MIB,
         "g" | "gb" | "gib" => GIB,
         "t" | "tb" | "tib" => 1024 * GIB,
-        other => return Err(PoolError::InvalidConfig(format!("unknown size unit `{other}` in `{text}`"))),
+        _ => return Err(invalid(format!("`{text}` is not a whole number of bytes with an optional unit (4096, 64KB, 2GiB)"))),
     };
-    let value: f64 = number.trim().parse().map_err(|_| PoolError::InvalidConfig(format!("`{text}` is not a size")))?;
-    let bytes = value * scale as f64;
-    if !(bytes.is_finite() && bytes >= 0.0 && bytes < u64::MAX as f64) {
-        return Err(PoolError::InvalidConfig(format!("size `{text}` is out of range")));
+    if number.is_empty() {
+        return Err(invalid(format!("`{text}` is not a whole number of bytes with an optional unit (4096, 64KB, 2GiB)")));
     }
-    Ok(bytes as u64)
+    number.parse::<u64>().ok().and_then(|n| n.checked_mul(scale)).ok_or_else(|| invalid(format!("size `{text}` is out of range")))
 }
 
-/// A fraction of the device (`0.9`) or a size (`40GB`).
+/// A limit: bytes (`40GB`, `1073741824`), or a fraction of the device written with a point
+/// (`0.9`, `1.0`).
 pub fn parse_limit(text: &str) -> Result<Limit, PoolError> {
-    match text.trim().parse::<f64>() {
+    let text = text.trim();
+    if let Ok(bytes) = parse_bytes(text) {
+        return match bytes {
+            0 => Err(invalid("limit of 0 bytes".into())),
+            b => Ok(Limit::Bytes(b)),
+        };
+    }
+    match text.parse::<f64>() {
         Ok(f) if f > 0.0 && f <= 1.0 => Ok(Limit::Fraction(f)),
-        _ => parse_bytes(text).map(Limit::Bytes),
+        _ => Err(invalid(format!(
+            "limit must be bytes (a whole number with an optional unit: 40GB) or a fraction of the device in (0, 1] (0.9), got `{text}`"
+        ))),
     }
 }
 
-fn parse_bool(text: &str) -> Result<bool, PoolError> {
+fn parse_bool(key: &str, text: &str) -> Result<bool, PoolError> {
     match text.to_ascii_lowercase().as_str() {
         "1" | "true" | "yes" | "on" => Ok(true),
         "0" | "false" | "no" | "off" => Ok(false),
-        _ => Err(PoolError::InvalidConfig(format!("`{text}` is not a boolean"))),
+        _ => Err(invalid(format!("{key}: `{text}` is not a boolean (true or false)"))),
     }
 }
 
@@ -269,11 +495,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn text_form_sets_every_key_and_passes_on_others() {
+    fn text_form_sets_every_key() {
         let mut config = PoolConfig::default();
-        let others = config
-            .apply_text("strategy:best-fit, small_max:256KB,large_min=128MiB,alignment:4096,limit:0.5,record_events:on,device:sim,expandable:false")
-            .unwrap();
+        config.apply_text("strategy:best_fit, small_max:256KB,large_min=128MiB,alignment:4096,limit:0.5,record_events:on,expandable:false").unwrap();
         assert!(!config.expandable);
         assert!(PoolConfig::default().expandable, "expandable segments are the default");
         config.apply_text("expandable_segments:true").unwrap();
@@ -284,16 +508,124 @@ mod tests {
         assert_eq!(config.alignment, 4096);
         assert_eq!(config.limit, Some(Limit::Fraction(0.5)));
         assert!(config.record_events);
-        assert_eq!(others, vec![("device".to_string(), "sim".to_string())]);
         assert_eq!(config.scrub, Scrub::Off, "scrubbing is off by default");
         assert!(!config.track_leaks, "leak tracking is off by default");
-        config.apply_text("scrub:on_free,track_leaks:true").unwrap();
-        assert_eq!(config.scrub, Scrub::OnFree);
-        assert!(config.track_leaks);
-        config.apply_text("scrub:on-alloc").unwrap();
+        config.apply_text("scrub:on_free,track_leaks:true,reclaim:false,round_up_divisions:4").unwrap();
+        assert_eq!((config.scrub, config.track_leaks, config.reclaim, config.round_up_divisions), (Scrub::OnFree, true, false, 4));
+        config.apply_text("scrub:on_alloc").unwrap();
         assert_eq!(config.scrub, Scrub::OnAlloc);
         config.apply_text("scrub:off").unwrap();
         assert_eq!(config.scrub, Scrub::Off);
+    }
+
+    /// A valid value of each key, by its kind.
+    fn sample(key: Key) -> &'static str {
+        match key.kind {
+            ValueKind::Choice(names) => names[0],
+            ValueKind::Bytes if key.name == "large_min" => "128MiB",
+            ValueKind::Bytes => "512KB",
+            ValueKind::Count => "4",
+            ValueKind::BytesOrFraction => "0.5",
+            ValueKind::Bool => "true",
+        }
+    }
+
+    #[test]
+    fn every_key_of_the_table_is_read_and_nothing_else() {
+        for key in KEYS {
+            let text = format!("{}:{}", key.name, sample(key));
+            let mut allocator = AllocatorConfig::default();
+            allocator.apply_text(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            let pool = PoolConfig::default().apply_text(&text);
+            assert_eq!(pool.is_ok(), key.scope == Scope::Pool, "{text}: {pool:?}");
+            assert!(allocator.value(key.name).is_some(), "{} has a value", key.name);
+            assert_eq!(PoolConfig::default().value(key.name).is_some(), key.scope == Scope::Pool, "{}", key.name);
+            if let ValueKind::Choice(names) = key.kind {
+                for name in names {
+                    allocator.apply_text(&format!("{}:{name}", key.name)).unwrap();
+                }
+            }
+        }
+        assert_eq!(key_names(Scope::Allocator), ["device", "sim_capacity"]);
+        assert_eq!(AllocatorConfig::default().value("colour"), None);
+        let set = AllocatorConfig::parse("", "limit:0.5,device:sim,scrub:on_free").unwrap();
+        assert_eq!([set.value("limit"), set.value("device"), set.value("scrub")], [Some(Value::Limit(Some(Limit::Fraction(0.5)))), Some(Value::Name("sim")), Some(Value::Name("on_free"))]);
+        let err = PoolConfig::default().apply_text("colour:blue").unwrap_err().to_string();
+        assert!(err.contains("unknown configuration key `colour`") && err.contains("round_up_divisions, limit"), "{err}");
+        let err = PoolConfig::default().apply_text("device:sim").unwrap_err().to_string();
+        assert!(err.contains("unknown configuration key `device`"), "a pool has no device key: {err}");
+    }
+
+    #[test]
+    fn bytes_are_whole_numbers_with_an_optional_unit() {
+        assert_eq!(parse_bytes("4096").unwrap(), 4096);
+        assert_eq!(parse_bytes(" 64KB ").unwrap(), 64 * KIB);
+        assert_eq!(parse_bytes("2GiB").unwrap(), 2 * GIB);
+        assert_eq!(parse_bytes("2 g").unwrap(), 2 * GIB);
+        assert_eq!(parse_bytes("1T").unwrap(), 1024 * GIB);
+        for bad in ["4096.9", "1.5MiB", "4096.0", "-1", "+1", "1e3", "", "KB", "12XB", "nan", "18446744073709551616", "17179869184GB"] {
+            assert!(parse_bytes(bad).is_err(), "{bad}");
+        }
+        let mut config = PoolConfig::default();
+        let err = config.apply_text("alignment:4096.9").unwrap_err().to_string();
+        assert!(err.contains("alignment: `4096.9` is not a whole number of bytes"), "{err}");
+        assert_eq!(config.alignment, MIN_BLOCK);
+        assert!(config.apply_text("small_max:64KB,alignment:3").is_err());
+        assert_eq!(config, PoolConfig::default(), "nothing is applied from a text with an error in it");
+    }
+
+    #[test]
+    fn a_limit_is_bytes_or_a_fraction_written_with_a_point() {
+        assert_eq!(parse_limit("40GB").unwrap(), Limit::Bytes(40 * GIB));
+        assert_eq!(parse_limit("1").unwrap(), Limit::Bytes(1), "a whole number is bytes, not the whole device");
+        assert_eq!(parse_limit("1.0").unwrap(), Limit::Fraction(1.0));
+        assert_eq!(parse_limit("0.9").unwrap(), Limit::Fraction(0.9));
+        for bad in ["1.5", "0.0", "0", "-0.5", "-1", "nan", "inf", "half", "1.5GB", "2x"] {
+            let err = parse_limit(bad).unwrap_err().to_string();
+            assert!(err.contains("limit"), "{bad}: {err}");
+        }
+        assert!(parse_limit("1.5").unwrap_err().to_string().contains("limit must be bytes"), "limit:1.5 is refused, not one byte");
+    }
+
+    #[test]
+    fn names_are_spelt_one_way() {
+        for bad in ["strategy:best-fit", "strategy:HYBRID", "strategy:bestfit", "scrub:on-free", "scrub:none", "scrub:0"] {
+            let err = PoolConfig::default().apply_text(bad).unwrap_err().to_string();
+            assert!(err.contains("must be one of"), "{bad}: {err}");
+        }
+        let err = PoolConfig::default().apply_text("strategy:fastest").unwrap_err().to_string();
+        assert!(err.contains("unknown strategy `fastest`: strategy must be one of slab, best_fit, buddy, hybrid"), "{err}");
+    }
+
+    #[test]
+    fn bad_text_is_a_clear_error() {
+        for text in ["expandable:maybe", "small_max:lots", "limit:-3", "alignment:1000", "small_max", "limit:1.5x", "scrub:sometimes", "track_leaks:maybe", "round_up_divisions:4.0", "round_up_divisions:3"] {
+            let err = PoolConfig::default().apply_text(text).unwrap_err();
+            assert!(matches!(err, PoolError::InvalidConfig(_)), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_allocator_reads_the_environment_then_the_call() {
+        let c = AllocatorConfig::parse("device:sim,strategy:slab,sim_capacity:1GB", "strategy:best_fit,expandable:false").unwrap();
+        assert_eq!((c.device, c.pool.strategy, c.sim_capacity, c.pool.expandable), (DeviceKind::Sim, StrategyKind::BestFit, GIB, false));
+        assert_eq!(c.text, "device:sim,strategy:slab,sim_capacity:1GB,strategy:best_fit,expandable:false");
+        let d = AllocatorConfig::parse("", "").unwrap();
+        assert_eq!(d, AllocatorConfig::default());
+        assert!(c.makes_the_same_pools(&AllocatorConfig::parse("", "device:sim,sim_capacity:1GB,strategy:best_fit,expandable:false").unwrap()));
+        assert!(!c.makes_the_same_pools(&d));
+    }
+
+    #[test]
+    fn a_bad_allocator_configuration_names_its_source() {
+        let err = AllocatorConfig::parse("strategy:fastest", "").unwrap_err().to_string();
+        assert!(err.contains("VRAMPOOL_CONF `strategy:fastest`: unknown strategy"), "{err}");
+        for text in ["device:tpu", "device:gpu", "sim_capacity:0", "colour:blue", "expandable:maybe", "limit:2x", "limit:1.5", "sim_capacity:1.5GB"] {
+            let err = AllocatorConfig::parse("", text).unwrap_err().to_string();
+            assert!(err.contains(&format!("configuration `{text}`")), "{text}: {err}");
+        }
+        let err = AllocatorConfig::parse("", "colour:blue").unwrap_err().to_string();
+        assert!(err.contains("unknown configuration key `colour`") && err.contains("allocator keys: device, sim_capacity"), "{err}");
     }
 
     #[test]
@@ -307,15 +639,5 @@ mod tests {
         let config = PoolConfig::default();
         assert_eq!(config.block_size_for(160 * MIB + 1, 2), 162 * MIB);
         assert_eq!(config.block_size_for(160 * MIB, 2), 160 * MIB);
-    }
-
-    #[test]
-    fn bad_text_is_a_clear_error() {
-        for text in ["expandable:maybe", "strategy:fastest", "small_max:lots", "limit:-3", "alignment:1000", "small_max", "limit:1.5x", "scrub:sometimes", "track_leaks:maybe"] {
-            let err = PoolConfig::default().apply_text(text).unwrap_err();
-            assert!(matches!(err, PoolError::InvalidConfig(_)), "{text}: {err}");
-        }
-        assert_eq!(parse_limit("40GB").unwrap(), Limit::Bytes(40 * GIB));
-        assert_eq!(parse_bytes("1.5MiB").unwrap(), 3 * MIB / 2);
     }
 }

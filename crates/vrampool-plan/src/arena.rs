@@ -31,84 +31,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use vrampool_core::{InvalidFreeReason, Pool, PoolCore, PoolError, StreamId};
+use vrampool_core::{InvalidFreeReason, MemoryResource, PoolError, StreamId};
 
 use crate::{plan, Algorithm, Buffer, PlanOptions};
 
 /// The key of the iteration before the first `step`, and of every iteration whose caller names none.
 pub const DEFAULT_KEY: u64 = 0;
-
-/// Where the planned pool's dynamic allocations and its arena come from: a core pool, or something that
-/// forwards to one (the Python binding's pool object).
-pub trait Backing: Send + Sync {
-    fn allocate(&self, size: u64, stream: StreamId) -> Result<u64, PoolError>;
-    /// `stream`, when given, is a stream that used the block last (as in `Pool::free`).
-    fn free(&self, addr: u64, size: u64, stream: Option<StreamId>) -> Result<(), PoolError>;
-    fn record_stream(&self, addr: u64, stream: StreamId) -> Result<(), PoolError>;
-    /// Gives wholly free segments back to the device.
-    fn trim(&self) -> Result<u64, PoolError>;
-    /// Every block the backing hands out is aligned to this; arena offsets are multiples of it.
-    fn alignment(&self) -> u64;
-}
-
-impl Backing for PoolCore {
-    fn allocate(&self, size: u64, stream: StreamId) -> Result<u64, PoolError> {
-        PoolCore::allocate(self, size, stream)
-    }
-    fn free(&self, addr: u64, size: u64, stream: Option<StreamId>) -> Result<(), PoolError> {
-        PoolCore::free(self, addr, Some(size), stream)
-    }
-    fn record_stream(&self, addr: u64, stream: StreamId) -> Result<(), PoolError> {
-        PoolCore::record_stream(self, addr, stream)
-    }
-    fn trim(&self) -> Result<u64, PoolError> {
-        PoolCore::trim(self)
-    }
-    fn alignment(&self) -> u64 {
-        self.config().alignment
-    }
-}
-
-macro_rules! forward_backing {
-    ($($ty:ty),*) => {$(
-        impl<B: Backing + ?Sized> Backing for $ty {
-            fn allocate(&self, size: u64, stream: StreamId) -> Result<u64, PoolError> {
-                (**self).allocate(size, stream)
-            }
-            fn free(&self, addr: u64, size: u64, stream: Option<StreamId>) -> Result<(), PoolError> {
-                (**self).free(addr, size, stream)
-            }
-            fn record_stream(&self, addr: u64, stream: StreamId) -> Result<(), PoolError> {
-                (**self).record_stream(addr, stream)
-            }
-            fn trim(&self) -> Result<u64, PoolError> {
-                (**self).trim()
-            }
-            fn alignment(&self) -> u64 {
-                (**self).alignment()
-            }
-        }
-    )*};
-}
-forward_backing!(&B, Arc<B>);
-
-impl Backing for Pool {
-    fn allocate(&self, size: u64, stream: StreamId) -> Result<u64, PoolError> {
-        Backing::allocate(&**self, size, stream)
-    }
-    fn free(&self, addr: u64, size: u64, stream: Option<StreamId>) -> Result<(), PoolError> {
-        Backing::free(&**self, addr, size, stream)
-    }
-    fn record_stream(&self, addr: u64, stream: StreamId) -> Result<(), PoolError> {
-        Backing::record_stream(&**self, addr, stream)
-    }
-    fn trim(&self) -> Result<u64, PoolError> {
-        Backing::trim(&**self)
-    }
-    fn alignment(&self) -> u64 {
-        Backing::alignment(&**self)
-    }
-}
 
 /// One event of an iteration, as matched against the recording.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -239,13 +167,14 @@ struct State {
 }
 
 /// A planned arena over a pool: see the module documentation. `Send + Sync`; every call takes one lock.
-pub struct PlannedPool<B: Backing> {
+pub struct PlannedPool<B: MemoryResource> {
     backing: B,
     budget: Duration,
+    alignment: u64,
     state: Mutex<State>,
 }
 
-impl<B: Backing> PlannedPool<B> {
+impl<B: MemoryResource> PlannedPool<B> {
     /// A planned pool whose plans search for at most 10 ms each (a step boundary should not stall training).
     pub fn new(backing: B) -> Self {
         Self::with_budget(backing, Duration::from_millis(10))
@@ -261,7 +190,14 @@ impl<B: Backing> PlannedPool<B> {
             iteration: Iteration::new(0, DEFAULT_KEY),
             stats: PlannedStats::default(),
         };
-        PlannedPool { backing, budget, state: Mutex::new(state) }
+        let alignment = backing.alignment();
+        PlannedPool { backing, budget, alignment, state: Mutex::new(state) }
+    }
+
+    /// Arena offsets in multiples of `alignment` (by default the backing's alignment).
+    pub fn with_alignment(mut self, alignment: u64) -> Self {
+        self.alignment = alignment;
+        self
     }
 
     pub fn backing(&self) -> &B {
@@ -320,7 +256,7 @@ impl<B: Backing> PlannedPool<B> {
         }
         let on = stream.unwrap_or(live.stream);
         match live.place {
-            Place::Pool => self.backing.free(addr, live.size, stream)?,
+            Place::Pool => self.backing.free(addr, Some(live.size), stream)?,
             Place::Arena => {
                 state.arena_live -= 1;
                 if live.born_in != state.iteration.serial {
@@ -462,7 +398,7 @@ impl<B: Backing> PlannedPool<B> {
 
     fn store_plan(&self, state: &mut State, ended: &Iteration) {
         let options =
-            PlanOptions { algorithm: Algorithm::Auto, budget: self.budget, alignment: self.backing.alignment() };
+            PlanOptions { algorithm: Algorithm::Auto, budget: self.budget, alignment: self.alignment };
         // A sequence the planner refuses (sizes that overflow once aligned) stays unplanned: it runs on the pool.
         match plan_sequence(&ended.events, &options) {
             Some(plan) => state.plans.insert(ended.key, Arc::new(plan)),
@@ -497,7 +433,7 @@ impl<B: Backing> PlannedPool<B> {
             .iter()
             .filter(|&&s| s != arena.stream)
             .try_for_each(|&s| self.backing.record_stream(arena.base, s))
-            .and_then(|()| self.backing.free(arena.base, arena.bytes, None));
+            .and_then(|()| self.backing.free(arena.base, Some(arena.bytes), None));
         match result {
             Ok(()) => Ok(arena.bytes),
             Err(e) => {
@@ -508,7 +444,7 @@ impl<B: Backing> PlannedPool<B> {
     }
 }
 
-impl<B: Backing> Drop for PlannedPool<B> {
+impl<B: MemoryResource> Drop for PlannedPool<B> {
     /// Gives the arena back unless arena buffers are still live (then it stays allocated in the pool: their
     /// owners may still use them). Buffers from the pool stay the pool's.
     fn drop(&mut self) {

@@ -12,6 +12,8 @@
 //!
 //! - [`PlannedPool`]: a planned arena over a core pool: records an iteration's allocations, plans them, and
 //!   serves the same sequence later from one arena, falling back to the pool on divergence (plans per key).
+//! - [`PlannedMode`]: the planned arena as a mode of a `MemoryResource` (an adaptor over it), switched on and
+//!   off, as the C ABI's allocator uses it.
 //!
 //! A planner is a pure function from buffers to offsets; only the planned arena knows about pools.
 //!
@@ -36,12 +38,14 @@ mod error;
 mod exact;
 mod greedy;
 mod instance;
+mod mode;
 mod placed_index;
 mod plan;
 mod synthetic;
 mod validate;
 
-pub use arena::{Backing, KeyPlan, PlannedPool, PlannedStats, DEFAULT_KEY};
+pub use arena::{KeyPlan, PlannedPool, PlannedStats, DEFAULT_KEY};
+pub use mode::PlannedMode;
 pub use bound::lower_bound;
 pub use buffer::Buffer;
 pub use csv::{read_csv, read_plan_csv, write_plan_csv};

@@ -2,11 +2,15 @@
 //! (stream objects, DLPack, summaries) live in `python/vrampool/`.
 
 mod c_abi;
+mod c_abi_py;
+mod config;
 mod errors;
+mod figures;
 mod plan;
 mod planned;
 mod pool;
 mod replay;
+mod resource;
 
 use pyo3::prelude::*;
 
@@ -14,7 +18,8 @@ use pyo3::prelude::*;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
-    c_abi::register(m)?;
+    c_abi_py::register(m)?;
+    config::register(m)?;
     plan::register(m)?;
     replay::register(m)?;
     m.add_class::<pool::NativePool>()?;

@@ -1,5 +1,5 @@
-//! `NativePlannedPool`: the planned arena (`vrampool_plan::PlannedPool`) over a `NativePool`, for
-//! `vrampool.PlannedPool`. Pointers cross as ints.
+//! `NativePlannedPool`: the planned arena (`vrampool_plan::PlannedPool`) over a `NativePool`'s
+//! resource, for `vrampool.PlannedPool`. Pointers cross as ints.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,46 +8,18 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use vrampool_core::sizes::MIN_BLOCK;
-use vrampool_core::{PoolError, StreamId};
-use vrampool_plan::{Backing, PlannedPool, PlannedStats};
+use vrampool_core::StreamId;
+use vrampool_plan::{PlannedPool, PlannedStats};
 
 use crate::errors::to_py;
-use crate::pool::{NativePool, Shared};
-
-/// The planned arena's backing: the `NativePool`'s core pool itself, with arena offsets in
-/// multiples of `alignment`.
-struct CorePool {
-    shared: Arc<Shared>,
-    alignment: u64,
-}
-
-impl Backing for CorePool {
-    fn allocate(&self, size: u64, stream: StreamId) -> Result<u64, PoolError> {
-        Backing::allocate(self.shared.pool(), size, stream)
-    }
-
-    fn free(&self, addr: u64, size: u64, stream: Option<StreamId>) -> Result<(), PoolError> {
-        Backing::free(self.shared.pool(), addr, size, stream)
-    }
-
-    fn record_stream(&self, addr: u64, stream: StreamId) -> Result<(), PoolError> {
-        Backing::record_stream(self.shared.pool(), addr, stream)
-    }
-
-    fn trim(&self) -> Result<u64, PoolError> {
-        Backing::trim(self.shared.pool())
-    }
-
-    fn alignment(&self) -> u64 {
-        self.alignment
-    }
-}
+use crate::pool::NativePool;
+use crate::resource::DeviceResource;
 
 /// The planned arena over a `NativePool`: `allocate` / `free` by pointer, `step(key)` between
 /// iterations, `stats()`.
 #[pyclass(module = "vrampool._native", frozen)]
 pub struct NativePlannedPool {
-    inner: PlannedPool<CorePool>,
+    inner: PlannedPool<Arc<DeviceResource>>,
 }
 
 #[pymethods]
@@ -60,8 +32,8 @@ impl NativePlannedPool {
         if !alignment.is_power_of_two() || alignment < MIN_BLOCK {
             return Err(PyValueError::new_err(format!("alignment must be a power of two of at least {MIN_BLOCK}, got {alignment}")));
         }
-        let backing = CorePool { shared: pool.get().shared(), alignment };
-        Ok(Self { inner: PlannedPool::with_budget(backing, Duration::from_millis(budget_ms)) })
+        let inner = PlannedPool::with_budget(pool.get().resource(), Duration::from_millis(budget_ms)).with_alignment(alignment);
+        Ok(Self { inner })
     }
 
     #[pyo3(signature = (nbytes, stream = 0))]

@@ -1,4 +1,5 @@
-//! `NativePool` and `NativeBuffer`: a core `Pool` and the blocks it hands to Python.
+//! `NativePool` and `NativeBuffer`: a `DeviceResource` (the core pool under the binding's
+//! adaptors, as the C ABI has it per device) and the blocks it hands to Python.
 
 use std::ffi::{c_void, CStr};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -6,31 +7,21 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
-use vrampool_core::{BlockState, Device, EventKind, Pool, PoolConfig, SegmentSnapshot, SimDevice, SimMode, Stats, StreamId};
+use pyo3::types::{PyBytes, PyDict, PyTuple};
+use vrampool_core::{EventKind, MemoryResource, PoolConfig, SimDevice, SimMode, StreamId};
 
 use crate::errors::to_py;
-
-/// A pool and, when it runs on the simulated device, that device (for tests and demos).
-pub struct Shared {
-    pool: Pool,
-    sim: Option<Arc<SimDevice>>,
-}
-
-impl Shared {
-    pub(crate) fn pool(&self) -> &Pool {
-        &self.pool
-    }
-}
+use crate::figures::{snapshot_dict, stats_dict};
+use crate::resource::{Backend, DeviceResource};
 
 #[pyclass(module = "vrampool._native", frozen)]
 pub struct NativePool {
-    shared: Arc<Shared>,
+    resource: Arc<DeviceResource>,
 }
 
 impl NativePool {
-    pub(crate) fn shared(&self) -> Arc<Shared> {
-        Arc::clone(&self.shared)
+    pub(crate) fn resource(&self) -> Arc<DeviceResource> {
+        Arc::clone(&self.resource)
     }
 }
 
@@ -47,9 +38,8 @@ impl NativePool {
             return Err(PyValueError::new_err("capacity must be positive"));
         }
         let mode = if host_backed { SimMode::HostBacked } else { SimMode::AddressOnly };
-        let sim = Arc::new(SimDevice::new(capacity, mode).with_ordinal(ordinal));
-        let pool = Pool::new(sim.clone() as Arc<dyn Device>, config).map_err(to_py)?;
-        Ok(Self { shared: Arc::new(Shared { pool, sim: Some(sim) }) })
+        let resource = DeviceResource::open(Backend::Sim { capacity, mode }, ordinal, config, conf.to_string()).map_err(to_py)?;
+        Ok(Self { resource: Arc::new(resource) })
     }
 
     /// A pool on CUDA device `ordinal` (its primary context). Raises `DeviceError` when there is
@@ -58,111 +48,108 @@ impl NativePool {
     #[pyo3(signature = (ordinal, conf = ""))]
     fn cuda(py: Python<'_>, ordinal: i32, conf: &str) -> PyResult<Self> {
         let config = config_from(conf)?;
-        let device = py.detach(|| vrampool_cuda::CudaDevice::new(ordinal)).map_err(|e| to_py(e.into()))?;
-        let pool = Pool::new(Arc::new(device) as Arc<dyn Device>, config).map_err(to_py)?;
-        Ok(Self { shared: Arc::new(Shared { pool, sim: None }) })
+        let resource = py.detach(|| DeviceResource::open(Backend::Cuda, ordinal, config, conf.to_string())).map_err(to_py)?;
+        Ok(Self { resource: Arc::new(resource) })
     }
 
     #[pyo3(signature = (nbytes, stream = 0))]
     fn allocate(&self, nbytes: u64, stream: u64) -> PyResult<NativeBuffer> {
-        let shared = &self.shared;
         // With the GIL held: a call is a few hundred nanoseconds, and a daemon thread that took
         // the GIL back inside it at interpreter exit would be ended by a forced unwind that the
         // binding's panic guard cannot pass (CPython 3.11: "FATAL: exception not rethrown").
-        let ptr = shared.pool.allocate(nbytes, StreamId(stream)).map_err(to_py)?;
-        Ok(NativeBuffer { shared: Arc::clone(shared), ptr, size: nbytes, stream, life: Mutex::default() })
+        let ptr = self.resource.allocate(nbytes, StreamId(stream)).map_err(to_py)?;
+        Ok(NativeBuffer { resource: Arc::clone(&self.resource), ptr, size: nbytes, stream, life: Mutex::default() })
     }
 
     fn record_stream(&self, ptr: u64, stream: u64) -> PyResult<()> {
-        self.shared.pool.record_stream(ptr, StreamId(stream)).map_err(to_py)
+        self.resource.record_stream(ptr, StreamId(stream)).map_err(to_py)
     }
 
     /// With the GIL held, as in `allocate`.
     fn trim(&self) -> PyResult<u64> {
-        self.shared.pool.trim().map_err(to_py)
+        self.resource.trim().map_err(to_py)
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        self.shared.pool.check_process().map_err(to_py)?;
-        stats_dict(py, &self.shared.pool.stats())
+        self.resource.pool().check_process().map_err(to_py)?;
+        stats_dict(py, &self.resource.stats())
     }
 
     fn reset_peak_stats(&self) {
-        self.shared.pool.reset_peak_stats();
+        self.resource.reset_peak_stats();
     }
 
-    /// Segments as dicts: stream, strategy, base, size, blocks (addr, size, state, requested).
-    fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        self.shared.pool.check_process().map_err(to_py)?;
-        let list = PyList::empty(py);
-        for seg in self.shared.pool.snapshot() {
-            list.append(segment_dict(py, seg)?)?;
-        }
-        Ok(list)
+    /// The segments and their blocks in the format of `torch.cuda.memory._snapshot()`.
+    fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let resource = &self.resource;
+        resource.pool().check_process().map_err(to_py)?;
+        let segments: Vec<_> = resource.snapshot().into_iter().map(|s| (resource.ordinal(), s)).collect();
+        snapshot_dict(py, &segments, 0, resource.conf())
     }
 
     /// Live blocks as (addr, size, requested, stream, age_ns) tuples; `age_ns` (nanoseconds
     /// since the allocation) is None unless the pool tracks leaks (`track_leaks:true`).
     fn live_blocks(&self) -> PyResult<Vec<LiveTuple>> {
-        self.shared.pool.check_process().map_err(to_py)?;
-        Ok(self.shared.pool.live_blocks().iter().map(live_tuple).collect())
+        self.resource.pool().check_process().map_err(to_py)?;
+        Ok(self.resource.pool().live_blocks().iter().map(live_tuple).collect())
     }
 
     /// Takes the events recorded since the last call (pools made with `record_events:true`) as
     /// (time_ns, kind, addr, size, stream) tuples, kind one of alloc, free, segment_alloc,
     /// segment_free: what `vrampool.capture.from_event_log` reads.
     fn take_events(&self) -> PyResult<Vec<EventTuple>> {
-        self.shared.pool.check_process().map_err(to_py)?;
+        let pool = self.resource.pool();
+        pool.check_process().map_err(to_py)?;
         let kind = |k: EventKind| match k {
             EventKind::Alloc => "alloc",
             EventKind::Free => "free",
             EventKind::SegmentAlloc => "segment_alloc",
             EventKind::SegmentFree => "segment_free",
         };
-        Ok(self.shared.pool.take_events().into_iter().map(|e| (e.time_ns, kind(e.kind), e.addr, e.size, e.stream.0)).collect())
+        Ok(pool.take_events().into_iter().map(|e| (e.time_ns, kind(e.kind), e.addr, e.size, e.stream.0)).collect())
     }
 
     /// Closes the pool; returns the blocks still live, as `live_blocks` does.
     fn close(&self) -> Vec<LiveTuple> {
-        self.shared.pool.close().iter().map(live_tuple).collect()
+        self.resource.close().iter().map(live_tuple).collect()
     }
 
     /// Whether the pool records allocation times for leak reports (`track_leaks`).
     #[getter]
     fn track_leaks(&self) -> bool {
-        self.shared.pool.config().track_leaks
+        self.resource.pool().config().track_leaks
     }
 
     #[getter]
     fn closed(&self) -> bool {
-        self.shared.pool.is_closed()
+        self.resource.pool().is_closed()
     }
 
     #[getter]
     fn device(&self) -> i32 {
-        self.shared.pool.device().ordinal()
+        self.resource.ordinal()
     }
 
     #[getter]
     fn capacity(&self) -> u64 {
-        self.shared.pool.capacity()
+        self.resource.pool().capacity()
     }
 
     #[getter]
     fn strategy(&self) -> &'static str {
-        self.shared.pool.config().strategy.name()
+        self.resource.pool().config().strategy.name()
     }
 
     /// What the pointers point at: "device" (CUDA memory), "host" (the host-backed simulated
     /// device: plain host memory) or "none" (the address-only simulated device).
     #[getter]
     fn memory_kind(&self) -> &'static str {
-        memory_kind(&self.shared)
+        self.resource.memory_kind()
     }
 
     /// The device's (free, total) bytes, as `cuMemGetInfo` reports them.
     fn mem_info(&self) -> PyResult<(u64, u64)> {
-        let info = self.shared.pool.device().mem_info().map_err(|e| to_py(e.into()))?;
+        let info = self.resource.pool().device().mem_info().map_err(|e| to_py(e.into()))?;
         Ok((info.free, info.total))
     }
 
@@ -229,27 +216,16 @@ fn live_tuple(b: &vrampool_core::LiveBlockInfo) -> LiveTuple {
     (b.addr, b.size, b.requested, b.stream.0, b.age_ns)
 }
 
-/// A configuration from its text form; keys the core does not know are errors here.
+/// A pool configuration from its text form, parsed strictly by the core.
 fn config_from(conf: &str) -> PyResult<PoolConfig> {
     let mut config = PoolConfig::default();
-    let others = config.apply_text(conf).map_err(to_py)?;
-    match others.first() {
-        Some((key, _)) => Err(PyValueError::new_err(format!("unknown configuration key `{key}`"))),
-        None => Ok(config),
-    }
+    config.apply_text(conf).map_err(to_py)?;
+    Ok(config)
 }
 
 impl NativePool {
     fn sim(&self) -> PyResult<&SimDevice> {
-        self.shared.sim.as_deref().ok_or_else(|| PyValueError::new_err("this pool is not on the simulated device"))
-    }
-}
-
-fn memory_kind(shared: &Shared) -> &'static str {
-    match shared.sim.as_deref().map(SimDevice::mode) {
-        None => "device",
-        Some(SimMode::HostBacked) => "host",
-        Some(SimMode::AddressOnly) => "none",
+        self.resource.sim().ok_or_else(|| PyValueError::new_err("this pool is not on the simulated device"))
     }
 }
 
@@ -278,7 +254,7 @@ struct Life {
 /// the last of them (their deleters hold a reference to the buffer).
 #[pyclass(module = "vrampool._native", frozen, subclass)]
 pub struct NativeBuffer {
-    shared: Arc<Shared>,
+    resource: Arc<DeviceResource>,
     #[pyo3(get)]
     ptr: u64,
     #[pyo3(get)]
@@ -302,7 +278,7 @@ impl NativeBuffer {
             if life.freed {
                 return Ok(());
             }
-            if self.shared.pool.is_closed() {
+            if self.resource.pool().is_closed() {
                 // Refused, and the buffer stays as it was: the closed pool keeps its segments.
                 return Err(to_py(vrampool_core::PoolError::Closed));
             }
@@ -312,9 +288,8 @@ impl NativeBuffer {
                 return Ok(());
             }
         }
-        let (pool, ptr, size) = (&self.shared.pool, self.ptr, self.size);
         // With the GIL held, as in `NativePool::allocate`.
-        let freed = pool.free(ptr, Some(size), stream.map(StreamId));
+        let freed = self.resource.free(self.ptr, Some(self.size), stream.map(StreamId));
         if freed.is_err() {
             // The pool refused (an event it could not record, or a pool closed meanwhile): the
             // block is still live, so the buffer is too and may be freed again.
@@ -353,12 +328,12 @@ impl NativeBuffer {
 
     #[getter]
     fn device(&self) -> i32 {
-        self.shared.pool.device().ordinal()
+        self.resource.ordinal()
     }
 
     /// Whether `pool` is the pool this buffer came from.
     fn belongs_to(&self, pool: &NativePool) -> bool {
-        Arc::ptr_eq(&self.shared, &pool.shared)
+        Arc::ptr_eq(&self.resource, &pool.resource)
     }
 
     /// CUDA Array Interface v3: a 1-D array of `size` bytes. `stream` is the buffer's stream, the
@@ -401,7 +376,7 @@ impl NativeBuffer {
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let this = slf.get();
-        if memory_kind(&this.shared) == "none" {
+        if this.resource.memory_kind() == "none" {
             return Err(PyBufferError::new_err("the address-only simulated device has no memory behind its pointers"));
         }
         let device = this.dl_device();
@@ -423,7 +398,7 @@ impl NativeBuffer {
         }
         if let Some(consumer) = consumer.filter(|&c| c != canonical_stream(this.stream)) {
             // The consumer's stream waits for the work queued so far on the buffer's stream.
-            let device = this.shared.pool.device();
+            let device = this.resource.pool().device();
             let producer = StreamId(this.stream);
             let ordered = (|| {
                 let event = device.record_event(producer)?;
@@ -459,7 +434,7 @@ impl NativeBuffer {
     }
 
     fn dl_device(&self) -> (i32, i32) {
-        match self.shared.sim {
+        match self.resource.sim() {
             Some(_) => (K_DL_CPU, 0),
             None => (K_DL_CUDA, self.device()),
         }
@@ -478,7 +453,7 @@ impl NativeBuffer {
         };
         if let Some(stream) = deferred {
             // Nobody to tell: a closed pool refuses it, and its segments go when it is dropped.
-            let _ = self.shared.pool.free(self.ptr, Some(self.size), stream.map(StreamId));
+            let _ = self.resource.free(self.ptr, Some(self.size), stream.map(StreamId));
         }
     }
 }
@@ -490,7 +465,7 @@ impl Drop for NativeBuffer {
         if !life.freed {
             life.freed = true;
             // A closed pool refuses the free; its segments go back when the pool is dropped.
-            let _ = self.shared.pool.free(self.ptr, Some(self.size), None);
+            let _ = self.resource.free(self.ptr, Some(self.size), None);
         }
     }
 }
@@ -663,45 +638,4 @@ unsafe extern "C" fn destroy_versioned_capsule(capsule: *mut ffi::PyObject) {
     if ffi::PyCapsule_IsValid(capsule, VERSIONED_NAME.as_ptr()) == 1 {
         delete_versioned(ffi::PyCapsule_GetPointer(capsule, VERSIONED_NAME.as_ptr()).cast());
     }
-}
-
-/// The core's stats under their key names: counts as ints, ratios as floats.
-pub(crate) fn stats_dict<'py>(py: Python<'py>, stats: &Stats) -> PyResult<Bound<'py, PyDict>> {
-    let dict = PyDict::new(py);
-    for (key, value) in stats.to_pairs() {
-        if value.fract() == 0.0 && key != "fragmentation" && key != "reserved_per_allocated" {
-            dict.set_item(key, value as u64)?;
-        } else {
-            dict.set_item(key, value)?;
-        }
-    }
-    Ok(dict)
-}
-
-/// One snapshot segment as a dict: stream, strategy, base, size, expandable, and blocks (addr,
-/// size, state, requested).
-pub(crate) fn segment_dict(py: Python<'_>, seg: SegmentSnapshot) -> PyResult<Bound<'_, PyDict>> {
-    let blocks = PyList::empty(py);
-    for (addr, size, state) in seg.blocks {
-        let (name, requested) = match state {
-            BlockState::Active { requested } => ("active", requested),
-            BlockState::PendingFree => ("pending_free", 0),
-            BlockState::Cached => ("cached", 0),
-            BlockState::Free => ("free", 0),
-        };
-        let block = PyDict::new(py);
-        block.set_item("addr", addr)?;
-        block.set_item("size", size)?;
-        block.set_item("state", name)?;
-        block.set_item("requested", requested)?;
-        blocks.append(block)?;
-    }
-    let d = PyDict::new(py);
-    d.set_item("stream", seg.stream.0)?;
-    d.set_item("strategy", seg.strategy)?;
-    d.set_item("base", seg.base)?;
-    d.set_item("size", seg.size)?;
-    d.set_item("expandable", seg.expandable)?;
-    d.set_item("blocks", blocks)?;
-    Ok(d)
 }

@@ -4,21 +4,22 @@
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use vrampool_core::config::{key_names, Scope};
 use vrampool_core::peers::PeerConfig;
-use vrampool_core::replay::{self, PreparedTrace, ReplayOptions, ReplayReport, ReplayTarget, TraceBuffer};
-use vrampool_core::PoolConfig;
+use vrampool_core::replay::{self, PreparedTrace, ReplayOptions, ReplayReport, TraceBuffer};
+use vrampool_core::replay_row::{pool_row_conf, row_target};
 
 /// `(id, lower, upper, size, stream)`.
 type Row = (u64, u64, u64, u64, u64);
 
-/// What `replay_trace` calls the pool (its configuration text follows).
+/// What `allocator_options` calls the pool.
 const POOL: &str = "pool";
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_trace_csv, m)?)?;
     m.add_function(wrap_pyfunction!(replay_trace, m)?)?;
     m.add_function(wrap_pyfunction!(allocator_options, m)?)?;
-    m.add_function(wrap_pyfunction!(parse_size, m)?)?;
+    m.add_function(wrap_pyfunction!(row_conf, m)?)?;
     m.add("ALLOCATOR_MODELS", vrampool_core::peers::PEER_NAMES.to_vec())?;
     Ok(())
 }
@@ -35,36 +36,26 @@ fn read_trace_csv(text: &str) -> PyResult<Vec<Row>> {
     Ok(buffers.iter().map(|b| (b.id, b.lower, b.upper, b.size, b.stream)).collect())
 }
 
-/// Bytes from a size text: `1024`, `64KB`, `1.5MiB`, `80GB` (units are binary, as PyTorch's are).
-#[pyfunction]
-fn parse_size(text: &str) -> PyResult<u64> {
-    vrampool_core::config::parse_bytes(text).map_err(value_error)
-}
-
 /// The option keys of `"pool"` (its `VRAMPOOL_CONF` keys) or of an allocator model.
 #[pyfunction]
 fn allocator_options(name: &str) -> PyResult<Vec<&'static str>> {
     if name == POOL {
-        return Ok(PoolConfig::KEYS.to_vec());
+        return Ok(key_names(Scope::Pool));
     }
     PeerConfig::keys(name).map(<[_]>::to_vec).ok_or_else(|| value_error(format!("unknown allocator model `{name}`")))
 }
 
-fn target(name: &str, conf: &str) -> PyResult<ReplayTarget> {
-    if name != POOL {
-        return PeerConfig::parse(name, conf).map(ReplayTarget::Peer).map_err(value_error);
-    }
-    let mut config = PoolConfig::default();
-    let others = config.apply_text(conf).map_err(value_error)?;
-    match others.first() {
-        Some((key, _)) => Err(value_error(format!("unknown pool setting `{key}` for a replay"))),
-        None => Ok(ReplayTarget::Pool(config)),
-    }
+/// The pool row `row`'s configuration text (`default`, or a strategy with `+vm` or not): what its
+/// name sets, then `conf`, which may not change that.
+#[pyfunction]
+fn row_conf(row: &str, conf: &str) -> PyResult<String> {
+    pool_row_conf(row, conf).map_err(value_error)
 }
 
 /// Replays `(id, lower, upper, size, stream)` rows on the address-only simulated device once per
-/// entry of `runs`: `("pool", VRAMPOOL_CONF text)` for the pool, or `(model, options)` for an
-/// allocator model (`torch`, `torch+expandable`, `rmm`, `cupy`, `async`). `capacity` limits the
+/// entry of `runs`: `(row, options)`, a row being `default`, a pool strategy (`+vm` or not) or an
+/// allocator model (`torch`, `torch+expandable`, `rmm`, `cupy`, `async`), and its options ones
+/// that do not change what the row's name says. `capacity` limits the
 /// device's memory (a replay that runs out stops there and says where, in `out_of_memory`);
 /// `repeat` replays the trace that many times back to back, in the memory of one copy. Returns
 /// one dict per run.
@@ -78,7 +69,7 @@ fn replay_trace<'py>(
     capacity: Option<u64>,
     repeat: u64,
 ) -> PyResult<Vec<Bound<'py, PyDict>>> {
-    let targets = runs.iter().map(|(name, conf)| target(name, conf)).collect::<PyResult<Vec<_>>>()?;
+    let targets = runs.iter().map(|(row, conf)| row_target(row, conf)).collect::<Result<Vec<_>, _>>().map_err(value_error)?;
     if capacity == Some(0) {
         return Err(value_error("capacity must be at least 1 byte"));
     }

@@ -1,0 +1,113 @@
+//! The rows of a replay (`vrampool replay --strategy`), by name, with their options.
+//!
+//! `default` is the pool as `vrampool.torch.install()` sets it up; a strategy's name (`slab`,
+//! `best_fit`, `buddy`, `hybrid`) is the pool with that strategy and plain segments, and with
+//! `+vm` grows by mapping virtual memory; an allocator model's name (`torch`, ...) is that
+//! model. A row's name says what it runs, so its options may not change that: `strategy:slab`
+//! for the row `best_fit`, or `expandable_segments:True` for the row `torch`, is an error rather
+//! than a slab (or expandable) replay under the other name.
+
+use crate::config::PoolConfig;
+use crate::error::PoolError;
+use crate::peers::{PeerConfig, PEER_NAMES};
+use crate::replay::ReplayTarget;
+use crate::strategy::StrategyKind;
+
+/// The suffix of a pool row that grows by mapping virtual memory.
+pub const VM_SUFFIX: &str = "+vm";
+/// The pool row configured as the pool is by default.
+pub const DEFAULT_ROW: &str = "default";
+
+/// The pool row `row`'s configuration text: what its name sets, then `conf`. An error for a
+/// name that is no pool row, for bad options, and for options that change what the name sets.
+pub fn pool_row_conf(row: &str, conf: &str) -> Result<String, PoolError> {
+    if row == DEFAULT_ROW {
+        PoolConfig::default().apply_text(conf)?;
+        return Ok(conf.to_string());
+    }
+    let strategy = row.strip_suffix(VM_SUFFIX).unwrap_or(row);
+    if StrategyKind::parse(strategy).is_none_or(|kind| kind.name() != strategy) {
+        return Err(PoolError::InvalidConfig(format!("`{row}` is no pool row (default, or a strategy: slab, best_fit, buddy, hybrid, each with {VM_SUFFIX} or not)")));
+    }
+    let named = format!("strategy:{strategy},expandable:{}", row.ends_with(VM_SUFFIX));
+    let mut by_name = PoolConfig::default();
+    by_name.apply_text(&named)?;
+    let text = if conf.trim().is_empty() { named } else { format!("{named},{conf}") };
+    let mut config = PoolConfig::default();
+    config.apply_text(&text)?;
+    if (config.strategy, config.expandable) != (by_name.strategy, by_name.expandable) {
+        let ran = format!("{}{}", config.strategy.name(), if config.expandable { VM_SUFFIX } else { "" });
+        return Err(PoolError::InvalidConfig(format!(
+            "the row `{row}` is named for its strategy and growth; `{conf}` would run it as {ran}: name that row instead (--strategy {ran})"
+        )));
+    }
+    Ok(text)
+}
+
+/// What the row `row` replays, with `conf` (its share of `--conf`) applied.
+pub fn row_target(row: &str, conf: &str) -> Result<ReplayTarget, PoolError> {
+    if !PEER_NAMES.contains(&row) {
+        let mut config = PoolConfig::default();
+        config.apply_text(&pool_row_conf(row, conf)?)?;
+        return Ok(ReplayTarget::Pool(config));
+    }
+    let peer = PeerConfig::parse(row, conf)?;
+    if peer.name() != row {
+        return Err(PoolError::InvalidConfig(format!(
+            "the row `{row}` is the model its name says; `{conf}` would run it as {}: name that row instead (--strategy {})",
+            peer.name(),
+            peer.name()
+        )));
+    }
+    Ok(ReplayTarget::Peer(peer))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(row: &str, conf: &str) -> PoolConfig {
+        match row_target(row, conf).unwrap() {
+            ReplayTarget::Pool(config) => config,
+            other => panic!("{row}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_row_runs_what_its_name_says() {
+        assert_eq!(pool("default", ""), PoolConfig::default());
+        let slab = pool("slab", "small_max:64KB");
+        assert_eq!((slab.strategy, slab.expandable, slab.small_max), (StrategyKind::Slab, false, 64 << 10));
+        let vm = pool("best_fit+vm", "");
+        assert_eq!((vm.strategy, vm.expandable), (StrategyKind::BestFit, true));
+        assert_eq!(pool("default", "strategy:slab").strategy, StrategyKind::Slab, "the default row takes any pool option");
+        assert_eq!(pool("hybrid", "strategy:hybrid").strategy, StrategyKind::Hybrid, "restating the name is no change");
+        assert_eq!(row_target("torch", "max_split_size_mb:256").unwrap().name(), "torch");
+        assert_eq!(row_target("torch+expandable", "").unwrap().name(), "torch+expandable");
+        assert_eq!(pool_row_conf("buddy+vm", "").unwrap(), "strategy:buddy,expandable:true");
+    }
+
+    #[test]
+    fn options_that_change_what_a_row_runs_are_refused() {
+        for row in ["best_fit", "buddy", "hybrid", "buddy+vm"] {
+            let err = row_target(row, "strategy:slab").unwrap_err().to_string();
+            assert!(err.contains(&format!("the row `{row}` is named for its strategy")) && err.contains("--strategy slab"), "{row}: {err}");
+        }
+        for (row, conf) in [("best_fit", "expandable:true"), ("best_fit", "expandable_segments:true"), ("best_fit+vm", "expandable:false")] {
+            assert!(row_target(row, conf).is_err(), "{row} {conf}");
+        }
+        let err = row_target("torch", "expandable_segments:True").unwrap_err().to_string();
+        assert!(err.contains("as torch+expandable"), "{err}");
+        assert!(row_target("torch+expandable", "expandable_segments:False").is_err());
+    }
+
+    #[test]
+    fn unknown_rows_and_bad_options_are_errors() {
+        for row in ["first_fit", "best-fit", "HYBRID", "torch+vm", "plan", ""] {
+            assert!(row_target(row, "").is_err(), "{row}");
+        }
+        assert!(row_target("slab", "alignment:4096.9").is_err());
+        assert!(row_target("default", "limit:1.5").is_err());
+        assert!(row_target("default", "device:sim").is_err(), "a replay has no device to choose");
+    }
+}

@@ -1,0 +1,181 @@
+//! `MemoryResource`: what every layer above the pool talks to, as RMM's `device_memory_resource`
+//! is. The pool is one; the adaptors are others, each over the resource it wraps (its upstream):
+//! [`PrivatePools`](crate::PrivatePools) routes the blocks of private pools (CUDA graphs,
+//! `torch.cuda.MemPool`), and the planned arena's mode (`vrampool_plan::PlannedMode`) serves
+//! repeated iterations from one arena. A binding composes them once and calls the outermost.
+//!
+//! Adaptors are generic over their upstream rather than boxed: the allocation fast path then
+//! stays one inlined call chain, with one relaxed load per adaptor in front of the pool's own.
+
+use std::sync::Arc;
+
+use crate::config::Limit;
+use crate::device::StreamId;
+use crate::error::Result;
+use crate::pool::{Pool, PoolCore, SegmentSnapshot};
+use crate::stats::Stats;
+
+/// The id of a private pool: PyTorch's `MempoolId_t` (a pair of `unsigned long long`, passed by
+/// value, so laid out as that pair). [`PoolId::MAIN`] names a resource's own pool.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct PoolId {
+    pub first: u64,
+    pub second: u64,
+}
+
+impl PoolId {
+    pub const MAIN: PoolId = PoolId { first: 0, second: 0 };
+}
+
+/// A segment of a snapshot and the pool it belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolSegment {
+    pub pool: PoolId,
+    pub segment: SegmentSnapshot,
+}
+
+/// Device memory handed out by address, stream-ordered, with the pool's figures.
+pub trait MemoryResource: Send + Sync {
+    /// At least `size` bytes for use on `stream`.
+    fn allocate(&self, size: u64, stream: StreamId) -> Result<u64>;
+    /// Frees a block `allocate` returned; `size`, when given, must be the size asked for;
+    /// `stream`, when given, is a stream that used the block last.
+    fn free(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> Result<()>;
+    /// The live block at `addr` is used on `stream` too: once freed, it is not reused before
+    /// `stream` has passed the free.
+    fn record_stream(&self, addr: u64, stream: StreamId) -> Result<()>;
+    /// Gives wholly free memory back to the device; returns the bytes given back.
+    fn trim(&self) -> Result<u64>;
+    fn stats(&self) -> Stats;
+    fn reset_peak_stats(&self);
+    /// Every segment, with its blocks, in address order per pool.
+    fn snapshot(&self) -> Vec<PoolSegment>;
+    /// Caps what the resource may reserve (`torch.cuda.set_per_process_memory_fraction`).
+    fn set_limit(&self, limit: Option<Limit>) -> Result<()>;
+    /// Every block handed out is aligned to this.
+    fn alignment(&self) -> u64;
+}
+
+impl MemoryResource for PoolCore {
+    #[inline]
+    fn allocate(&self, size: u64, stream: StreamId) -> Result<u64> {
+        PoolCore::allocate(self, size, stream)
+    }
+    #[inline]
+    fn free(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> Result<()> {
+        PoolCore::free(self, addr, size, stream)
+    }
+    fn record_stream(&self, addr: u64, stream: StreamId) -> Result<()> {
+        PoolCore::record_stream(self, addr, stream)
+    }
+    fn trim(&self) -> Result<u64> {
+        PoolCore::trim(self)
+    }
+    fn stats(&self) -> Stats {
+        PoolCore::stats(self)
+    }
+    fn reset_peak_stats(&self) {
+        PoolCore::reset_peak_stats(self)
+    }
+    fn snapshot(&self) -> Vec<PoolSegment> {
+        PoolCore::snapshot(self).into_iter().map(|segment| PoolSegment { pool: PoolId::MAIN, segment }).collect()
+    }
+    fn set_limit(&self, limit: Option<Limit>) -> Result<()> {
+        PoolCore::set_limit(self, limit)
+    }
+    fn alignment(&self) -> u64 {
+        self.config().alignment
+    }
+}
+
+/// Forwards every method to the resource `$ty` dereferences to.
+macro_rules! forward_memory_resource {
+    ($([$($generics:tt)*] $ty:ty),* $(,)?) => {$(
+        impl<$($generics)*> MemoryResource for $ty {
+            #[inline]
+            fn allocate(&self, size: u64, stream: StreamId) -> Result<u64> {
+                MemoryResource::allocate(&**self, size, stream)
+            }
+            #[inline]
+            fn free(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> Result<()> {
+                MemoryResource::free(&**self, addr, size, stream)
+            }
+            fn record_stream(&self, addr: u64, stream: StreamId) -> Result<()> {
+                MemoryResource::record_stream(&**self, addr, stream)
+            }
+            fn trim(&self) -> Result<u64> {
+                MemoryResource::trim(&**self)
+            }
+            fn stats(&self) -> Stats {
+                MemoryResource::stats(&**self)
+            }
+            fn reset_peak_stats(&self) {
+                MemoryResource::reset_peak_stats(&**self)
+            }
+            fn snapshot(&self) -> Vec<PoolSegment> {
+                MemoryResource::snapshot(&**self)
+            }
+            fn set_limit(&self, limit: Option<Limit>) -> Result<()> {
+                MemoryResource::set_limit(&**self, limit)
+            }
+            fn alignment(&self) -> u64 {
+                MemoryResource::alignment(&**self)
+            }
+        }
+    )*};
+}
+
+forward_memory_resource!([] Pool, [R: MemoryResource + ?Sized] &R, [R: MemoryResource + ?Sized] Arc<R>);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{Device, SimDevice, SimMode};
+    use crate::PoolConfig;
+
+    fn pool() -> Pool {
+        Pool::new(Arc::new(SimDevice::new(1 << 30, SimMode::AddressOnly)) as Arc<dyn Device>, PoolConfig::default()).unwrap()
+    }
+
+    /// Allocates, records a stream, frees and trims through any resource.
+    fn round_trip(resource: &dyn MemoryResource) {
+        let a = resource.allocate(4096, StreamId(0)).unwrap();
+        assert_eq!(a % resource.alignment(), 0);
+        resource.record_stream(a, StreamId(0)).unwrap();
+        assert_eq!(resource.stats().allocation.current, 1);
+        let active: Vec<_> = resource.snapshot().into_iter().filter(|s| s.segment.blocks.iter().any(|b| b.0 == a)).collect();
+        assert_eq!(active.len(), 1);
+        assert_eq!(active[0].pool, PoolId::MAIN);
+        resource.free(a, Some(4096), None).unwrap();
+        assert!(resource.free(a, Some(4096), None).is_err(), "a double free is refused");
+        assert!(resource.trim().unwrap() > 0);
+        resource.reset_peak_stats();
+        assert_eq!(resource.stats().reserved_bytes.peak, 0);
+    }
+
+    #[test]
+    fn the_pool_and_what_points_at_it_are_resources() {
+        let p = pool();
+        round_trip(&p);
+        round_trip(&&p);
+        round_trip(&Arc::new(pool()));
+        let core: &PoolCore = &p;
+        round_trip(core);
+    }
+
+    #[test]
+    fn a_limit_set_through_the_trait_caps_the_pool() {
+        let p = pool();
+        MemoryResource::set_limit(&p, Some(Limit::Bytes(1 << 20))).unwrap();
+        assert_eq!(p.capacity(), 1 << 20);
+        assert!(MemoryResource::allocate(&p, 2 << 20, StreamId(0)).is_err());
+        assert!(MemoryResource::set_limit(&p, Some(Limit::Fraction(1.5))).is_err());
+    }
+
+    #[test]
+    fn pool_id_has_the_layout_of_a_pair_of_u64() {
+        assert_eq!(std::mem::size_of::<PoolId>(), 16);
+        assert_eq!(std::mem::align_of::<PoolId>(), 8);
+    }
+}

@@ -1,0 +1,25 @@
+//! The core's configuration keys and size text, for the Python layer, which builds the text form
+//! from keyword options and parses nothing itself.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use vrampool_core::config::{parse_bytes, Scope, KEYS};
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(config_keys, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_size, m)?)?;
+    Ok(())
+}
+
+/// Every configuration key as `(name, kind, scope)`: kind `choice`, `bytes`, `count`,
+/// `bytes_or_fraction` or `bool`; scope `pool` (every pool's) or `allocator` (the C ABI's only).
+#[pyfunction]
+fn config_keys() -> Vec<(&'static str, &'static str, &'static str)> {
+    KEYS.iter().map(|k| (k.name, k.kind.name(), if k.scope == Scope::Pool { "pool" } else { "allocator" })).collect()
+}
+
+/// Bytes from a size text: a whole number with an optional binary unit (`1024`, `64KB`, `80GB`).
+#[pyfunction]
+fn parse_size(text: &str) -> PyResult<u64> {
+    parse_bytes(text).map_err(|e| PyValueError::new_err(e.to_string()))
+}

@@ -1,0 +1,129 @@
+//! `DeviceResource`: what every pool of the binding is, `NativePool`'s and each device's of the C
+//! ABI alike: a core pool on a device, under the adaptors the C ABI needs (private pools, the
+//! planned arena's mode), composed once here. A `NativePool` never opens a private pool nor
+//! turns the mode on; both then cost it one relaxed load a call.
+
+use std::sync::Arc;
+
+use vrampool_core::failures::OomRecord;
+use vrampool_core::stats::Stats;
+use vrampool_core::{Device, Limit, LiveBlockInfo, MemoryResource, Pool, PoolConfig, PoolError, PoolSegment, PrivatePools, SimDevice, SimMode, StreamId};
+use vrampool_plan::PlannedMode;
+
+/// The adaptors over the pool, outermost first: a private pool takes an allocation before the
+/// planned arena can.
+pub type Stack = PrivatePools<PlannedMode<Pool>>;
+
+/// The device a resource is made on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Cuda,
+    Sim { capacity: u64, mode: SimMode },
+}
+
+pub struct DeviceResource {
+    stack: Stack,
+    /// The simulated device, for tests and demos.
+    sim: Option<Arc<SimDevice>>,
+    /// The configuration text it was made from.
+    conf: String,
+}
+
+impl DeviceResource {
+    /// A pool on device `ordinal` of `backend`, configured by `conf` (its text, as given).
+    pub fn open(backend: Backend, ordinal: i32, config: PoolConfig, conf: String) -> Result<Self, PoolError> {
+        let (device, sim): (Arc<dyn Device>, _) = match backend {
+            Backend::Cuda => (Arc::new(vrampool_cuda::CudaDevice::new(ordinal)?), None),
+            Backend::Sim { capacity, mode } => {
+                let sim = Arc::new(SimDevice::new(capacity, mode).with_ordinal(ordinal));
+                (Arc::clone(&sim) as Arc<dyn Device>, Some(sim))
+            }
+        };
+        let pool = Pool::new(Arc::clone(&device), config.clone())?;
+        Ok(Self { stack: PrivatePools::new(PlannedMode::new(pool), device, config), sim, conf })
+    }
+
+    /// The adaptors: private pools (`begin`, `end`, `release`), over the planned mode.
+    pub fn stack(&self) -> &Stack {
+        &self.stack
+    }
+
+    pub fn planned(&self) -> &PlannedMode<Pool> {
+        self.stack.upstream()
+    }
+
+    /// The core pool under the adaptors.
+    pub fn pool(&self) -> &Pool {
+        self.planned().upstream()
+    }
+
+    pub fn sim(&self) -> Option<&SimDevice> {
+        self.sim.as_deref()
+    }
+
+    pub fn ordinal(&self) -> i32 {
+        self.pool().device().ordinal()
+    }
+
+    pub fn conf(&self) -> &str {
+        &self.conf
+    }
+
+    /// What the pointers point at: "device" (CUDA memory), "host" (the host-backed simulated
+    /// device: plain host memory) or "none" (the address-only simulated device).
+    pub fn memory_kind(&self) -> &'static str {
+        match self.sim().map(SimDevice::mode) {
+            None => "device",
+            Some(SimMode::HostBacked) => "host",
+            Some(SimMode::AddressOnly) => "none",
+        }
+    }
+
+    /// The out-of-memory record of an allocation of `size` bytes that failed with `error`, if it
+    /// failed for want of memory.
+    pub fn oom_record(&self, error: &PoolError, stream: StreamId, size: u64) -> Option<OomRecord> {
+        let pool = self.pool();
+        // A limit set later (`set_limit`: a memory fraction) counts as much as one configured.
+        let limited = pool.config().limit.is_some() || self.stack.limit().is_some();
+        OomRecord::of(error, self.ordinal(), stream, size, pool, &self.stack.stats(), limited)
+    }
+
+    /// Closes the pool and the private pools (later calls are refused); returns the live blocks.
+    pub fn close(&self) -> Vec<LiveBlockInfo> {
+        let mut live = self.pool().close();
+        live.extend(self.stack.close());
+        live
+    }
+}
+
+impl MemoryResource for DeviceResource {
+    #[inline]
+    fn allocate(&self, size: u64, stream: StreamId) -> Result<u64, PoolError> {
+        self.stack.allocate(size, stream)
+    }
+    #[inline]
+    fn free(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> Result<(), PoolError> {
+        self.stack.free(addr, size, stream)
+    }
+    fn record_stream(&self, addr: u64, stream: StreamId) -> Result<(), PoolError> {
+        self.stack.record_stream(addr, stream)
+    }
+    fn trim(&self) -> Result<u64, PoolError> {
+        self.stack.trim()
+    }
+    fn stats(&self) -> Stats {
+        self.stack.stats()
+    }
+    fn reset_peak_stats(&self) {
+        self.stack.reset_peak_stats()
+    }
+    fn snapshot(&self) -> Vec<PoolSegment> {
+        self.stack.snapshot()
+    }
+    fn set_limit(&self, limit: Option<Limit>) -> Result<(), PoolError> {
+        self.stack.set_limit(limit)
+    }
+    fn alignment(&self) -> u64 {
+        self.stack.alignment()
+    }
+}
