@@ -104,10 +104,7 @@ impl OomRecord {
 
     /// 1 - largest free block / free bytes: 0 when the free memory is one block.
     pub fn fragmentation(&self) -> f64 {
-        match self.free() {
-            0 => 0.0,
-            free => 1.0 - self.report.largest_free.min(free) as f64 / free as f64,
-        }
+        crate::stats::fragmentation(self.report.largest_free, self.free())
     }
 }
 

@@ -287,6 +287,15 @@ pub struct Stats {
     pub cached_bytes: u64,
 }
 
+/// 1 - largest free range / bytes in free ranges: how scattered free memory is, 0 when it is one
+/// range (or there is none) and near 1 when it is many small ones.
+pub fn fragmentation(largest_free: u64, free: u64) -> f64 {
+    match free {
+        0 => 0.0,
+        free => 1.0 - largest_free.min(free) as f64 / free as f64,
+    }
+}
+
 impl Stats {
     /// Bytes held from the device that no live block uses.
     pub fn free_bytes(&self) -> u64 {
@@ -296,10 +305,7 @@ impl Stats {
     /// 1 - largest free range / bytes in free ranges: 0 when the free memory is one range.
     /// Cached blocks are no free range: a freed block waiting in a cache is not scattered memory.
     pub fn fragmentation(&self) -> f64 {
-        match self.free_bytes().saturating_sub(self.cached_bytes) {
-            0 => 0.0,
-            free => 1.0 - (self.largest_free_bytes.min(free) as f64 / free as f64),
-        }
+        fragmentation(self.largest_free_bytes, self.free_bytes().saturating_sub(self.cached_bytes))
     }
 
     /// Reserved over allocated bytes (1.0 is perfect; 0 when nothing is allocated).
@@ -342,5 +348,19 @@ impl Stats {
         pairs.push(("fragmentation".into(), self.fragmentation()));
         pairs.push(("reserved_per_allocated".into(), self.reserved_per_allocated()));
         pairs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fragmentation;
+
+    #[test]
+    fn fragmentation_is_the_share_of_free_bytes_outside_the_largest_range() {
+        assert_eq!(fragmentation(0, 0), 0.0);
+        assert_eq!(fragmentation(100, 100), 0.0);
+        assert_eq!(fragmentation(25, 100), 0.75);
+        // A largest range reported above the free bytes (cached blocks counted apart) is capped.
+        assert_eq!(fragmentation(200, 100), 0.0);
     }
 }

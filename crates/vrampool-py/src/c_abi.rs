@@ -151,20 +151,12 @@ pub(crate) fn guard<T>(what: &str, fallback: T, body: impl FnOnce() -> T) -> T {
     }
 }
 
-/// `CU_STREAM_LEGACY` (1) names the same stream as handle 0.
-pub(crate) fn canonical_stream(stream: *mut c_void) -> StreamId {
-    match stream as u64 {
-        1 => StreamId(0),
-        s => StreamId(s),
-    }
-}
-
 // ---- allocation ----
 
 /// Allocates, or says why not (the message a C++ exception would carry).
 fn malloc_inner(size: usize, device: c_int, stream: *mut c_void) -> Result<u64, String> {
     let resource = ABI.device(device).map_err(|e| format!("vrampool_malloc: {e}"))?;
-    let stream = canonical_stream(stream);
+    let stream = StreamId::canonical(stream as u64);
     resource.allocate(size as u64, stream).map_err(|e| match resource.oom_record(&e, stream, size as u64) {
         Some(oom) => {
             let message = oom.message.clone();
@@ -262,7 +254,7 @@ pub extern "C" fn vrampool_free(ptr: *mut c_void, size: usize, device: c_int, st
     guard("free", (), || {
         let size = (size != 0).then_some(size as u64);
         let result = match ABI.devices.get(device) {
-            Some(resource) => resource.free(ptr as u64, size, Some(canonical_stream(stream))).map_err(|e| e.to_string()),
+            Some(resource) => resource.free(ptr as u64, size, Some(StreamId::canonical(stream as u64))).map_err(|e| e.to_string()),
             None => Err(format!("no vrampool pool on device {device}")),
         };
         if let Err(e) = result {
@@ -338,7 +330,7 @@ pub extern "C" fn vrampool_base_alloc(ptr: *mut c_void, size: *mut usize) -> *mu
 #[no_mangle]
 pub extern "C" fn vrampool_record_stream(ptr: *mut c_void, stream: *mut c_void) {
     guard("record_stream", (), || {
-        let stream_id = canonical_stream(stream);
+        let stream_id = StreamId::canonical(stream as u64);
         if !ABI.devices.entries().iter().any(|(_, d)| d.record_stream(ptr as u64, stream_id).is_ok()) {
             ABI.refuse(Failure::RecordStream, format!("vrampool_record_stream({ptr:p}, {stream:p}): refused: not a live block of any vrampool pool"));
         }
@@ -460,12 +452,5 @@ mod tests {
         assert!(ABI.failures.last_error().unwrap().contains("vrampool_unit: internal error (panic): boom"));
         assert_eq!(ABI.failures.count(Failure::Panic), panics + 1);
         assert_eq!(guard("unit", 7, || 3), 3);
-    }
-
-    #[test]
-    fn legacy_stream_is_the_default_stream() {
-        assert_eq!(canonical_stream(1 as *mut c_void), StreamId(0));
-        assert_eq!(canonical_stream(2 as *mut c_void), StreamId(2));
-        assert_eq!(canonical_stream(null_mut()), StreamId(0));
     }
 }

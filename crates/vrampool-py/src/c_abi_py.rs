@@ -2,15 +2,14 @@
 //! failures, figures and modes (the same `Abi` the `extern "C"` entries use).
 
 use std::collections::HashMap;
-use std::ffi::c_void;
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use vrampool_core::failures::Failure;
-use vrampool_core::MemoryResource;
+use vrampool_core::{MemoryResource, StreamId};
 
-use crate::c_abi::{canonical_stream, guard, vrampool_cxx_can_throw, ABI};
+use crate::c_abi::{guard, vrampool_cxx_can_throw, ABI};
 use crate::figures::{config_dict, oom_dict, snapshot_dict, stats_dict};
 use crate::planned::planned_stats_dict;
 
@@ -135,7 +134,7 @@ fn abi_sim_control(device: i32, auto_complete: Option<bool>, complete_stream: Op
         sim.set_auto_complete(on);
     }
     if let Some(stream) = complete_stream {
-        sim.complete_stream(canonical_stream(stream as *mut c_void));
+        sim.complete_stream(StreamId::canonical(stream));
     }
     Ok(())
 }

@@ -229,15 +229,6 @@ impl NativePool {
     }
 }
 
-/// `CU_STREAM_LEGACY` (1) names the same stream as handle 0, the legacy default stream.
-fn canonical_stream(handle: u64) -> u64 {
-    if handle == 1 {
-        0
-    } else {
-        handle
-    }
-}
-
 /// A buffer's life: freed once, and not before the last DLPack consumer lets go.
 #[derive(Default)]
 struct Life {
@@ -348,9 +339,9 @@ impl NativeBuffer {
         d.set_item("data", (self.ptr, false))?;
         d.set_item("strides", py.None())?;
         d.set_item("version", 3)?;
-        let stream = match canonical_stream(self.stream) {
-            0 => 1,
-            s => s,
+        let stream = match StreamId::canonical(self.stream) {
+            StreamId(0) => StreamId::LEGACY,
+            StreamId(s) => s,
         };
         d.set_item("stream", stream)?;
         Ok(d)
@@ -396,7 +387,7 @@ impl NativeBuffer {
             }
             life.exports += 1;
         }
-        if let Some(consumer) = consumer.filter(|&c| c != canonical_stream(this.stream)) {
+        if let Some(consumer) = consumer.filter(|&c| c != StreamId::canonical(this.stream).0) {
             // The consumer's stream waits for the work queued so far on the buffer's stream.
             let device = this.resource.pool().device();
             let producer = StreamId(this.stream);
@@ -543,7 +534,7 @@ fn consumer_stream(stream: Option<&Bound<'_, PyAny>>, cuda: bool) -> PyResult<Op
             -1 => Ok(None),
             0 => Err(PyValueError::new_err("DLPack stream 0 is ambiguous: pass 1 (legacy default stream), 2 (per-thread default stream) or a stream handle")),
             h if h < 0 => Err(PyValueError::new_err(format!("DLPack stream {h} is not a stream handle"))),
-            h => Ok(Some(canonical_stream(h as u64))),
+            h => Ok(Some(StreamId::canonical(h as u64).0)),
         };
     }
     match stream.extract::<u64>() {

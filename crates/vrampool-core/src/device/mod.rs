@@ -13,6 +13,20 @@ use crate::error::DeviceError;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct StreamId(pub u64);
 
+impl StreamId {
+    /// `CU_STREAM_LEGACY`, the handle CUDA also accepts for the legacy default stream.
+    pub const LEGACY: u64 = 1;
+
+    /// The stream a handle names: `CU_STREAM_LEGACY` (1) and 0 are the same stream, the legacy
+    /// default one, so both map to `StreamId(0)`.
+    pub fn canonical(handle: u64) -> StreamId {
+        match handle {
+            StreamId::LEGACY => StreamId(0),
+            handle => StreamId(handle),
+        }
+    }
+}
+
 /// An opaque event handle, recorded on a stream by `Device::record_event`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct EventId(pub u64);
@@ -78,4 +92,17 @@ pub trait Device: Send + Sync {
 
     /// Fills `[addr, addr + size)` with zeros, ordered on `stream` (for scrubbing).
     fn fill_zero(&self, addr: u64, size: u64, stream: StreamId) -> DeviceResult<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StreamId;
+
+    #[test]
+    fn the_legacy_handle_and_zero_are_one_stream() {
+        assert_eq!(StreamId::canonical(1), StreamId(0));
+        assert_eq!(StreamId::canonical(0), StreamId(0));
+        assert_eq!(StreamId::canonical(2), StreamId(2));
+        assert_eq!(StreamId::canonical(u64::MAX), StreamId(u64::MAX));
+    }
 }

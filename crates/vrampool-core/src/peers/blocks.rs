@@ -167,10 +167,8 @@ impl BlockList {
 
     /// 1 - largest free block / all free bytes (0 when nothing is free).
     pub fn fragmentation(&self) -> f64 {
-        match self.free_summary() {
-            (_, 0) => 0.0,
-            (largest, total) => 1.0 - largest as f64 / total as f64,
-        }
+        let (largest, total) = self.free_summary();
+        crate::stats::fragmentation(largest, total)
     }
 
     /// Frees the allocated block at `addr`, merged with its free neighbours of its pool: the
