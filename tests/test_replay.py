@@ -12,7 +12,7 @@ import pytest
 import vrampool
 from vrampool.capture import from_snapshot
 from vrampool.cli import main
-from vrampool.trace import ALL, COMPARE, PEERS, REPORT_KEYS, STRATEGIES, live_bytes_timeline, read_trace, recorded_reserved_timeline, replay, summary
+from vrampool.trace import ALL, COMPARE, PEERS, REPORT_KEYS, STRATEGIES, live_bytes_timeline, peak_segments, read_trace, recorded_reserved_timeline, replay, summary
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "static"
 needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason="../shared/traces/static is not beside the repo")
@@ -92,6 +92,26 @@ def test_timeline_follows_the_live_bytes() -> None:
     assert halves["event"] == [3, 6] and halves["allocated_bytes"] == [2 * MIB, 0]
     assert replay(SMALL, strategy="slab", samples=0)["timeline"]["event"] == []
     assert live_bytes_timeline([r + (0,) for r in SMALL], 4) == ([2, 4, 6], [6 * MIB, 6 * MIB, 0])
+
+
+# At time 4 buffer 0 dies while 1 and 2 are born, on two streams: frees come first, so the most
+# live at once is 2 and 3 (7 MiB), never 0 with them (13 MiB).
+TIES = [(0, 0, 4, 6 * MIB, 0), (1, 4, 8, 3 * MIB, 0), (2, 4, 6, 4 * MIB, 7), (3, 6, 9, 1 * MIB, 7)]
+
+
+def test_the_plan_row_and_the_pools_order_ties_alike() -> None:
+    plan, pool = replay(TIES, strategy=["plan", "best_fit"])
+    assert plan["lower_bound_bytes"] == pool["lower_bound_bytes"] == 7 * MIB
+    assert plan["timeline"]["event"] == pool["timeline"]["event"]
+    assert plan["timeline"]["allocated_bytes"] == pool["timeline"]["allocated_bytes"] == [6 * MIB, 0, 3 * MIB, 7 * MIB, 3 * MIB, 4 * MIB, 1 * MIB, 0]
+
+
+def test_peak_segments_hold_the_buffers_live_at_the_peak_on_their_streams() -> None:
+    segments = peak_segments(TIES, "best_fit")
+    active = sorted((b["requested_size"], seg["stream"]) for seg in segments for b in seg["blocks"] if b["state"] == "active_allocated")
+    assert active == [(3 * MIB, 0), (4 * MIB, 7)]
+    with pytest.raises(ValueError, match="no vrampool segments"):
+        peak_segments(TIES, "torch")
 
 
 def test_virtual_memory_growth_reserves_less_for_middle_sizes() -> None:

@@ -15,7 +15,6 @@ them to a pool on the address-only simulated device, or hands them to the static
 from __future__ import annotations
 
 import bisect
-import itertools
 import statistics
 import time
 from pathlib import Path
@@ -245,15 +244,14 @@ def _plan_report(rows: List[TraceRow], samples: int, capacity: Optional[int] = N
     result = plan([r[:4] for r in rows], budget_ms=PLAN_BUDGET_MS, alignment=ALIGNMENT)
     seconds = time.perf_counter() - start
     events = 2 * len(rows)
-    ordered = _ordered_events(rows)
-    points, live = _sampled_live_bytes(ordered, samples)
+    lower_bound, points, live = _native.live_bytes(rows, samples)
     # The planner's bound counts sizes rounded to the alignment, as a pool's allocated bytes do;
     # the report's bound is the requested bytes', as in every other row.
     return {
         "strategy": PLAN,
         "peak_reserved_bytes": result.arena_bytes,
         "peak_allocated_bytes": result.lower_bound_bytes,
-        "lower_bound_bytes": max(itertools.accumulate(e[3] for e in ordered), default=0),
+        "lower_bound_bytes": lower_bound,
         "events": events,
         "seconds": seconds,
         "events_per_s": events / seconds if seconds > 0 else 0.0,
@@ -268,34 +266,10 @@ def _plan_report(rows: List[TraceRow], samples: int, capacity: Optional[int] = N
     }
 
 
-def _ordered_events(rows: Iterable[TraceRow]) -> List[Tuple[int, int, int, int]]:
-    """``(time, 0 for a free / 1 for an allocation, id, signed size)`` in replay order."""
-    events = []
-    for ident, lower, upper, size, _ in rows:
-        events.append((lower, 1, ident, size))
-        events.append((upper, 0, ident, -size))
-    events.sort()
-    return events
-
-
 def live_bytes_timeline(rows: Iterable[TraceRow], samples: int = SAMPLES) -> Tuple[List[int], List[int]]:
     """Requested bytes live after evenly spaced event indices, as the replay samples them."""
-    return _sampled_live_bytes(_ordered_events(rows), samples)
-
-
-def _sampled_live_bytes(events: List[Tuple[int, int, int, int]], samples: int) -> Tuple[List[int], List[int]]:
-    """:func:`live_bytes_timeline` over events already in replay order."""
-    if not events or samples <= 0:
-        return [], []
-    stride = -(-len(events) // samples)
-    points = list(range(stride, len(events), stride)) + [len(events)]
-    live, out, at = 0, [], 0
-    for point in points:
-        for event in events[at:point]:
-            live += event[3]
-        at = point
-        out.append(live)
-    return points, out
+    _, points, live = _native.live_bytes(list(rows), samples)
+    return points, live
 
 
 def recorded_reserved_timeline(trace: Trace) -> Tuple[List[int], List[int]]:
@@ -315,22 +289,7 @@ def peak_segments(trace: TraceLike, strategy: str = "hybrid", conf: str = "") ->
     name = strategy_names(strategy)[0]
     if name == PLAN or name in PEERS:
         raise ValueError(f"{name} has no vrampool segments: pick a pool strategy")
-    events = _ordered_events(load(trace).rows())
-    live = best = best_at = 0
-    for index, event in enumerate(events):
-        live += event[3]
-        if live > best:
-            best, best_at = live, index + 1
-    pool = _native.NativePool(1 << 48, pool_conf(name, conf), False)
-    buffers = {}
-    for _, is_alloc, ident, size in events[:best_at]:
-        if is_alloc:
-            buffers[ident] = pool.allocate(size)
-        else:
-            buffers.pop(ident).free()
-    segments = pool.snapshot()["segments"]
-    pool.close()
-    return segments
+    return _native.peak_segments(load(trace).rows(), name, conf)
 
 
 def summary(trace: TraceLike) -> Dict[str, Any]:

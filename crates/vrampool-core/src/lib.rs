@@ -40,6 +40,7 @@ mod steal_cell;
 pub mod strategy;
 mod sync;
 mod thread_cache;
+pub mod trace_live;
 
 pub use config::{AllocatorConfig, DeviceKind, Limit, PoolConfig, Scrub};
 pub use device::{Device, EventId, MemInfo, SimDevice, SimMode, StreamId};

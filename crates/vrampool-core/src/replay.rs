@@ -388,6 +388,16 @@ impl Replayed for Box<dyn PeerModel> {
     }
 }
 
+/// Events between timeline samples: ceil(events / samples), so that there are at most `samples`
+/// points, the last at the end (`usize::MAX`, no points, for 0 samples).
+pub fn sample_stride(events: usize, samples: usize) -> usize {
+    if samples == 0 {
+        usize::MAX
+    } else {
+        events.div_ceil(samples).max(1)
+    }
+}
+
 /// Replays a prepared trace through a new pool or allocator model on an address-only simulated
 /// device, sampling the timeline at up to `options.samples` evenly spaced event indices. The
 /// samples are read inside the timed loop, so events per second include their cost. With a
@@ -415,8 +425,7 @@ fn run<R: Replayed>(prepared: &PreparedTrace, target: &mut R, options: ReplayOpt
         .and_then(|times| prepared.ops.len().checked_mul(times))
         .filter(|_| repeat > 0)
         .ok_or(ReplayError::Repeat { times: repeat, events: prepared.ops.len() })?;
-    // ceil(events / samples) events apart: at most `samples` points, the last at the end.
-    let stride = if samples == 0 { usize::MAX } else { events.div_ceil(samples).max(1) };
+    let stride = sample_stride(events, samples);
     let mut timeline = Vec::with_capacity(samples.min(events));
     let (mut fragmentation, mut most_allocated) = (0.0, 0u64);
     let mut sample = |target: &R, event: usize| {

@@ -42,7 +42,7 @@ fn block_dict<'py>(py: Python<'py>, address: u64, size: u64, state: BlockState) 
 
 /// One segment in torch's format, its blocks covering it in address order (a stretch no block
 /// reports is inactive), with vrampool's `strategy` (the tier it belongs to) beside torch's keys.
-fn segment_dict<'py>(py: Python<'py>, device: i32, seg: &PoolSegment) -> PyResult<Bound<'py, PyDict>> {
+pub fn segment_dict<'py>(py: Python<'py>, device: i32, seg: &PoolSegment) -> PyResult<Bound<'py, PyDict>> {
     let s = &seg.segment;
     let mut spans: Vec<(u64, u64, BlockState)> = s.blocks.clone();
     spans.sort_by_key(|b| b.0);

@@ -3,11 +3,15 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyList};
 use vrampool_core::config::{key_names, Scope};
 use vrampool_core::peers::PeerConfig;
-use vrampool_core::replay::{self, PreparedTrace, ReplayOptions, ReplayReport, TraceBuffer};
+use vrampool_core::replay::{self, PreparedTrace, ReplayOptions, ReplayReport, ReplayTarget, TraceBuffer};
 use vrampool_core::replay_row::{pool_row_conf, row_target};
+use vrampool_core::trace_live::LiveBytes;
+use vrampool_core::{PoolId, PoolSegment};
+
+use crate::figures::segment_dict;
 
 /// `(id, lower, upper, size, stream)`.
 type Row = (u64, u64, u64, u64, u64);
@@ -20,6 +24,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(replay_trace, m)?)?;
     m.add_function(wrap_pyfunction!(allocator_options, m)?)?;
     m.add_function(wrap_pyfunction!(row_conf, m)?)?;
+    m.add_function(wrap_pyfunction!(live_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(peak_segments, m)?)?;
     m.add("ALLOCATOR_MODELS", vrampool_core::peers::PEER_NAMES.to_vec())?;
     Ok(())
 }
@@ -52,6 +58,39 @@ fn row_conf(row: &str, conf: &str) -> PyResult<String> {
     pool_row_conf(row, conf).map_err(value_error)
 }
 
+fn trace_buffers(rows: Vec<Row>) -> Vec<TraceBuffer> {
+    rows.into_iter().map(|(id, lower, upper, size, stream)| TraceBuffer { id, lower, upper, size, stream }).collect()
+}
+
+/// Requested bytes live over the rows' events in replay order: `(lower_bound_bytes, events,
+/// live_bytes)`, the most bytes live at once and the bytes live after the event counts a replay
+/// sampling `samples` points samples at.
+#[pyfunction]
+#[pyo3(signature = (rows, samples = replay::DEFAULT_SAMPLES))]
+fn live_bytes(py: Python<'_>, rows: Vec<Row>, samples: usize) -> PyResult<(u64, Vec<usize>, Vec<u64>)> {
+    let buffers = trace_buffers(rows);
+    let live = py.detach(|| LiveBytes::new(&buffers)).map_err(value_error)?;
+    let (events, bytes) = live.timeline(samples).into_iter().unzip();
+    Ok((live.lower_bound_bytes(), events, bytes))
+}
+
+/// The segments (as in `NativePool.snapshot()["segments"]`) of the pool row `row` with `conf`
+/// once it has replayed the rows up to their moment of most live bytes.
+#[pyfunction]
+#[pyo3(signature = (rows, row, conf = ""))]
+fn peak_segments<'py>(py: Python<'py>, rows: Vec<Row>, row: &str, conf: &str) -> PyResult<Bound<'py, PyList>> {
+    let ReplayTarget::Pool(config) = row_target(row, conf).map_err(value_error)? else {
+        return Err(value_error(format!("{row} has no vrampool segments: pick a pool strategy")));
+    };
+    let buffers = trace_buffers(rows);
+    let segments = py.detach(|| LiveBytes::new(&buffers)?.peak_segments(config)).map_err(value_error)?;
+    let list = PyList::empty(py);
+    for segment in segments {
+        list.append(segment_dict(py, 0, &PoolSegment { pool: PoolId::MAIN, segment })?)?;
+    }
+    Ok(list)
+}
+
 /// Replays `(id, lower, upper, size, stream)` rows on the address-only simulated device once per
 /// entry of `runs`: `(row, options)`, a row being `default`, a pool strategy (`+vm` or not) or an
 /// allocator model (`torch`, `torch+expandable`, `rmm`, `cupy`, `async`), and its options ones
@@ -73,10 +112,7 @@ fn replay_trace<'py>(
     if capacity == Some(0) {
         return Err(value_error("capacity must be at least 1 byte"));
     }
-    let buffers: Vec<TraceBuffer> = rows
-        .into_iter()
-        .map(|(id, lower, upper, size, stream)| TraceBuffer { id, lower, upper, size, stream })
-        .collect();
+    let buffers = trace_buffers(rows);
     let options = ReplayOptions { samples, capacity, repeat };
     let reports: Vec<ReplayReport> = py
         .detach(|| {
