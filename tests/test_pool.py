@@ -43,6 +43,21 @@ def test_allocate_write_read_and_free(pool: DevicePool) -> None:
     assert pool.stats()["reserved_bytes.all.current"] == 0
 
 
+def test_stats_give_counts_as_ints_and_ratios_as_floats_by_their_type() -> None:
+    pool = DevicePool("sim", capacity=1 << 30, strategy="buddy")
+    # A 64 MiB block fills the segment cut for it: nothing free, reserved equals allocated.
+    buf = pool.allocate(64 * MIB)
+    stats = pool.stats()
+    assert stats["reserved_bytes.all.current"] == stats["allocated_bytes.all.current"] == 64 * MIB
+    assert stats["num_ooms"] == 0 and type(stats["num_ooms"]) is int
+    assert stats["free_bytes"] == 0 and type(stats["free_bytes"]) is int
+    assert stats["reserved_per_allocated"] == 1.0 and type(stats["reserved_per_allocated"]) is float
+    assert stats["fragmentation"] == 0.0 and type(stats["fragmentation"]) is float
+    ratios = {"fragmentation", "reserved_per_allocated"}
+    assert all(type(v) is (float if k in ratios else int) for k, v in stats.items()), stats
+    pool.deallocate(buf)
+
+
 def test_bad_input_raises_python_exceptions_and_loses_nothing(pool: DevicePool) -> None:
     keep = pool.allocate(4096)
     before = pool.stats()

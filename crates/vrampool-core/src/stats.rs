@@ -287,6 +287,15 @@ pub struct Stats {
     pub cached_bytes: u64,
 }
 
+/// One figure of [`Stats::to_pairs`], typed so that a binding need not guess it from the value.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum StatValue {
+    /// Bytes, blocks, segments or events.
+    Count(u64),
+    /// A share or a quotient of two counts.
+    Ratio(f64),
+}
+
 /// 1 - largest free range / bytes in free ranges: how scattered free memory is, 0 when it is one
 /// range (or there is none) and near 1 when it is many small ones.
 pub fn fragmentation(largest_free: u64, free: u64) -> f64 {
@@ -317,7 +326,7 @@ impl Stats {
     }
 
     /// Every figure under PyTorch's key name where one exists, and vrampool's own otherwise.
-    pub fn to_pairs(&self) -> Vec<(String, f64)> {
+    pub fn to_pairs(&self) -> Vec<(String, StatValue)> {
         let mut pairs = Vec::new();
         let groups = [
             ("allocated_bytes", &self.allocated_bytes),
@@ -329,7 +338,7 @@ impl Stats {
         ];
         for (name, c) in groups {
             for (field, v) in [("current", c.current), ("peak", c.peak), ("allocated", c.allocated), ("freed", c.freed)] {
-                pairs.push((format!("{name}.all.{field}"), v as f64));
+                pairs.push((format!("{name}.all.{field}"), StatValue::Count(v)));
             }
         }
         for (name, v) in [
@@ -343,17 +352,26 @@ impl Stats {
             ("cached_bytes", self.cached_bytes),
             ("free_bytes", self.free_bytes()),
         ] {
-            pairs.push((name.to_string(), v as f64));
+            pairs.push((name.to_string(), StatValue::Count(v)));
         }
-        pairs.push(("fragmentation".into(), self.fragmentation()));
-        pairs.push(("reserved_per_allocated".into(), self.reserved_per_allocated()));
+        pairs.push(("fragmentation".into(), StatValue::Ratio(self.fragmentation())));
+        pairs.push(("reserved_per_allocated".into(), StatValue::Ratio(self.reserved_per_allocated())));
         pairs
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::fragmentation;
+    use super::{fragmentation, StatValue, Stats};
+
+    #[test]
+    fn counts_are_counts_and_ratios_are_ratios_whatever_their_value() {
+        let stats = Stats::default();
+        for (key, value) in stats.to_pairs() {
+            let ratio = matches!(key.as_str(), "fragmentation" | "reserved_per_allocated");
+            assert_eq!(matches!(value, StatValue::Ratio(_)), ratio, "{key}: {value:?}");
+        }
+    }
 
     #[test]
     fn fragmentation_is_the_share_of_free_bytes_outside_the_largest_range() {

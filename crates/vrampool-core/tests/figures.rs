@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use vrampool_core::replay::{events_from_buffers, replay, replay_prepared, PreparedTrace, ReplayOptions, ReplayTarget, TraceBuffer};
 use vrampool_core::sizes::{KIB, MIB};
-use vrampool_core::stats::CounterValues;
+use vrampool_core::stats::{CounterValues, StatValue};
 use vrampool_core::strategy::StrategyKind;
 use vrampool_core::{Device, OomReport, Pool, PoolConfig, PoolError, SimDevice, SimMode, StreamId};
 
@@ -46,9 +46,9 @@ fn fragmentation_and_largest_free_of_a_known_layout() {
     assert!((stats.reserved_per_allocated() - 2048.0 / 300.0).abs() < 1e-12);
     let pairs = stats.to_pairs();
     let get = |key: &str| pairs.iter().find(|(k, _)| k == key).unwrap_or_else(|| panic!("no {key}")).1;
-    assert_eq!(get("largest_free_bytes"), (1148 * KIB) as f64);
-    assert_eq!(get("free_bytes"), (1748 * KIB) as f64);
-    assert_eq!(get("fragmentation"), stats.fragmentation());
+    assert_eq!(get("largest_free_bytes"), StatValue::Count(1148 * KIB));
+    assert_eq!(get("free_bytes"), StatValue::Count(1748 * KIB));
+    assert_eq!(get("fragmentation"), StatValue::Ratio(stats.fragmentation()));
 }
 
 #[test]
@@ -107,11 +107,11 @@ fn every_counter_after_a_rise_and_a_fall() {
     assert_eq!((s.num_device_alloc, s.num_device_free, s.num_ooms, s.num_alloc_retries), (2, 1, 0, 0));
     let pairs = s.to_pairs();
     let get = |key: &str| pairs.iter().find(|(k, _)| k == key).unwrap_or_else(|| panic!("no {key}")).1;
-    assert_eq!(get("reserved_bytes.all.peak"), (10 * MIB) as f64);
-    assert_eq!(get("reserved_bytes.all.current"), (2 * MIB) as f64);
-    assert_eq!(get("allocated_bytes.all.peak"), peak_allocated as f64);
-    assert_eq!(get("allocation.all.peak"), 4.0);
-    assert_eq!(get("segment.all.peak"), 2.0);
+    assert_eq!(get("reserved_bytes.all.peak"), StatValue::Count(10 * MIB));
+    assert_eq!(get("reserved_bytes.all.current"), StatValue::Count(2 * MIB));
+    assert_eq!(get("allocated_bytes.all.peak"), StatValue::Count(peak_allocated));
+    assert_eq!(get("allocation.all.peak"), StatValue::Count(4));
+    assert_eq!(get("segment.all.peak"), StatValue::Count(2));
     // A reset brings every peak down to its current value, and a new rise counts from there.
     pool.reset_peak_stats();
     let s = pool.stats();

@@ -6,17 +6,16 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use vrampool_core::config::{AllocatorConfig, Value, KEYS};
 use vrampool_core::failures::OomRecord;
-use vrampool_core::stats::Stats;
+use vrampool_core::stats::{StatValue, Stats};
 use vrampool_core::{BlockState, Limit, PoolSegment};
 
-/// The core's stats under their key names: counts as ints, ratios as floats.
+/// The core's stats under their key names: counts as ints, ratios as floats, by their type.
 pub fn stats_dict<'py>(py: Python<'py>, stats: &Stats) -> PyResult<Bound<'py, PyDict>> {
     let dict = PyDict::new(py);
     for (key, value) in stats.to_pairs() {
-        if value.fract() == 0.0 && key != "fragmentation" && key != "reserved_per_allocated" {
-            dict.set_item(key, value as u64)?;
-        } else {
-            dict.set_item(key, value)?;
+        match value {
+            StatValue::Count(count) => dict.set_item(key, count)?,
+            StatValue::Ratio(ratio) => dict.set_item(key, ratio)?,
         }
     }
     Ok(dict)
