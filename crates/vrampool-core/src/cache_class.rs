@@ -16,7 +16,7 @@ pub fn cache_class(config: &PoolConfig, arena: &Arena, thread_classes: usize, si
     ours.then_some(index)
 }
 
-/// The class `index` as `BlockMeta::class` keeps it (all cached classes fit: at most 80 are).
+/// The class `index` as `LiveBlock::class` keeps it (all cached classes fit: at most 80 are).
 pub fn class_tag(index: usize) -> u8 {
     u8::try_from(index + 1).expect("fewer than 255 cached classes")
 }
@@ -64,7 +64,7 @@ impl ThreadClass {
         usize::from(self.tag()).checked_sub(1)
     }
 
-    /// The class as `BlockMeta::class` keeps it.
+    /// The class as `LiveBlock::class` keeps it.
     #[inline(always)]
     pub fn tag(self) -> u8 {
         self.0 as u8

@@ -25,7 +25,7 @@ const STATE: u64 = 0b111;
 
 /// What the pool records about a live block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BlockMeta {
+pub struct LiveBlock {
     /// Below 2^48 (`sizes::MAX_REQUEST` keeps it there).
     pub size: u64,
     pub requested: u64,
@@ -35,7 +35,7 @@ pub struct BlockMeta {
     pub class: u8,
 }
 
-impl BlockMeta {
+impl LiveBlock {
     /// The size class the block is cached under when freed, if any.
     #[inline(always)]
     pub fn cache_index(&self) -> Option<usize> {
@@ -57,7 +57,7 @@ pub enum Removal {
     /// Not in the table (it may be in the overflow map).
     Absent,
     /// In the table, but the predicate refused: nothing changed.
-    Refused(BlockMeta),
+    Refused(LiveBlock),
 }
 
 /// A table of `SLOTS` slots, a power of two. The size is a constant so that finding a slot
@@ -95,7 +95,7 @@ impl<const SLOTS: usize> LiveTable<SLOTS> {
     }
 
     /// Records `addr` (512-aligned, non-zero); false when its slot is taken by another block.
-    pub fn insert(&self, addr: u64, meta: BlockMeta) -> bool {
+    pub fn insert(&self, addr: u64, meta: LiveBlock) -> bool {
         debug_assert!(addr != 0 && addr & 511 == 0);
         let slot = self.slot(addr);
         if slot.key.compare_exchange(0, addr | WRITING, Ordering::Acquire, Ordering::Relaxed).is_err() {
@@ -108,7 +108,7 @@ impl<const SLOTS: usize> LiveTable<SLOTS> {
         true
     }
 
-    fn size_tier(meta: &BlockMeta) -> u64 {
+    fn size_tier(meta: &LiveBlock) -> u64 {
         debug_assert!(meta.size < 1 << 48);
         meta.size | (meta.class as u64) << 48 | (meta.tier as u64) << 56
     }
@@ -120,9 +120,9 @@ impl<const SLOTS: usize> LiveTable<SLOTS> {
         addr != 0 && addr & STATE == 0
     }
 
-    fn read(slot: &Slot) -> BlockMeta {
+    fn read(slot: &Slot) -> LiveBlock {
         let size_tier = slot.size_tier.load(Ordering::Relaxed);
-        BlockMeta {
+        LiveBlock {
             size: size_tier & ((1 << 48) - 1),
             class: (size_tier >> 48) as u8,
             tier: (size_tier >> 56) as u8,
@@ -133,7 +133,7 @@ impl<const SLOTS: usize> LiveTable<SLOTS> {
 
     /// Takes `addr` out if `agree(meta)` agrees, leaving its slot parked (see the module doc).
     #[inline(always)]
-    pub fn remove_if(&self, addr: u64, mut agree: impl FnMut(&BlockMeta) -> bool) -> Result<BlockMeta, Removal> {
+    pub fn remove_if(&self, addr: u64, mut agree: impl FnMut(&LiveBlock) -> bool) -> Result<LiveBlock, Removal> {
         if !Self::may_be_key(addr) {
             return Err(Removal::Absent);
         }
@@ -163,7 +163,7 @@ impl<const SLOTS: usize> LiveTable<SLOTS> {
     /// stream (it comes back from a cache); false otherwise (it was never in the table, or was
     /// unparked). The caller must hold the block: then nothing else writes this slot.
     #[inline(always)]
-    pub fn revive(&self, addr: u64, meta: BlockMeta) -> bool {
+    pub fn revive(&self, addr: u64, meta: LiveBlock) -> bool {
         let slot = self.slot(addr);
         let parked = slot.key.load(Ordering::Relaxed) == addr | PARKED
             && slot.size_tier.load(Ordering::Relaxed) == Self::size_tier(&meta)
@@ -178,7 +178,7 @@ impl<const SLOTS: usize> LiveTable<SLOTS> {
 
     /// The metadata of the parked block at `addr`, if it is parked. The caller must hold the
     /// block.
-    pub fn parked(&self, addr: u64) -> Option<BlockMeta> {
+    pub fn parked(&self, addr: u64) -> Option<LiveBlock> {
         let slot = self.slot(addr);
         (slot.key.load(Ordering::Relaxed) == addr | PARKED).then(|| Self::read(slot))
     }
@@ -193,7 +193,7 @@ impl<const SLOTS: usize> LiveTable<SLOTS> {
     }
 
     /// The metadata of `addr` if it is live here.
-    pub fn get(&self, addr: u64) -> Option<BlockMeta> {
+    pub fn get(&self, addr: u64) -> Option<LiveBlock> {
         if !Self::may_be_key(addr) {
             return None;
         }
@@ -207,7 +207,7 @@ impl<const SLOTS: usize> LiveTable<SLOTS> {
     }
 
     /// Every live block (a snapshot; blocks allocated or freed meanwhile may or may not show).
-    pub fn iter(&self) -> impl Iterator<Item = (u64, BlockMeta)> + '_ {
+    pub fn iter(&self) -> impl Iterator<Item = (u64, LiveBlock)> + '_ {
         self.slots.iter().filter_map(|slot| {
             let key = slot.key.load(Ordering::Acquire);
             (key & STATE == LIVE).then(|| (key & !STATE, Self::read(slot)))
@@ -219,8 +219,8 @@ impl<const SLOTS: usize> LiveTable<SLOTS> {
 mod tests {
     use super::*;
 
-    fn meta(size: u64) -> BlockMeta {
-        BlockMeta { size, requested: size - 1, stream: 7, tier: 2, class: 3 }
+    fn meta(size: u64) -> LiveBlock {
+        LiveBlock { size, requested: size - 1, stream: 7, tier: 2, class: 3 }
     }
 
     #[test]
@@ -260,11 +260,11 @@ mod tests {
         let neighbour = (2..).map(|i| i * 512).find(|&a| std::ptr::eq(table.slot(a), table.slot(512))).unwrap();
         assert!(!table.insert(neighbour, meta(512)));
         // Only the same block, with the same size, tier and stream, comes back to life.
-        assert!(!table.revive(512, BlockMeta { stream: 8, ..meta(1024) }));
+        assert!(!table.revive(512, LiveBlock { stream: 8, ..meta(1024) }));
         assert!(!table.revive(512, meta(2048)));
-        assert!(table.revive(512, BlockMeta { requested: 600, ..meta(1024) }));
-        assert_eq!(table.get(512), Some(BlockMeta { requested: 600, ..meta(1024) }));
-        assert_eq!(table.remove_if(512, |_| true), Ok(BlockMeta { requested: 600, ..meta(1024) }));
+        assert!(table.revive(512, LiveBlock { requested: 600, ..meta(1024) }));
+        assert_eq!(table.get(512), Some(LiveBlock { requested: 600, ..meta(1024) }));
+        assert_eq!(table.remove_if(512, |_| true), Ok(LiveBlock { requested: 600, ..meta(1024) }));
         // Unparked, the slot is free for anyone, and the old block cannot be revived.
         table.unpark(512);
         assert!(!table.revive(512, meta(1024)));
@@ -294,8 +294,8 @@ mod loom_tests {
     use loom::sync::Arc;
     use loom::thread;
 
-    fn meta(size: u64) -> BlockMeta {
-        BlockMeta { size, requested: size, stream: 1, tier: 0, class: 0 }
+    fn meta(size: u64) -> LiveBlock {
+        LiveBlock { size, requested: size, stream: 1, tier: 0, class: 0 }
     }
 
     /// Two threads free the same block at once: exactly one succeeds, and sees whole metadata.
@@ -343,7 +343,7 @@ mod loom_tests {
             let table = Arc::new(LiveTable::<2>::default());
             assert!(table.insert(512, meta(4096)));
             assert!(table.remove_if(512, |_| true).is_ok());
-            let again = BlockMeta { requested: 100, ..meta(4096) };
+            let again = LiveBlock { requested: 100, ..meta(4096) };
             let double_free = {
                 let table = Arc::clone(&table);
                 thread::spawn(move || table.remove_if(512, |_| true))

@@ -26,7 +26,7 @@ use crate::arena::Arena;
 use crate::cache_class::{cache_class, class_tag, thread_class_table, ThreadClass};
 use crate::config::{Limit, PoolConfig, Scrub};
 use crate::device::{Device, EventId, StreamId};
-use crate::live_table::{BlockMeta, LiveTable, Removal};
+use crate::live_table::{LiveBlock, LiveTable, Removal};
 use crate::error::{DeviceError, InvalidFreeReason, OomReport, PoolError, Result};
 use crate::expandable::{pieces, Expandable, Reservation};
 use crate::fast_gate::FastGate;
@@ -41,8 +41,6 @@ type FastMap<K, V> = papaya::HashMap<K, V, FixedState>;
 /// Slots in the live-block table: 2^14 (512 KiB of host memory); blocks whose slot is taken go
 /// to the overflow map.
 const LIVE_TABLE_SLOTS: usize = 1 << 14;
-
-type LiveBlock = BlockMeta;
 
 /// A free that waits for other streams' work: the block is reusable once every event completed.
 struct DeferredFree {
