@@ -18,51 +18,27 @@ use std::time::Duration;
 
 use criterion::Criterion;
 use vrampool_plan::{
-    decide, llm_decoding_instance, llm_training_instance, packed_instance, plan, random_instance,
-    read_csv, Algorithm, Buffer, Decision, PlanOptions,
+    decide, llm_decoding_instance, llm_training_instance, packed_instance, plan, random_instance, read_csv, Algorithm, Buffer, Decision,
+    PlanOptions,
 };
 
 /// Columns of the table and criterion's functions, in this order.
-const ALGORITHMS: [Algorithm; 4] = [
-    Algorithm::GreedyBySize,
-    Algorithm::BestFit,
-    Algorithm::Exact,
-    Algorithm::Auto,
-];
+const ALGORITHMS: [Algorithm; 4] = [Algorithm::GreedyBySize, Algorithm::BestFit, Algorithm::Exact, Algorithm::Auto];
 const RANDOM_BUFFERS: usize = 60_000;
 const RANDOM_SEED: u64 = 42;
 /// The best arena known for every MiniMalloc challenging instance.
 const BEST_KNOWN: u64 = 1 << 20;
 /// MiniMalloc's seconds to decide 1 MiB, built from its source and run once each on this 2-core machine at
 /// `--capacity=1048576` (issue 19's figures).
-const MINIMALLOC_SECONDS: [(&str, f64); 6] = [
-    ("A", 7.4),
-    ("B", 4.7),
-    ("C", 0.9),
-    ("D", 4.4),
-    ("E", 6.8),
-    ("F", 9.8),
-];
+const MINIMALLOC_SECONDS: [(&str, f64); 6] = [("A", 7.4), ("B", 4.7), ("C", 0.9), ("D", 4.4), ("E", 6.8), ("F", 9.8)];
 
 /// The large graphs: a training step over micro-batches, and decoding with KV caches grown by concatenation.
 fn large_graphs() -> Vec<(String, Vec<Buffer>)> {
     vec![
-        (
-            "llm-training-64x10".into(),
-            llm_training_instance(64, 10, 4096, 1),
-        ),
-        (
-            "llm-training-96x20".into(),
-            llm_training_instance(96, 20, 4096, 2),
-        ),
-        (
-            "llm-decoding-24x120".into(),
-            llm_decoding_instance(24, 512, 120, 8192),
-        ),
-        (
-            "llm-decoding-32x150".into(),
-            llm_decoding_instance(32, 256, 150, 8192),
-        ),
+        ("llm-training-64x10".into(), llm_training_instance(64, 10, 4096, 1)),
+        ("llm-training-96x20".into(), llm_training_instance(96, 20, 4096, 2)),
+        ("llm-decoding-24x120".into(), llm_decoding_instance(24, 512, 120, 8192)),
+        ("llm-decoding-32x150".into(), llm_decoding_instance(32, 256, 150, 8192)),
     ]
 }
 
@@ -77,10 +53,7 @@ fn print_minimalloc(cases: &[(String, Vec<Buffer>)]) {
     println!("| instance | buffers | lower bound | decide at 1 MiB, s (median of 3) | MiniMalloc, s | MiniMalloc / ours | plan in 5 s | plan, s |");
     println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for (name, minimalloc) in MINIMALLOC_SECONDS {
-        let Some((_, buffers)) = cases
-            .iter()
-            .find(|(n, _)| *n == format!("minimalloc-challenging-{name}"))
-        else {
+        let Some((_, buffers)) = cases.iter().find(|(n, _)| *n == format!("minimalloc-challenging-{name}")) else {
             continue;
         };
         let options = options(Algorithm::Auto, Duration::from_secs(20));
@@ -88,10 +61,7 @@ fn print_minimalloc(cases: &[(String, Vec<Buffer>)]) {
             .map(|_| {
                 let start = std::time::Instant::now();
                 let decision = decide(buffers, BEST_KNOWN, &options).expect("decide");
-                assert!(
-                    matches!(decision, Decision::Fits(_)),
-                    "{name}: {decision:?}"
-                );
+                assert!(matches!(decision, Decision::Fits(_)), "{name}: {decision:?}");
                 start.elapsed().as_secs_f64()
             })
             .collect();
@@ -122,30 +92,19 @@ fn print_packed() {
     for seed in 0..12 {
         let buffers = packed_instance(200, 1024, 1024, 0, seed);
         let start = std::time::Instant::now();
-        let decision =
-            decide(&buffers, BEST_KNOWN, &options(Algorithm::Auto, budget)).expect("decide");
+        let decision = decide(&buffers, BEST_KNOWN, &options(Algorithm::Auto, budget)).expect("decide");
         if matches!(decision, Decision::Fits(_)) {
             solved.push(start.elapsed().as_secs_f64());
         }
     }
-    let times = if solved.is_empty() {
-        "-".to_string()
-    } else {
-        format!("{:.3}", median(solved.clone()))
-    };
-    println!(
-        "decided: {} of 12; median seconds of those decided: {times}\n",
-        solved.len()
-    );
+    let times = if solved.is_empty() { "-".to_string() } else { format!("{:.3}", median(solved.clone())) };
+    println!("decided: {} of 12; median seconds of those decided: {times}\n", solved.len());
 }
 
 /// Arena / bound and seconds per algorithm on the large graphs and the random instance.
 fn print_large(cases: &[(String, Vec<Buffer>)]) {
     println!("\nLarge graphs: arena / lower bound (seconds), budget 5 s\n");
-    let heads: Vec<&str> = [Algorithm::GreedyBySize, Algorithm::BestFit, Algorithm::Auto]
-        .iter()
-        .map(|a| a.name())
-        .collect();
+    let heads: Vec<&str> = [Algorithm::GreedyBySize, Algorithm::BestFit, Algorithm::Auto].iter().map(|a| a.name()).collect();
     println!("| graph | buffers | {} |", heads.join(" | "));
     println!("| --- | ---: |{}", " ---: |".repeat(heads.len()));
     for (name, buffers) in cases {
@@ -153,18 +112,10 @@ fn print_large(cases: &[(String, Vec<Buffer>)]) {
             .iter()
             .map(|&algorithm| {
                 let p = plan(buffers, &options(algorithm, Duration::from_secs(5))).expect("plan");
-                format!(
-                    "{:.4} ({:.2})",
-                    p.arena_bytes as f64 / p.lower_bound_bytes as f64,
-                    p.seconds
-                )
+                format!("{:.4} ({:.2})", p.arena_bytes as f64 / p.lower_bound_bytes as f64, p.seconds)
             })
             .collect();
-        println!(
-            "| {name} | {} | {} |",
-            group_digits(buffers.len() as u64),
-            cells.join(" | ")
-        );
+        println!("| {name} | {} | {} |", group_digits(buffers.len() as u64), cells.join(" | "));
     }
     println!();
 }
@@ -180,27 +131,15 @@ fn instances() -> Vec<(String, Vec<Buffer>)> {
     paths
         .into_iter()
         .map(|path| {
-            let name = path
-                .file_stem()
-                .expect("file name")
-                .to_string_lossy()
-                .into_owned();
-            let file =
-                std::fs::File::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            (
-                name,
-                read_csv(file).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
-            )
+            let name = path.file_stem().expect("file name").to_string_lossy().into_owned();
+            let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            (name, read_csv(file).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
         })
         .collect()
 }
 
 fn options(algorithm: Algorithm, budget: Duration) -> PlanOptions {
-    PlanOptions {
-        algorithm,
-        budget,
-        alignment: 1,
-    }
+    PlanOptions { algorithm, budget, alignment: 1 }
 }
 
 /// One run of every algorithm on every instance, as a Markdown table.
@@ -208,14 +147,8 @@ fn print_table(cases: &[(String, Vec<Buffer>)]) {
     let budget = Duration::from_secs(5);
     println!("\nStatic planner: arena in bytes (seconds); * = proven optimal; exact search budget {budget:?}\n");
     let heads: Vec<String> = ALGORITHMS.iter().map(|a| a.name().to_string()).collect();
-    println!(
-        "| instance | buffers | lower bound | {} |",
-        heads.join(" | ")
-    );
-    println!(
-        "| --- | ---: | ---: |{}",
-        " ---: |".repeat(ALGORITHMS.len())
-    );
+    println!("| instance | buffers | lower bound | {} |", heads.join(" | "));
+    println!("| --- | ---: | ---: |{}", " ---: |".repeat(ALGORITHMS.len()));
     for (name, buffers) in cases {
         let cells: Vec<String> = ALGORITHMS
             .iter()
@@ -226,12 +159,7 @@ fn print_table(cases: &[(String, Vec<Buffer>)]) {
             })
             .collect();
         let bound = vrampool_plan::lower_bound(buffers);
-        println!(
-            "| {name} | {} | {} | {} |",
-            group_digits(buffers.len() as u64),
-            group_digits(bound),
-            cells.join(" | ")
-        );
+        println!("| {name} | {} | {} | {} |", group_digits(buffers.len() as u64), group_digits(bound), cells.join(" | "));
     }
     println!();
 }
@@ -239,10 +167,7 @@ fn print_table(cases: &[(String, Vec<Buffer>)]) {
 /// 1048576 -> "1,048,576".
 fn group_digits(value: u64) -> String {
     let reversed: Vec<char> = value.to_string().chars().rev().collect();
-    let groups: Vec<String> = reversed
-        .chunks(3)
-        .map(|c| c.iter().rev().collect())
-        .collect();
+    let groups: Vec<String> = reversed.chunks(3).map(|c| c.iter().rev().collect()).collect();
     groups.into_iter().rev().collect::<Vec<_>>().join(",")
 }
 
@@ -250,10 +175,7 @@ fn bench(c: &mut Criterion, cases: &[(String, Vec<Buffer>)]) {
     let budget = Duration::from_secs(1);
     for (name, buffers) in cases {
         let mut group = c.benchmark_group(format!("planner/{name}"));
-        group
-            .sample_size(10)
-            .warm_up_time(Duration::from_millis(500))
-            .measurement_time(Duration::from_secs(3));
+        group.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
         for algorithm in ALGORITHMS {
             // Beyond the shared instances, the exact search alone is not worth timing: it skips parts that
             // large and returns greedy by size's plan.
@@ -261,9 +183,7 @@ fn bench(c: &mut Criterion, cases: &[(String, Vec<Buffer>)]) {
                 continue;
             }
             let options = options(algorithm, budget);
-            group.bench_function(algorithm.name(), |b| {
-                b.iter(|| plan(black_box(buffers), &options).expect("plan"))
-            });
+            group.bench_function(algorithm.name(), |b| b.iter(|| plan(black_box(buffers), &options).expect("plan")));
         }
         group.finish();
     }
@@ -271,10 +191,7 @@ fn bench(c: &mut Criterion, cases: &[(String, Vec<Buffer>)]) {
 
 fn main() {
     let mut cases = instances();
-    let random = (
-        format!("random-{RANDOM_BUFFERS}-seed-{RANDOM_SEED}"),
-        random_instance(RANDOM_BUFFERS, RANDOM_SEED),
-    );
+    let random = (format!("random-{RANDOM_BUFFERS}-seed-{RANDOM_SEED}"), random_instance(RANDOM_BUFFERS, RANDOM_SEED));
     // `cargo bench` passes --bench; `cargo test --benches` does not, and then only criterion's quick check runs.
     if std::env::args().any(|a| a == "--bench") {
         print_minimalloc(&cases);

@@ -9,9 +9,9 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use vrampool_benches::{malloc_pair, mixed_ops, pool_pair, run_mixed, sim_pool};
 use vrampool_core::sizes::{KIB, MIB};
 use vrampool_core::strategy::StrategyKind;
-use vrampool_benches::{malloc_pair, mixed_ops, pool_pair, run_mixed, sim_pool};
 use vrampool_core::{Pool, PoolConfig};
 
 const STRATEGIES: [StrategyKind; 4] = [StrategyKind::Slab, StrategyKind::BestFit, StrategyKind::Buddy, StrategyKind::Hybrid];
@@ -33,14 +33,10 @@ fn pairs(c: &mut Criterion) {
     for (size, label) in SIZES {
         for strategy in STRATEGIES {
             let pool = warm_pool(strategy, size);
-            group.bench_function(BenchmarkId::new(strategy.name(), label), |b| {
-                b.iter(|| pool_pair(&pool, size))
-            });
+            group.bench_function(BenchmarkId::new(strategy.name(), label), |b| b.iter(|| pool_pair(&pool, size)));
         }
         let layout = Layout::from_size_align(size as usize, 16).unwrap();
-        group.bench_function(BenchmarkId::new("malloc", label), |b| {
-            b.iter(|| malloc_pair(layout))
-        });
+        group.bench_function(BenchmarkId::new("malloc", label), |b| b.iter(|| malloc_pair(layout)));
     }
     group.finish();
 }

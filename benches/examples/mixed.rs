@@ -19,6 +19,11 @@ fn main() {
         }
         let stats = pool.stats();
         let per_iteration = started.elapsed().as_secs_f64() * 1e6 / f64::from(iterations);
-        println!("{:<8} {per_iteration:7.1} us/iteration, device allocs {}, frees {}", strategy.name(), stats.num_device_alloc, stats.num_device_free);
+        println!(
+            "{:<8} {per_iteration:7.1} us/iteration, device allocs {}, frees {}",
+            strategy.name(),
+            stats.num_device_alloc,
+            stats.num_device_free
+        );
     }
 }

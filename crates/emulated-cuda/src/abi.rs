@@ -297,7 +297,11 @@ mod tests {
         assert_eq!(sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL as i32, pointer::DEVICE_ORDINAL);
         assert_eq!(sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE as i32, pointer::RANGE_SIZE);
         use sys::cudaError_enum as E;
-        for (code, ours) in [(E::CUDA_ERROR_NOT_SUPPORTED, NOT_SUPPORTED), (E::CUDA_ERROR_ILLEGAL_ADDRESS, ILLEGAL_ADDRESS), (E::CUDA_ERROR_KEY_ROTATION, 916)] {
+        for (code, ours) in [
+            (E::CUDA_ERROR_NOT_SUPPORTED, NOT_SUPPORTED),
+            (E::CUDA_ERROR_ILLEGAL_ADDRESS, ILLEGAL_ADDRESS),
+            (E::CUDA_ERROR_KEY_ROTATION, 916),
+        ] {
             assert_eq!(code as u32, ours);
             assert_eq!(code_name(ours), Some(format!("{code:?}").as_str()));
         }

@@ -55,7 +55,8 @@ impl Config {
         Self {
             devices: read("EMULATED_CUDA_DEVICES", 1, |t| t.parse().ok().filter(|&n| n <= 64)) as i32,
             memory: read("EMULATED_CUDA_MEMORY", 8 * GIB, |t| parse_bytes(t).filter(|&m| m > 0)),
-            driver_version: read("EMULATED_CUDA_DRIVER_VERSION", 13000, |t| t.parse().ok().filter(|&v| v > 0 && v < i32::MAX as u64)) as i32,
+            driver_version: read("EMULATED_CUDA_DRIVER_VERSION", 13000, |t| t.parse().ok().filter(|&v| v > 0 && v < i32::MAX as u64))
+                as i32,
             vmm: read("EMULATED_CUDA_VMM", 1, parse_flag) == 1,
             granularity,
             faults: get("EMULATED_CUDA_FAIL").map(|t| parse_faults(&t)).unwrap_or_default(),
@@ -132,7 +133,12 @@ mod tests {
 
     #[test]
     fn values_are_read_and_bad_ones_ignored() {
-        let c = with(&[("EMULATED_CUDA_DEVICES", "2"), ("EMULATED_CUDA_MEMORY", "512MiB"), ("EMULATED_CUDA_VMM", "0"), ("EMULATED_CUDA_GRANULARITY", "3000")]);
+        let c = with(&[
+            ("EMULATED_CUDA_DEVICES", "2"),
+            ("EMULATED_CUDA_MEMORY", "512MiB"),
+            ("EMULATED_CUDA_VMM", "0"),
+            ("EMULATED_CUDA_GRANULARITY", "3000"),
+        ]);
         assert_eq!((c.devices, c.memory, c.vmm, c.granularity), (2, 512 * MIB, false, 2 * MIB));
         assert_eq!(with(&[("EMULATED_CUDA_MEMORY", "lots")]).memory, 8 * GIB);
     }

@@ -140,7 +140,9 @@ impl Emulator {
                 Ok(PER_THREAD.with(|p| {
                     Arc::clone(p.borrow_mut().entry(ctx.device).or_insert_with(|| {
                         let thread = std::thread::current().id();
-                        let stream = Stream::new(ctx.device, 0, false, |_| format!("the per-thread default stream of {thread:?} on device {}", ctx.device));
+                        let stream = Stream::new(ctx.device, 0, false, |_| {
+                            format!("the per-thread default stream of {thread:?} on device {}", ctx.device)
+                        });
                         ctx.streams.lock().push(Arc::clone(&stream));
                         stream
                     }))
@@ -177,7 +179,9 @@ impl Emulator {
         let memory = self.memory.read();
         ranges
             .iter()
-            .filter(|&&(addr, len, _)| len > 0 && matches!(memory.place(addr), memory::Place::Device { .. } | memory::Place::Reserved { .. }))
+            .filter(|&&(addr, len, _)| {
+                len > 0 && matches!(memory.place(addr), memory::Place::Device { .. } | memory::Place::Reserved { .. })
+            })
             .map(|&(addr, len, write)| Access { lo: addr, hi: addr + len, write })
             .collect()
     }

@@ -200,9 +200,7 @@ impl Memory {
         // SAFETY: `[addr, end)` lies inside a reservation of ours (PROT_NONE pages we mapped)
         // and no mapping is there, so MAP_FIXED replaces only our own reserved pages. No access
         // until `cuMemSetAccess`, as on a GPU.
-        let mapped = unsafe {
-            libc::mmap(addr as *mut _, size as usize, libc::PROT_NONE, libc::MAP_SHARED | libc::MAP_FIXED, fd, 0)
-        };
+        let mapped = unsafe { libc::mmap(addr as *mut _, size as usize, libc::PROT_NONE, libc::MAP_SHARED | libc::MAP_FIXED, fd, 0) };
         if mapped == libc::MAP_FAILED {
             return Err(abi::OUT_OF_MEMORY);
         }
@@ -331,9 +329,7 @@ impl Memory {
 fn map_anonymous(bytes: u64, prot: c_int) -> Option<u64> {
     let len = usize::try_from(bytes).ok()?;
     // SAFETY: a new private anonymous mapping at an address the kernel picks; touches nothing.
-    let ptr = unsafe {
-        libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0)
-    };
+    let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0) };
     (ptr != libc::MAP_FAILED).then_some(ptr as u64)
 }
 

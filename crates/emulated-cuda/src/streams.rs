@@ -21,14 +21,34 @@ use crate::race::{self, Access, Actor, Clock};
 /// What a stream does.
 pub enum Work {
     /// memset: `len` elements of `width` bytes at `dst`.
-    Fill { dst: u64, count: u64, value: u32, width: u8 },
-    Copy { dst: u64, src: u64, len: u64 },
+    Fill {
+        dst: u64,
+        count: u64,
+        value: u32,
+        width: u8,
+    },
+    Copy {
+        dst: u64,
+        src: u64,
+        len: u64,
+    },
     /// A copy from pageable host memory, staged when it was queued (as the driver stages it).
-    CopyStaged { dst: u64, bytes: Vec<u8> },
+    CopyStaged {
+        dst: u64,
+        bytes: Vec<u8>,
+    },
     /// The test-only kernel: sleeps `delay`, then fills `[dst, dst + len)` with `value`.
-    Kernel { dst: u64, len: u64, value: u8, delay: Duration },
+    Kernel {
+        dst: u64,
+        len: u64,
+        value: u8,
+        delay: Duration,
+    },
     /// Waits until `on` has done its first `upto` pieces of work.
-    Wait { on: Arc<Stream>, upto: u64 },
+    Wait {
+        on: Arc<Stream>,
+        upto: u64,
+    },
 }
 
 impl Work {
@@ -145,10 +165,7 @@ pub fn enqueue(stream: &Arc<Stream>, waits: Vec<(Arc<Stream>, u64, Clock)>, work
     if !p.worker && !p.queue.is_empty() {
         p.worker = true;
         let worker = Arc::clone(stream);
-        std::thread::Builder::new()
-            .name(format!("emucuda {:#x}", stream.id))
-            .spawn(move || run(worker))
-            .expect("spawning a stream worker");
+        std::thread::Builder::new().name(format!("emucuda {:#x}", stream.id)).spawn(move || run(worker)).expect("spawning a stream worker");
     }
     stream.changed.notify_all();
 }

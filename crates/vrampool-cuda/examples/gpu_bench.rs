@@ -41,11 +41,7 @@ fn parse_args() -> Result<Args, String> {
         match arg.as_str() {
             "--out" => args.out = Some(it.next().ok_or("--out needs a file")?),
             "--runs" => {
-                args.runs = it
-                    .next()
-                    .and_then(|n| n.parse().ok())
-                    .filter(|&n: &usize| n > 0)
-                    .ok_or("--runs needs a positive number")?
+                args.runs = it.next().and_then(|n| n.parse().ok()).filter(|&n: &usize| n > 0).ok_or("--runs needs a positive number")?
             }
             "--quick" => {
                 args.runs = 3;
@@ -128,8 +124,7 @@ impl Allocator for AsyncAllocator {
     fn alloc(&mut self, size: u64) -> Result<u64, String> {
         let mut addr: sys::CUdeviceptr = 0;
         // SAFETY: writes one address; the stream is live (made by the device, destroyed after).
-        check(unsafe { sys::cuMemAllocAsync(&mut addr, size as usize, self.stream()) }, "cuMemAllocAsync")
-            .map_err(|e| e.to_string())?;
+        check(unsafe { sys::cuMemAllocAsync(&mut addr, size as usize, self.stream()) }, "cuMemAllocAsync").map_err(|e| e.to_string())?;
         Ok(addr)
     }
     fn free(&mut self, addr: u64, _size: u64) -> Result<(), String> {
@@ -180,12 +175,7 @@ fn measure(a: &mut dyn Allocator, pattern: &'static str, size: u64, args: &Args)
             a.settle()?;
         }
         samples.sort_by(f64::total_cmp);
-        Ok(Timing {
-            pairs_per_run: pairs,
-            median_ns: samples[samples.len() / 2],
-            min_ns: samples[0],
-            max_ns: samples[samples.len() - 1],
-        })
+        Ok(Timing { pairs_per_run: pairs, median_ns: samples[samples.len() / 2], min_ns: samples[0], max_ns: samples[samples.len() - 1] })
     })();
     // A failure half-way through a batch leaves blocks held: give them back.
     for addr in held.drain(..) {
@@ -269,16 +259,10 @@ fn async_setup(dev: &Arc<CudaDevice>) -> Result<(StreamId, impl FnOnce()), Devic
     let threshold = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
     let mut old: u64 = 0;
     // SAFETY: the release threshold is a u64, read into a local.
-    check(
-        unsafe { sys::cuMemPoolGetAttribute(pool, threshold, &mut old as *mut u64 as *mut std::ffi::c_void) },
-        "cuMemPoolGetAttribute",
-    )?;
+    check(unsafe { sys::cuMemPoolGetAttribute(pool, threshold, &mut old as *mut u64 as *mut std::ffi::c_void) }, "cuMemPoolGetAttribute")?;
     let mut max = u64::MAX;
     // SAFETY: the release threshold is a u64, read from a local.
-    check(
-        unsafe { sys::cuMemPoolSetAttribute(pool, threshold, &mut max as *mut u64 as *mut std::ffi::c_void) },
-        "cuMemPoolSetAttribute",
-    )?;
+    check(unsafe { sys::cuMemPoolSetAttribute(pool, threshold, &mut max as *mut u64 as *mut std::ffi::c_void) }, "cuMemPoolSetAttribute")?;
     let stream = dev.create_stream()?;
     let pool_handle = pool as usize;
     let restore = move || {
@@ -331,12 +315,7 @@ fn to_json(dev: &CudaDevice, args: &Args, cells: &[Cell], notes: &[String], seco
     let _ = writeln!(j, "  \"results\": [");
     for (i, c) in cells.iter().enumerate() {
         let comma = if i + 1 < cells.len() { "," } else { "" };
-        let head = format!(
-            "\"allocator\": {}, \"pattern\": {}, \"size\": {}",
-            json_str(&c.allocator),
-            json_str(c.pattern),
-            c.size
-        );
+        let head = format!("\"allocator\": {}, \"pattern\": {}, \"size\": {}", json_str(&c.allocator), json_str(c.pattern), c.size);
         match &c.outcome {
             Ok(t) => {
                 let _ = writeln!(
@@ -436,13 +415,7 @@ fn main() {
     write_out(&args, &to_json(&dev, &args, &cells, &notes, seconds));
     let failed = cells.iter().filter(|c| c.outcome.is_err()).count();
     for c in cells.iter().filter(|c| c.outcome.is_err()) {
-        eprintln!(
-            "error: {} {} {}: {}",
-            c.allocator,
-            c.pattern,
-            c.size,
-            c.outcome.as_ref().err().unwrap_or(&String::new())
-        );
+        eprintln!("error: {} {} {}: {}", c.allocator, c.pattern, c.size, c.outcome.as_ref().err().unwrap_or(&String::new()));
     }
     if failed > 0 {
         eprintln!("gpu_bench: {failed} cell(s) failed");

@@ -199,12 +199,7 @@ fn allocation_prop(device: sys::CUdevice) -> sys::CUmemAllocationProp {
         requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
         location: device_location(device),
         win32HandleMetaData: null_mut(),
-        allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
-            compressionType: 0,
-            gpuDirectRDMACapable: 0,
-            usage: 0,
-            reserved: [0; 4],
-        },
+        allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 { compressionType: 0, gpuDirectRDMACapable: 0, usage: 0, reserved: [0; 4] },
     }
 }
 
@@ -213,10 +208,7 @@ pub(crate) fn allocation_granularity(device: sys::CUdevice) -> DeviceResult<u64>
     let mut granularity = 0usize;
     let option = sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM;
     // SAFETY: reads `prop`, a fully initialised local; writes one size.
-    check(
-        unsafe { sys::cuMemGetAllocationGranularity(&mut granularity, &prop, option) },
-        "cuMemGetAllocationGranularity",
-    )?;
+    check(unsafe { sys::cuMemGetAllocationGranularity(&mut granularity, &prop, option) }, "cuMemGetAllocationGranularity")?;
     Ok(granularity as u64)
 }
 
@@ -254,10 +246,8 @@ pub(crate) unsafe fn mem_map(address: u64, bytes: usize, allocation: u64) -> Dev
 /// # Safety
 /// `[address, address + bytes)` is mapped by us.
 pub(crate) unsafe fn mem_set_access(address: u64, bytes: usize, device: sys::CUdevice) -> DeviceResult<()> {
-    let access = sys::CUmemAccessDesc {
-        location: device_location(device),
-        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-    };
+    let access =
+        sys::CUmemAccessDesc { location: device_location(device), flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
     // SAFETY: as the caller guarantees; reads one descriptor from a local.
     check(unsafe { sys::cuMemSetAccess(address, bytes, &access, 1) }, "cuMemSetAccess")
 }

@@ -244,9 +244,7 @@ impl CudaDevice {
 
     /// Fails unless `[address, address + len)` lies inside one live segment or is wholly mapped.
     fn check_owned(&self, address: u64, len: u64) -> DeviceResult<()> {
-        if inside_one(&self.segments.lock(), |s| s.size, address, len)
-            || covered(&self.vm.lock().mappings, |m| m.size, address, len)
-        {
+        if inside_one(&self.segments.lock(), |s| s.size, address, len) || covered(&self.vm.lock().mappings, |m| m.size, address, len) {
             return Ok(());
         }
         Err(DeviceError::Driver(format!("{address:#x}+{len} is not inside memory this device holds")))
@@ -315,9 +313,7 @@ impl Device for CudaDevice {
     fn reserve(&self, size: u64) -> DeviceResult<u64> {
         let granularity = self.reserved_granularity()?;
         if size == 0 || size % granularity != 0 {
-            return Err(DeviceError::Driver(format!(
-                "reservation of {size} B is not a multiple of the granularity ({granularity} B)"
-            )));
+            return Err(DeviceError::Driver(format!("reservation of {size} B is not a multiple of the granularity ({granularity} B)")));
         }
         let bytes = usize::try_from(size).map_err(|_| DeviceError::OutOfMemory)?;
         let _current = self.enter()?;

@@ -65,8 +65,7 @@ pub fn load() -> DeviceResult<()> {
     LOADED
         .get_or_init(|| {
             // `load_uncached` is written not to panic; the guard is for a cudarc that would.
-            std::panic::catch_unwind(load_uncached)
-                .unwrap_or_else(|_| Err("CUDA driver not found: loading libcuda panicked".to_string()))
+            std::panic::catch_unwind(load_uncached).unwrap_or_else(|_| Err("CUDA driver not found: loading libcuda panicked".to_string()))
         })
         .clone()
         .map_err(DeviceError::Driver)

@@ -44,7 +44,10 @@ fn main() {
         ("emulated_growth_is_at_most_32_maps_and_trim_unmaps_each", emulated_growth_is_at_most_32_maps_and_trim_unmaps_each),
         ("emulated_driver_out_of_memory_releases_and_retries", emulated_driver_out_of_memory_releases_and_retries),
         ("emulated_bad_ordinal_and_unsupported_calls_are_errors", emulated_bad_ordinal_and_unsupported_calls_are_errors),
-        ("emulated_get_proc_address_hands_out_implemented_forms_then_stubs", emulated_get_proc_address_hands_out_implemented_forms_then_stubs),
+        (
+            "emulated_get_proc_address_hands_out_implemented_forms_then_stubs",
+            emulated_get_proc_address_hands_out_implemented_forms_then_stubs,
+        ),
         ("emulated_without_vmm_the_pool_uses_plain_segments", emulated_without_vmm_the_pool_uses_plain_segments),
         ("emulated_a_fault_planned_in_the_environment_is_retried", emulated_a_fault_planned_in_the_environment_is_retried),
         ("emulated_fault_at_every_driver_call", emulated_fault_at_every_driver_call),
@@ -229,7 +232,21 @@ fn emulated_growth_is_at_most_32_maps_and_trim_unmaps_each() {
     let dev = Arc::new(device());
     let g = dev.vm_granularity().unwrap();
     let pool = Pool::new(dev.clone() as Arc<dyn Device>, expandable_best_fit()).unwrap();
-    let counted = ["cuMemAddressReserve", "cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemRelease", "cuMemAddressFree", "cuMemAlloc", "cuMemFree", "cuCtxSynchronize", "cuEventRecord", "cuEventQuery", "cuEventCreate"];
+    let counted = [
+        "cuMemAddressReserve",
+        "cuMemCreate",
+        "cuMemMap",
+        "cuMemSetAccess",
+        "cuMemUnmap",
+        "cuMemRelease",
+        "cuMemAddressFree",
+        "cuMemAlloc",
+        "cuMemFree",
+        "cuCtxSynchronize",
+        "cuEventRecord",
+        "cuEventQuery",
+        "cuEventCreate",
+    ];
     let calls = |from: &[u64]| -> Vec<u64> { counted.iter().zip(from).map(|(n, f)| call_count(n) - f).collect() };
     let now = || counted.iter().map(|n| call_count(n)).collect::<Vec<_>>();
     // A growth of 200 MiB (100 granules): 25 pieces of 8 MiB (at most 32 a growth, not one a

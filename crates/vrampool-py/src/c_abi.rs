@@ -227,7 +227,13 @@ pub extern "C" fn vrampool_malloc(size: usize, device: c_int, stream: *mut c_voi
 /// `vrampool_malloc`, and under `raise_on_failure` a failure also writes the message of the
 /// exception that `vrampool_torch_malloc` then throws into `message` (`capacity` bytes).
 #[no_mangle]
-pub extern "C" fn vrampool_torch_malloc_or_message(size: usize, device: c_int, stream: *mut c_void, message: *mut c_char, capacity: usize) -> *mut c_void {
+pub extern "C" fn vrampool_torch_malloc_or_message(
+    size: usize,
+    device: c_int,
+    stream: *mut c_void,
+    message: *mut c_char,
+    capacity: usize,
+) -> *mut c_void {
     match try_malloc(size, device, stream) {
         Ok(ptr) => ptr,
         Err(reason) => {
@@ -332,7 +338,10 @@ pub extern "C" fn vrampool_record_stream(ptr: *mut c_void, stream: *mut c_void) 
     guard("record_stream", (), || {
         let stream_id = StreamId::canonical(stream as u64);
         if !ABI.devices.entries().iter().any(|(_, d)| d.record_stream(ptr as u64, stream_id).is_ok()) {
-            ABI.refuse(Failure::RecordStream, format!("vrampool_record_stream({ptr:p}, {stream:p}): refused: not a live block of any vrampool pool"));
+            ABI.refuse(
+                Failure::RecordStream,
+                format!("vrampool_record_stream({ptr:p}, {stream:p}): refused: not a live block of any vrampool pool"),
+            );
         }
     })
 }
@@ -356,7 +365,10 @@ pub extern "C" fn vrampool_begin_allocate_to_pool(device: c_int, id: PoolId, _fi
 pub extern "C" fn vrampool_end_allocate_to_pool(device: c_int, id: PoolId) {
     guard("end_allocate_to_pool", (), || {
         if !ABI.devices.get(device).is_some_and(|d| d.stack().end(id)) {
-            ABI.refuse(Failure::Other, format!("vrampool_end_allocate_to_pool(device {device}, ({}, {})): no such open pool", id.first, id.second));
+            ABI.refuse(
+                Failure::Other,
+                format!("vrampool_end_allocate_to_pool(device {device}, ({}, {})): no such open pool", id.first, id.second),
+            );
         }
     })
 }

@@ -79,7 +79,8 @@ fn abi_trim() -> PyResult<u64> {
 #[pyfunction]
 #[pyo3(signature = (device_count = 0))]
 fn abi_snapshot(py: Python<'_>, device_count: usize) -> PyResult<Bound<'_, PyDict>> {
-    let segments: Vec<_> = ABI.devices.entries().into_iter().flat_map(|(ordinal, r)| r.snapshot().into_iter().map(move |s| (ordinal, s))).collect();
+    let segments: Vec<_> =
+        ABI.devices.entries().into_iter().flat_map(|(ordinal, r)| r.snapshot().into_iter().map(move |s| (ordinal, s))).collect();
     let settings = ABI.devices.config().map(|c| c.text).unwrap_or_default();
     snapshot_dict(py, &segments, device_count, &settings)
 }

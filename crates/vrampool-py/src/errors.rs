@@ -6,7 +6,12 @@ use pyo3::prelude::*;
 use vrampool_core::PoolError;
 
 create_exception!(vrampool, OutOfMemoryError, PyMemoryError, "The pool could not get the memory, even after giving back its cache.");
-create_exception!(vrampool, InvalidFreeError, PyValueError, "A free of a pointer that is not a live block of this pool (double free, foreign pointer, wrong size).");
+create_exception!(
+    vrampool,
+    InvalidFreeError,
+    PyValueError,
+    "A free of a pointer that is not a live block of this pool (double free, foreign pointer, wrong size)."
+);
 create_exception!(vrampool, InvalidSizeError, PyValueError, "A size of zero, or larger than the pool may ever hold.");
 create_exception!(vrampool, WrongDeviceError, PyValueError, "A call that names another device than the pool's.");
 create_exception!(vrampool, PoolClosedError, PyRuntimeError, "A call on a pool that was closed.");

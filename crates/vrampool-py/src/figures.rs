@@ -87,7 +87,12 @@ pub fn segment_dict<'py>(py: Python<'py>, device: i32, seg: &PoolSegment) -> PyR
 /// A snapshot in the format of `torch.cuda.memory._snapshot()`: `segments` (of each device, in
 /// address order per pool), `device_traces` (an empty list per device: vrampool records no
 /// stack traces) for at least `devices` devices, and `allocator_settings`.
-pub fn snapshot_dict<'py>(py: Python<'py>, segments: &[(i32, PoolSegment)], devices: usize, settings: &str) -> PyResult<Bound<'py, PyDict>> {
+pub fn snapshot_dict<'py>(
+    py: Python<'py>,
+    segments: &[(i32, PoolSegment)],
+    devices: usize,
+    settings: &str,
+) -> PyResult<Bound<'py, PyDict>> {
     let list = PyList::empty(py);
     for (device, seg) in segments {
         list.append(segment_dict(py, *device, seg)?)?;

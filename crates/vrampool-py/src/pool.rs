@@ -373,7 +373,9 @@ impl NativeBuffer {
         let device = this.dl_device();
         if let Some(wanted) = dl_device {
             if wanted != device {
-                return Err(PyBufferError::new_err(format!("the buffer is on DLPack device {device:?}, not {wanted:?}; vrampool does not copy")));
+                return Err(PyBufferError::new_err(format!(
+                    "the buffer is on DLPack device {device:?}, not {wanted:?}; vrampool does not copy"
+                )));
             }
         }
         if copy == Some(true) {
@@ -532,7 +534,9 @@ fn consumer_stream(stream: Option<&Bound<'_, PyAny>>, cuda: bool) -> PyResult<Op
     if let Ok(handle) = stream.extract::<i64>() {
         return match handle {
             -1 => Ok(None),
-            0 => Err(PyValueError::new_err("DLPack stream 0 is ambiguous: pass 1 (legacy default stream), 2 (per-thread default stream) or a stream handle")),
+            0 => Err(PyValueError::new_err(
+                "DLPack stream 0 is ambiguous: pass 1 (legacy default stream), 2 (per-thread default stream) or a stream handle",
+            )),
             h if h < 0 => Err(PyValueError::new_err(format!("DLPack stream {h} is not a stream handle"))),
             h => Ok(Some(StreamId::canonical(h as u64).0)),
         };

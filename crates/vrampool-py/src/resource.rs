@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use vrampool_core::failures::OomRecord;
 use vrampool_core::stats::Stats;
-use vrampool_core::{Device, Limit, LiveBlockInfo, MemoryResource, Pool, PoolConfig, PoolError, PoolSegment, PrivatePools, SimDevice, SimMode, StreamId};
+use vrampool_core::{
+    Device, Limit, LiveBlockInfo, MemoryResource, Pool, PoolConfig, PoolError, PoolSegment, PrivatePools, SimDevice, SimMode, StreamId,
+};
 use vrampool_plan::PlannedMode;
 
 /// The adaptors over the pool, outermost first: a private pool takes an allocation before the

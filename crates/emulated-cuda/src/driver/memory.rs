@@ -11,75 +11,89 @@ use crate::streams::Work;
 
 // ---- memory ----
 
-driver_fn!(fn cuMemAlloc_v2(dptr: *mut u64, bytes: usize) {
-    let e = emulator();
-    let device = e.current()?.device;
-    if dptr.is_null() {
-        return Err(abi::INVALID_VALUE);
-    }
-    let capacity = e.capacity[device as usize].load(Relaxed);
-    let base = e.memory.write().alloc(device, bytes as u64, e.config.granularity, capacity)?;
-    // SAFETY: out-parameter, checked non-null.
-    unsafe { put(dptr, base) }
-});
-
-driver_fn!(fn cuMemFree_v2(dptr: u64) {
-    let e = emulator();
-    e.current()?;
-    let (base, size) = e.memory.read().linear_at(dptr).ok_or(abi::INVALID_VALUE)?;
-    e.host_releases("cuMemFree", base, base + size);
-    e.memory.write().free(dptr)
-});
-
-driver_fn!(fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) {
-    let e = emulator();
-    let device = e.current()?.device;
-    let capacity = e.capacity[device as usize].load(Relaxed);
-    let used = e.memory.read().used(device);
-    // SAFETY: out-parameters.
-    unsafe {
-        put(free, capacity.saturating_sub(used) as usize)?;
-        put(total, capacity as usize)
-    }
-});
-
-driver_fn!(fn cuMemGetAddressRange_v2(base: *mut u64, size: *mut usize, dptr: u64) {
-    let e = emulator();
-    e.current()?;
-    let Place::Device { base: b, size: s, .. } = e.memory.read().place(dptr) else { return Err(abi::NOT_FOUND) };
-    // SAFETY: out-parameters; either may be null, as the API allows.
-    unsafe {
-        if !base.is_null() {
-            put(base, b)?;
+driver_fn!(
+    fn cuMemAlloc_v2(dptr: *mut u64, bytes: usize) {
+        let e = emulator();
+        let device = e.current()?.device;
+        if dptr.is_null() {
+            return Err(abi::INVALID_VALUE);
         }
-        if !size.is_null() {
-            put(size, s as usize)?;
+        let capacity = e.capacity[device as usize].load(Relaxed);
+        let base = e.memory.write().alloc(device, bytes as u64, e.config.granularity, capacity)?;
+        // SAFETY: out-parameter, checked non-null.
+        unsafe { put(dptr, base) }
+    }
+);
+
+driver_fn!(
+    fn cuMemFree_v2(dptr: u64) {
+        let e = emulator();
+        e.current()?;
+        let (base, size) = e.memory.read().linear_at(dptr).ok_or(abi::INVALID_VALUE)?;
+        e.host_releases("cuMemFree", base, base + size);
+        e.memory.write().free(dptr)
+    }
+);
+
+driver_fn!(
+    fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) {
+        let e = emulator();
+        let device = e.current()?.device;
+        let capacity = e.capacity[device as usize].load(Relaxed);
+        let used = e.memory.read().used(device);
+        // SAFETY: out-parameters.
+        unsafe {
+            put(free, capacity.saturating_sub(used) as usize)?;
+            put(total, capacity as usize)
         }
     }
-    Ok(())
-});
+);
 
-driver_fn!(fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytes: usize) {
-    let e = emulator();
-    e.current()?;
-    let base = e.memory.write().alloc_host(bytes)?;
-    // SAFETY: out-parameter.
-    unsafe { put(pp, base as *mut c_void) }
-});
+driver_fn!(
+    fn cuMemGetAddressRange_v2(base: *mut u64, size: *mut usize, dptr: u64) {
+        let e = emulator();
+        e.current()?;
+        let Place::Device { base: b, size: s, .. } = e.memory.read().place(dptr) else { return Err(abi::NOT_FOUND) };
+        // SAFETY: out-parameters; either may be null, as the API allows.
+        unsafe {
+            if !base.is_null() {
+                put(base, b)?;
+            }
+            if !size.is_null() {
+                put(size, s as usize)?;
+            }
+        }
+        Ok(())
+    }
+);
 
-driver_fn!(fn cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, _flags: c_uint) {
-    let e = emulator();
-    e.current()?;
-    let base = e.memory.write().alloc_host(bytes)?;
-    // SAFETY: out-parameter.
-    unsafe { put(pp, base as *mut c_void) }
-});
+driver_fn!(
+    fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytes: usize) {
+        let e = emulator();
+        e.current()?;
+        let base = e.memory.write().alloc_host(bytes)?;
+        // SAFETY: out-parameter.
+        unsafe { put(pp, base as *mut c_void) }
+    }
+);
 
-driver_fn!(fn cuMemFreeHost(p: *mut c_void) {
-    let e = emulator();
-    e.current()?;
-    e.memory.write().free_host(p as u64)
-});
+driver_fn!(
+    fn cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, _flags: c_uint) {
+        let e = emulator();
+        e.current()?;
+        let base = e.memory.write().alloc_host(bytes)?;
+        // SAFETY: out-parameter.
+        unsafe { put(pp, base as *mut c_void) }
+    }
+);
+
+driver_fn!(
+    fn cuMemFreeHost(p: *mut c_void) {
+        let e = emulator();
+        e.current()?;
+        e.memory.write().free_host(p as u64)
+    }
+);
 
 // ---- copies and memsets ----
 
@@ -120,14 +134,46 @@ fn copy(stream: u64, dst: u64, src: u64, len: usize, sync: bool) -> Result<(), C
     Ok(())
 }
 
-driver_fn!(fn cuMemcpyHtoD_v2(dst: u64, src: *const c_void, len: usize) { copy(0, dst, src as u64, len, true) });
-driver_fn!(fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, len: usize) { copy(0, dst as u64, src, len, true) });
-driver_fn!(fn cuMemcpyDtoD_v2(dst: u64, src: u64, len: usize) { copy(0, dst, src, len, true) });
-driver_fn!(fn cuMemcpy(dst: u64, src: u64, len: usize) { copy(0, dst, src, len, true) });
-driver_fn!(fn cuMemcpyHtoDAsync_v2(dst: u64, src: *const c_void, len: usize, stream: u64) { copy(stream, dst, src as u64, len, false) });
-driver_fn!(fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: u64, len: usize, stream: u64) { copy(stream, dst as u64, src, len, false) });
-driver_fn!(fn cuMemcpyDtoDAsync_v2(dst: u64, src: u64, len: usize, stream: u64) { copy(stream, dst, src, len, false) });
-driver_fn!(fn cuMemcpyAsync(dst: u64, src: u64, len: usize, stream: u64) { copy(stream, dst, src, len, false) });
+driver_fn!(
+    fn cuMemcpyHtoD_v2(dst: u64, src: *const c_void, len: usize) {
+        copy(0, dst, src as u64, len, true)
+    }
+);
+driver_fn!(
+    fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, len: usize) {
+        copy(0, dst as u64, src, len, true)
+    }
+);
+driver_fn!(
+    fn cuMemcpyDtoD_v2(dst: u64, src: u64, len: usize) {
+        copy(0, dst, src, len, true)
+    }
+);
+driver_fn!(
+    fn cuMemcpy(dst: u64, src: u64, len: usize) {
+        copy(0, dst, src, len, true)
+    }
+);
+driver_fn!(
+    fn cuMemcpyHtoDAsync_v2(dst: u64, src: *const c_void, len: usize, stream: u64) {
+        copy(stream, dst, src as u64, len, false)
+    }
+);
+driver_fn!(
+    fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: u64, len: usize, stream: u64) {
+        copy(stream, dst as u64, src, len, false)
+    }
+);
+driver_fn!(
+    fn cuMemcpyDtoDAsync_v2(dst: u64, src: u64, len: usize, stream: u64) {
+        copy(stream, dst, src, len, false)
+    }
+);
+driver_fn!(
+    fn cuMemcpyAsync(dst: u64, src: u64, len: usize, stream: u64) {
+        copy(stream, dst, src, len, false)
+    }
+);
 
 fn memset(stream: u64, dst: u64, value: u32, width: u8, count: usize, sync: bool) -> Result<(), CuResult> {
     let e = emulator();
@@ -149,12 +195,36 @@ fn memset(stream: u64, dst: u64, value: u32, width: u8, count: usize, sync: bool
     Ok(())
 }
 
-driver_fn!(fn cuMemsetD8_v2(dst: u64, value: u8, count: usize) { memset(0, dst, value as u32, 1, count, true) });
-driver_fn!(fn cuMemsetD16_v2(dst: u64, value: u16, count: usize) { memset(0, dst, value as u32, 2, count, true) });
-driver_fn!(fn cuMemsetD32_v2(dst: u64, value: u32, count: usize) { memset(0, dst, value, 4, count, true) });
-driver_fn!(fn cuMemsetD8Async(dst: u64, value: u8, count: usize, stream: u64) { memset(stream, dst, value as u32, 1, count, false) });
-driver_fn!(fn cuMemsetD16Async(dst: u64, value: u16, count: usize, stream: u64) { memset(stream, dst, value as u32, 2, count, false) });
-driver_fn!(fn cuMemsetD32Async(dst: u64, value: u32, count: usize, stream: u64) { memset(stream, dst, value, 4, count, false) });
+driver_fn!(
+    fn cuMemsetD8_v2(dst: u64, value: u8, count: usize) {
+        memset(0, dst, value as u32, 1, count, true)
+    }
+);
+driver_fn!(
+    fn cuMemsetD16_v2(dst: u64, value: u16, count: usize) {
+        memset(0, dst, value as u32, 2, count, true)
+    }
+);
+driver_fn!(
+    fn cuMemsetD32_v2(dst: u64, value: u32, count: usize) {
+        memset(0, dst, value, 4, count, true)
+    }
+);
+driver_fn!(
+    fn cuMemsetD8Async(dst: u64, value: u8, count: usize, stream: u64) {
+        memset(stream, dst, value as u32, 1, count, false)
+    }
+);
+driver_fn!(
+    fn cuMemsetD16Async(dst: u64, value: u16, count: usize, stream: u64) {
+        memset(stream, dst, value as u32, 2, count, false)
+    }
+);
+driver_fn!(
+    fn cuMemsetD32Async(dst: u64, value: u32, count: usize, stream: u64) {
+        memset(stream, dst, value, 4, count, false)
+    }
+);
 
 // ---- pointers ----
 
@@ -186,39 +256,47 @@ unsafe fn pointer_attribute(data: *mut c_void, attr: c_int, ptr: u64) -> Result<
     }
 }
 
-driver_fn!(fn cuPointerGetAttribute(data: *mut c_void, attr: c_int, ptr: u64) {
-    // SAFETY: as the C API requires, `data` holds the attribute's type.
-    unsafe { pointer_attribute(data, attr, ptr) }
-});
+driver_fn!(
+    fn cuPointerGetAttribute(data: *mut c_void, attr: c_int, ptr: u64) {
+        // SAFETY: as the C API requires, `data` holds the attribute's type.
+        unsafe { pointer_attribute(data, attr, ptr) }
+    }
+);
 
-driver_fn!(fn cuPointerGetAttributes(count: c_uint, attrs: *const c_int, data: *const *mut c_void, ptr: u64) {
-    if attrs.is_null() || data.is_null() {
-        return Err(abi::INVALID_VALUE);
-    }
-    let host = !matches!(emulator().memory.read().place(ptr), Place::Device { .. });
-    for i in 0..count as usize {
-        // SAFETY: the caller passes `count` attributes and `count` data pointers.
-        let (attr, slot) = unsafe { (attrs.add(i).read(), data.add(i).read()) };
-        if host {
-            // Memory the driver does not know: what the driver reports for it.
-            // SAFETY: `slot` holds the attribute's type; zero is "none" for every one we write.
-            unsafe {
-                match attr {
-                    pointer::MEMORY_TYPE => put(slot as *mut c_uint, 0)?,
-                    // CU_DEVICE_INVALID
-                    pointer::DEVICE_ORDINAL => put(slot as *mut c_int, -2)?,
-                    pointer::CONTEXT | pointer::DEVICE_POINTER | pointer::HOST_POINTER | pointer::RANGE_START_ADDR | pointer::RANGE_SIZE => put(slot as *mut u64, 0)?,
-                    pointer::MAPPED | pointer::IS_MANAGED => put(slot as *mut u8, 0)?,
-                    _ => {}
+driver_fn!(
+    fn cuPointerGetAttributes(count: c_uint, attrs: *const c_int, data: *const *mut c_void, ptr: u64) {
+        if attrs.is_null() || data.is_null() {
+            return Err(abi::INVALID_VALUE);
+        }
+        let host = !matches!(emulator().memory.read().place(ptr), Place::Device { .. });
+        for i in 0..count as usize {
+            // SAFETY: the caller passes `count` attributes and `count` data pointers.
+            let (attr, slot) = unsafe { (attrs.add(i).read(), data.add(i).read()) };
+            if host {
+                // Memory the driver does not know: what the driver reports for it.
+                // SAFETY: `slot` holds the attribute's type; zero is "none" for every one we write.
+                unsafe {
+                    match attr {
+                        pointer::MEMORY_TYPE => put(slot as *mut c_uint, 0)?,
+                        // CU_DEVICE_INVALID
+                        pointer::DEVICE_ORDINAL => put(slot as *mut c_int, -2)?,
+                        pointer::CONTEXT
+                        | pointer::DEVICE_POINTER
+                        | pointer::HOST_POINTER
+                        | pointer::RANGE_START_ADDR
+                        | pointer::RANGE_SIZE => put(slot as *mut u64, 0)?,
+                        pointer::MAPPED | pointer::IS_MANAGED => put(slot as *mut u8, 0)?,
+                        _ => {}
+                    }
                 }
+                continue;
             }
-            continue;
+            // SAFETY: as above.
+            match unsafe { pointer_attribute(slot, attr, ptr) } {
+                Ok(()) | Err(abi::NOT_SUPPORTED) => {}
+                Err(other) => return Err(other),
+            }
         }
-        // SAFETY: as above.
-        match unsafe { pointer_attribute(slot, attr, ptr) } {
-            Ok(()) | Err(abi::NOT_SUPPORTED) => {}
-            Err(other) => return Err(other),
-        }
+        Ok(())
     }
-    Ok(())
-});
+);

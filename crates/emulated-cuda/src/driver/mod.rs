@@ -71,7 +71,6 @@ mod tests {
         }
     }
 
-
     #[test]
     fn memsets_of_every_width_and_pointer_attributes() {
         context();
@@ -95,7 +94,10 @@ mod tests {
             assert_eq!(cuPointerGetAttribute(&mut size as *mut usize as *mut c_void, pointer::RANGE_SIZE, dptr + 5), abi::SUCCESS);
             assert_eq!((ordinal, start, size), (0, dptr, 64));
             let host = 0u8;
-            assert_eq!(cuPointerGetAttribute(&mut ordinal as *mut i32 as *mut c_void, pointer::DEVICE_ORDINAL, &host as *const u8 as u64), abi::INVALID_VALUE);
+            assert_eq!(
+                cuPointerGetAttribute(&mut ordinal as *mut i32 as *mut c_void, pointer::DEVICE_ORDINAL, &host as *const u8 as u64),
+                abi::INVALID_VALUE
+            );
             assert_eq!(cuMemFree_v2(dptr), abi::SUCCESS);
             assert_eq!(cuMemFree_v2(dptr), abi::INVALID_VALUE, "double free");
         }

@@ -37,11 +37,16 @@ pub fn run(tests: Vec<(&'static str, fn())>, runnable: Result<(), String>, requi
         println!("skipped: {why}");
     }
     let ignored = runnable.is_err();
-    let trials = tests.into_iter().map(|(name, body)| Trial::test(name, move || {
-        body();
-        Ok(())
-    })
-    .with_ignored_flag(ignored)).collect();
+    let trials = tests
+        .into_iter()
+        .map(|(name, body)| {
+            Trial::test(name, move || {
+                body();
+                Ok(())
+            })
+            .with_ignored_flag(ignored)
+        })
+        .collect();
     libtest_mimic::run(&args, trials).exit()
 }
 
