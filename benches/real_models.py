@@ -47,7 +47,7 @@ def measure(name: str, trace: Callable[[], Any], repeat: int) -> Dict[str, Any]:
         "plan_s": statistics.median(plan_s),
         "trace_s": statistics.median(trace_s),
         "liveness_s": statistics.median(liveness_s),
-        "analysis_s": statistics.median(t + l for t, l in zip(trace_s, liveness_s)),
+        "analysis_s": statistics.median(trace + live for trace, live in zip(trace_s, liveness_s)),
     }
 
 

@@ -13,7 +13,6 @@ import pytest
 pytest.importorskip("torch")
 
 from real_models import model_graphs  # noqa: E402  (benches/ is on sys.path: pytest's rootdir-relative import)
-
 from vrampool.liveness import from_graph  # noqa: E402
 
 TRACE_ROUNDS = 5

@@ -110,7 +110,7 @@ def best_fit_pool(capacity: int = 1 << 30) -> DevicePool:
 
 def test_stats_and_summary_of_a_known_state() -> None:
     pool = best_fit_pool()
-    live = build_state(pool.allocate, pool.deallocate, pool.trim)
+    _live = build_state(pool.allocate, pool.deallocate, pool.trim)
     check_stats(pool.stats())
     text = pool.memory_summary()
     check_summary(text)
@@ -133,7 +133,7 @@ def test_summary_shows_cached_blocks_apart_from_the_free_ranges() -> None:
 
 def test_peaks_after_a_rise_and_a_fall_and_a_reset() -> None:
     pool = best_fit_pool()
-    live = build_state(pool.allocate, pool.deallocate, pool.trim)
+    _live = build_state(pool.allocate, pool.deallocate, pool.trim)
     s = pool.stats()
     assert (s["reserved_bytes.all.peak"], s["reserved_bytes.all.current"]) == (10 * MIB, 2 * MIB)
     assert (s["allocated_bytes.all.peak"], s["active_bytes.all.peak"], s["requested_bytes.all.peak"]) == (300 * KIB + BIG,) * 3
@@ -147,7 +147,7 @@ def test_peaks_after_a_rise_and_a_fall_and_a_reset() -> None:
 def test_out_of_memory_error_names_the_figures() -> None:
     # 16 MiB of device: the 2 MiB segment leaves 14 MiB; 15 MiB would need a 16 MiB segment.
     pool = best_fit_pool(16 * MIB)
-    live = build_state(pool.allocate, pool.deallocate, pool.trim)
+    _live = build_state(pool.allocate, pool.deallocate, pool.trim)
     with pytest.raises(vrampool.OutOfMemoryError) as info:
         pool.allocate(15 * MIB)
     assert str(info.value) == (

@@ -5,6 +5,7 @@ Changing the batch size mid-run, and changing it back, shows plans kept per sign
 
 from __future__ import annotations
 
+import functools
 import gc
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -316,27 +317,26 @@ def test_threads_taking_turns_are_served_from_the_arena_without_overlap() -> Non
             state["turn"] += 1
             turn.notify_all()
 
+    def allocate(t: int, it: int, k: int, live: List[Tuple[int, bytes]]) -> None:
+        size = 512 * (1 + (t + k) % 5)
+        ptr = planned.allocate(size)
+        data = pattern(t << 32 | it << 16 | k, size)
+        native(pool).sim_write(ptr, data)
+        live.append((ptr, data))
+
+    def free(t: int, it: int, live: List[Tuple[int, bytes]]) -> None:
+        ptr, data = live.pop(0)
+        if native(pool).sim_read(ptr, len(data)) != data:
+            overwritten.append(f"thread {t}, iteration {it}: {len(data)} B at {ptr:#x}")
+        planned.deallocate(ptr)
+
     def worker(t: int) -> None:
         for it in range(iterations):
             live: List[Tuple[int, bytes]] = []
-
-            def allocate(k: int) -> None:
-                size = 512 * (1 + (t + k) % 5)
-                ptr = planned.allocate(size)
-                data = pattern(t << 32 | it << 16 | k, size)
-                native(pool).sim_write(ptr, data)
-                live.append((ptr, data))
-
-            def free() -> None:
-                ptr, data = live.pop(0)
-                if native(pool).sim_read(ptr, len(data)) != data:
-                    overwritten.append(f"thread {t}, iteration {it}: {len(data)} B at {ptr:#x}")
-                planned.deallocate(ptr)
-
             for k in range(per_thread):
-                in_turn(t, lambda: allocate(k))
+                in_turn(t, functools.partial(allocate, t, it, k, live))
             for _ in range(per_thread):
-                in_turn(t, free)
+                in_turn(t, functools.partial(free, t, it, live))
             barrier.wait()
             if t == 0:
                 planned.step()

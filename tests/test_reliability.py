@@ -61,7 +61,7 @@ def test_a_tensor_created_in_a_loop_and_never_freed_shows_in_the_leak_report() -
     pool = DevicePool("sim", capacity=1 << 30, track_leaks=True)
     kept = []
     started = time.monotonic()
-    for step in range(5):
+    for _ in range(5):
         scratch = pool.allocate(4096)  # freed each step: no leak
         kept.append(pool.allocate(1 << 20))  # LEAK: appended every step, never freed
         pool.deallocate(scratch)

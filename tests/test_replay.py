@@ -12,7 +12,19 @@ import pytest
 import vrampool
 from vrampool.capture import from_snapshot
 from vrampool.cli import main
-from vrampool.trace import ALL, COMPARE, PEERS, REPORT_KEYS, STRATEGIES, live_bytes_timeline, peak_segments, read_trace, recorded_reserved_timeline, replay, summary
+from vrampool.trace import (
+    ALL,
+    COMPARE,
+    PEERS,
+    REPORT_KEYS,
+    STRATEGIES,
+    live_bytes_timeline,
+    peak_segments,
+    read_trace,
+    recorded_reserved_timeline,
+    replay,
+    summary,
+)
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "static"
 needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason="../shared/traces/static is not beside the repo")

@@ -75,7 +75,7 @@ def test_pluggable_allocator_resolves_every_symbol_and_takes_every_hook(run_pyth
     )
     lines = out.splitlines()
     assert lines[-1] == "changed"
-    assert {l.split()[1] for l in lines[:-1]} == HOOKS
+    assert {line.split()[1] for line in lines[:-1]} == HOOKS
 
 
 def test_install_sets_every_hook_and_torch_drives_them(run_python: Callable[..., str]) -> None:
@@ -254,7 +254,7 @@ def test_memory_summary_is_laid_out_like_torch(sim: ctypes.CDLL) -> None:
     for tier in ("slab", "best_fit", "buddy"):
         assert tier in text
     assert "slab" not in vt.memory_summary(abbreviated=True)
-    assert len({len(l) for l in lines}) == 1, "every line of the table has the same width"
+    assert len({len(line) for line in lines}) == 1, "every line of the table has the same width"
     for p, n in ptrs:
         sim.vrampool_free(p, n, 0, None)
 

@@ -43,7 +43,7 @@ import importlib.util
 import itertools
 import logging
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple
 
 from vrampool.capture import Recorder, Trace
 
@@ -305,8 +305,6 @@ def capture_model(
     makes the optimizer of a ``(model, batch)`` capture (default :func:`adamw`). Raises
     ``ModelFunctionError`` (a ``ValueError``) with one line when ``fn`` raises, returns something
     else, or runs an op fake tensors cannot."""
-    import torch
-
     name = name or getattr(fn, "__qualname__", "the model function")
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
