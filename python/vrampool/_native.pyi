@@ -143,6 +143,15 @@ def replay_trace(
     ``capacity``-limited device ran out) and a ``timeline`` of ``event``, ``allocated_bytes`` and
     ``reserved_bytes`` lists; the trace replayed ``repeat`` times back to back."""
 
+def live_bytes(rows: List[Tuple[int, int, int, int, int]], samples: int = 1000) -> Tuple[int, List[int], List[int]]:
+    """``(lower_bound_bytes, events, live_bytes)``: the most requested bytes live at once, and the
+    bytes live after the event counts a replay sampling ``samples`` points samples at (the
+    replay's order: at each time, frees before allocations, ties by id)."""
+
+def peak_segments(rows: List[Tuple[int, int, int, int, int]], row: str, conf: str = "") -> List[Dict[str, Any]]:
+    """The snapshot segments of the pool row ``row`` (with ``conf``) once it has replayed the rows
+    up to their first moment of most live bytes."""
+
 def row_conf(row: str, conf: str) -> str:
     """The ``VRAMPOOL_CONF`` text of the pool row ``row``: what its name sets, then ``conf``."""
 
