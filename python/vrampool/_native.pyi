@@ -129,6 +129,9 @@ def decide_buffers(
 def read_buffers_csv(text: str) -> List[Tuple[int, int, int, int]]: ...
 def plan_to_csv(rows: List[Tuple[int, int, int, int]], offsets: List[int], alignment: int = 1) -> str: ...
 
+def canonical_stream(handle: int) -> int:
+    """The stream ``handle`` names: ``CU_STREAM_LEGACY`` (1) is 0, the legacy default stream."""
+
 def read_trace_csv(text: str) -> List[Tuple[int, int, int, int, int]]: ...
 def replay_trace(
     rows: List[Tuple[int, int, int, int, int]],

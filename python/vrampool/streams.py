@@ -16,6 +16,8 @@ import operator
 import sys
 from typing import Any
 
+from vrampool import _native
+
 __all__ = ["as_int", "stream_handle", "LEGACY_DEFAULT_STREAM", "PER_THREAD_DEFAULT_STREAM"]
 
 #: ``CU_STREAM_LEGACY``: the legacy default stream, also named by handle 0.
@@ -56,7 +58,7 @@ def stream_handle(stream: Any) -> int:
     handle = _raw_handle(stream)
     if not 0 <= handle < _MAX_HANDLE:
         raise ValueError(f"stream handle {handle} is out of range (a CUstream is an unsigned 64-bit value)")
-    return 0 if handle == LEGACY_DEFAULT_STREAM else handle
+    return _native.canonical_stream(handle)
 
 
 def as_int(value: Any) -> "int | None":
