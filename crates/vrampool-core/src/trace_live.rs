@@ -8,7 +8,7 @@
 //! // Buffer 1 is born when buffer 0 dies: the free comes first, so one buffer is ever live.
 //! let live = LiveBytes::new(&[TraceBuffer::new(0, 0, 2, 100), TraceBuffer::new(1, 2, 4, 100)]).unwrap();
 //! assert_eq!(live.lower_bound_bytes(), 100);
-//! assert_eq!(live.timeline(2), vec![(2, 100), (4, 0)]);
+//! assert_eq!(live.timeline(4), vec![(1, 100), (2, 0), (3, 100), (4, 0)]);
 //! ```
 
 use std::collections::HashMap;
