@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::buddy::AddrMap;
+use super::addr_map::AddrMap;
 use super::{Block, BlockInfo, GrowthPlan, Segment, Strategy, Usage};
 use crate::sizes::{round_up, MIB, MIN_BLOCK};
 

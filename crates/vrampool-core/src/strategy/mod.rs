@@ -4,7 +4,9 @@
 //! (`add_segment`), asks it for blocks, and takes back the segments it reports wholly free. Each
 //! strategy is a small single-threaded type; the pool puts each instance behind its own lock.
 
+mod addr_map;
 mod best_fit;
+mod bit_tree;
 mod buddy;
 #[cfg(test)]
 mod conformance;

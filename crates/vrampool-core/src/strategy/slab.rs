@@ -1,7 +1,8 @@
 //! Slab allocator for small blocks: each slab holds objects of one size class, handed out and
 //! taken back in O(1); slabs are carved out of segments by an internal buddy.
 
-use super::buddy::{AddrMap, Buddy, BuddyConfig};
+use super::addr_map::AddrMap;
+use super::buddy::{Buddy, BuddyConfig};
 use super::{Block, BlockInfo, Segment, Strategy, Usage};
 use crate::sizes::{size_class_index, size_class_of, KIB, MIB, MIN_BLOCK};
 
