@@ -6,10 +6,10 @@
 //! The strategy sees one segment that grows (`Strategy::grow_segment`), so a free range at the old
 //! end merges with the new space and a block can span two chunks; memory that plain segments
 //! would strand between them (a free tail too small for the next request, next to a new segment)
-//! stays usable. On trim, chunks that are wholly free are unmapped: at the end of the range
-//! (`shrink_free_tail`) and inside it, where they become holes (`unmap_free_chunks`) that a later
-//! growth maps again when that is cheaper than growing at the end (`plan_growth`, `map_hole`).
-//! When nothing is mapped any more, the range is unreserved.
+//! stays usable. A give-back unmaps mappings that lie wholly in free space (`unused_ranges`): they
+//! become holes (`unmap_free_ranges`) that a later growth maps again when that maps fewer bytes
+//! than growing at the end (`plan_growth`, `map_hole`), and a hole at the end of the range is cut
+//! off (`cut_unmapped_tail`). When nothing is mapped any more, the range is unreserved.
 //!
 //! PyTorch reserves the device's whole memory (and an eighth) at once. Here the first range is
 //! 256 MiB (or the device's memory and an eighth, if less), and when a range is full the next one
@@ -23,9 +23,7 @@
 //! either: a mapping is unmapped only whole (as with `cuMemUnmap`), so a trim gives a piece back
 //! once all of it is free, and one piece per growth would keep a whole growth mapped for one live
 //! block. Growths up to `MAPS_PER_GROWTH` units keep one unit a piece; larger ones give back in
-//! steps of a `MAPS_PER_GROWTH`th of the growth. Where the free space that the strategy would cut
-//! off (a free tail, a hole) covers only part of a piece, that part stays free space in the
-//! strategy instead.
+//! steps of a `MAPS_PER_GROWTH`th of the growth.
 //!
 //! This module keeps the device-side bookkeeping of each arena's ranges (which chunks are
 //! mapped); the pool makes the device calls and keeps the counters, under the tier's strategy
@@ -178,10 +176,9 @@ impl Reservation {
         self.mapped.range(lo..hi).filter(|&(&s, &len)| s + len <= hi).map(|(&base, &size)| Segment { base, size }).collect()
     }
 
-    /// The mapping that `at` cuts through (starts below it and ends above it), if any.
-    pub fn mapping_across(&self, at: u64) -> Option<Segment> {
-        let (&base, &size) = self.mapped.range(..at).next_back()?;
-        (base + size > at).then_some(Segment { base, size })
+    /// Whether `range` is one mapping.
+    pub fn has_mapping(&self, range: Segment) -> bool {
+        self.mapped.get(&range.base) == Some(&range.size)
     }
 
     pub fn note_mapped(&mut self, range: Segment) {
@@ -230,9 +227,9 @@ mod tests {
         assert!(r.gaps(seg(8 * U, 2 * U)).is_empty());
         assert_eq!(r.mappings_within(0, 9 * U), vec![seg(0, 4 * U)], "the one at 8U reaches past 9U");
         assert_eq!(r.mappings_within(0, 10 * U), vec![seg(0, 4 * U), seg(8 * U, 2 * U)]);
-        assert_eq!(r.mapping_across(2 * U), Some(seg(0, 4 * U)));
-        assert_eq!(r.mapping_across(4 * U), None, "a boundary cuts nothing");
+        assert!(r.has_mapping(seg(0, 4 * U)) && !r.has_mapping(seg(0, 2 * U)) && !r.has_mapping(seg(2 * U, 2 * U)));
         r.note_unmapped(seg(0, 4 * U));
+        assert!(!r.has_mapping(seg(0, 4 * U)));
         assert_eq!(r.all_mappings(), vec![seg(8 * U, 2 * U)]);
         assert!(!r.is_unmapped());
     }
