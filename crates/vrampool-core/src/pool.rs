@@ -28,7 +28,7 @@ use crate::config::{Limit, PoolConfig, Scrub};
 use crate::device::{Device, EventId, StreamId};
 use crate::live_table::{BlockMeta, LiveTable, Removal};
 use crate::error::{DeviceError, InvalidFreeReason, OomReport, PoolError, Result};
-use crate::expandable::{pieces, Expandable, Reservation};
+use crate::expandable::{pieces, Expandable, Reservation, PIECES_PER_HIGH_WATER};
 use crate::fast_gate::FastGate;
 use crate::event_log::{EventKind, EventLog, LogEvent};
 use crate::sizes::{class_size, classes_up_to, round_up, MAX_REQUEST, MIN_BLOCK};
@@ -852,10 +852,11 @@ impl PoolCore {
     }
 
     /// Maps what `range` (whole units) lacks, within the cap, in at most `MAPS_PER_GROWTH`
-    /// pieces per unmapped part (see `expandable::pieces`). On a failure, unmaps what it mapped
-    /// and returns the error.
+    /// pieces per unmapped part, each at least a `PIECES_PER_HIGH_WATER`th of the high-water mark
+    /// (see `expandable::pieces`). On a failure, unmaps what it mapped and returns the error.
     fn map_range(&self, r: &mut Reservation, range: Segment, unit: u64, stream: StreamId) -> Result<()> {
-        let gaps: Vec<Segment> = r.gaps(range).into_iter().flat_map(|gap| pieces(gap, unit)).collect();
+        let least = self.committed_high.load(Relaxed) / PIECES_PER_HIGH_WATER;
+        let gaps: Vec<Segment> = r.gaps(range).into_iter().flat_map(|gap| pieces(gap, unit, least)).collect();
         let total: u64 = gaps.iter().map(|g| g.size).sum();
         self.commit(total)?;
         for (k, &gap) in gaps.iter().enumerate() {
