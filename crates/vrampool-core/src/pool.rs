@@ -38,6 +38,15 @@ use crate::strategy::{BestFit, BestFitConfig, Block, BlockInfo, Buddy, BuddyConf
 
 type FastMap<K, V> = papaya::HashMap<K, V, FixedState>;
 
+/// A growth past the high-water mark gives back only what it needs while the pool would reserve
+/// less than a `DRIFT_DIVISOR`th more than it did when live memory last peaked; past that it
+/// gives back every idle segment and mapping. Design: giving back only the need leaves idle
+/// memory cached in every tier, which saves the device calls of a repeating step, but a layout
+/// that keeps shifting (the demo GPT's sequence lengths) fragments the cached memory, and the
+/// high-water mark crept a few MiB a step (gpt x8: 1.02x to 1.20x of the bound over 400 replays);
+/// the full give-back resets the layout, and bounds the drift by a sixteenth.
+const DRIFT_DIVISOR: u64 = 16;
+
 /// Slots in the live-block table: 2^14 (512 KiB of host memory); blocks whose slot is taken go
 /// to the overflow map.
 const LIVE_TABLE_SLOTS: usize = 1 << 14;
@@ -112,6 +121,9 @@ pub struct PoolCore {
     /// The most `committed` has ever been (not reset by `reset_peak_stats`): with `reclaim`, a
     /// growth that stays below it gives nothing back first.
     committed_high: AtomicU64,
+    /// `committed` after the last growth made at a new peak of allocated bytes: what the pool
+    /// needed the last time live memory set a record (see `DRIFT_DIVISOR`).
+    committed_at_live_peak: AtomicU64,
     /// Expandable segments, when on and the device supports them.
     vm: Option<Expandable>,
     /// The default stream's arena, reached without a map lookup.
@@ -170,6 +182,7 @@ impl Pool {
             cap: AtomicU64::new(cap),
             committed: AtomicU64::new(0),
             committed_high: AtomicU64::new(0),
+            committed_at_live_peak: AtomicU64::new(0),
             vm,
             default_arena,
             thread_classes,
@@ -646,13 +659,21 @@ impl PoolCore {
             // grows again (a workload that frees and reallocates would pay two device calls per
             // segment, over and over) and the peak stays where it is anyway. For the same reason
             // it gives back only the bytes by which the growth would pass the mark: the idle
-            // segments beyond those stay cached for the sizes that come back. The estimate is
-            // what the growth will ask of the device. Best effort, as a failed give-back only
-            // leaves memory reserved.
+            // segments beyond those stay cached for the sizes that come back, unless the pool has
+            // drifted (`DRIFT_DIVISOR`). The estimate is what the growth will ask of the device.
+            // Best effort, as a failed give-back only leaves memory reserved.
             let growth = self.growth_estimate(arena, tier, rounded);
-            let over = self.committed.load(Relaxed).saturating_add(growth).saturating_sub(self.committed_high.load(Relaxed));
+            let after = self.committed.load(Relaxed).saturating_add(growth);
+            let stats = self.stats();
+            let live_peak = stats.allocated_bytes.current + rounded > stats.allocated_bytes.peak;
+            let over = after.saturating_sub(self.committed_high.load(Relaxed));
             if over > 0 {
-                let _ = self.give_back_free(Some((arena.stream, tier)), over);
+                let base = self.committed_at_live_peak.load(Relaxed);
+                let drifted = !live_peak && after > base + base / DRIFT_DIVISOR;
+                let _ = self.give_back_free(Some((arena.stream, tier)), if drifted { u64::MAX } else { over });
+            }
+            if live_peak {
+                self.committed_at_live_peak.fetch_max(self.committed.load(Relaxed).saturating_add(growth), Relaxed);
             }
         }
         for attempt in 0..2 {
