@@ -254,7 +254,7 @@ SCATTERED = [(0, 0, 3, 300 * KIB), (1, 1, 9, 200 * KIB), (2, 2, 3, 300 * KIB), (
 def test_replay_figures_of_a_known_trace() -> None:
     r = replay(SCATTERED, strategy="best_fit")
     assert (r["events"], r["lower_bound_bytes"], r["peak_allocated_bytes"]) == (8, 900 * KIB, 900 * KIB)
-    assert (r["peak_reserved_bytes"], r["device_allocs"]) == (2 * MIB, 1)
+    assert (r["peak_reserved_bytes"], r["device_allocs"], r["device_frees"]) == (2 * MIB, 1, 0)
     assert r["fragmentation"] == pytest.approx(300 / 1148, abs=1e-12)
     assert r["timeline"]["allocated_bytes"] == [k * KIB for k in (300, 500, 800, 500, 200, 900, 700, 0)]
     assert r["events_per_s"] == pytest.approx(8 / r["seconds"], rel=1e-9)
@@ -265,9 +265,9 @@ def test_replay_command_prints_the_figures(tmp_path, capsys: pytest.CaptureFixtu
     path.write_text("id,lower,upper,size\n" + "".join(f"{i},{lo},{hi},{n}\n" for i, lo, hi, n in SCATTERED))
     assert main(["replay", str(path), "--strategy", "best_fit", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    figures = {k: report[k] for k in ("strategy", "peak_reserved_bytes", "peak_allocated_bytes", "lower_bound_bytes", "events", "device_allocs")}
+    figures = {k: report[k] for k in ("strategy", "peak_reserved_bytes", "peak_allocated_bytes", "lower_bound_bytes", "events", "device_allocs", "device_frees")}
     assert figures == {"strategy": "best_fit", "peak_reserved_bytes": 2 * MIB, "peak_allocated_bytes": 900 * KIB,
-                       "lower_bound_bytes": 900 * KIB, "events": 8, "device_allocs": 1}
+                       "lower_bound_bytes": 900 * KIB, "events": 8, "device_allocs": 1, "device_frees": 0}
     assert report["fragmentation"] == pytest.approx(300 / 1148, abs=1e-12)
     assert main(["replay", str(path), "--strategy", "best_fit"]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("best_fit"))

@@ -226,7 +226,8 @@ def replay(
 
     Returns a dict for one name and a list of dicts otherwise, with the keys ``strategy``,
     ``peak_reserved_bytes``, ``peak_allocated_bytes``, ``lower_bound_bytes``, ``events``,
-    ``events_per_s``, ``seconds``, ``device_allocs``, ``fragmentation`` (at the moment of most
+    ``events_per_s``, ``seconds``, ``device_allocs`` and ``device_frees`` (segments or map calls,
+    and frees or unmap calls), ``fragmentation`` (at the moment of most
     allocated, None for the plan), ``approximate``, ``out_of_memory`` and ``timeline``
     (``event``, ``allocated_bytes`` and ``reserved_bytes`` lists of up to ``samples`` points). For
     a trace from a PyTorch snapshot or an event log, ``recorded_reserved_bytes`` is what that
@@ -256,6 +257,7 @@ def _plan_report(rows: List[TraceRow], samples: int, capacity: Optional[int] = N
         "seconds": seconds,
         "events_per_s": events / seconds if seconds > 0 else 0.0,
         "device_allocs": 1,
+        "device_frees": 0,
         "fragmentation": None,
         "approximate": False,
         # The arena is reserved whole before the first event.

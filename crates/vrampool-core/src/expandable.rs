@@ -6,10 +6,10 @@
 //! The strategy sees one segment that grows (`Strategy::grow_segment`), so a free range at the old
 //! end merges with the new space and a block can span two chunks; memory that plain segments
 //! would strand between them (a free tail too small for the next request, next to a new segment)
-//! stays usable. On trim, chunks that are wholly free are unmapped: at the end of the range
-//! (`shrink_free_tail`) and inside it, where they become holes (`unmap_free_chunks`) that a later
-//! growth maps again when that is cheaper than growing at the end (`plan_growth`, `map_hole`).
-//! When nothing is mapped any more, the range is unreserved.
+//! stays usable. A give-back unmaps mappings that lie wholly in free space (`unused_ranges`): they
+//! become holes (`unmap_free_ranges`) that a later growth maps again when that maps fewer bytes
+//! than growing at the end (`plan_growth`, `map_hole`), and a hole at the end of the range is cut
+//! off (`cut_unmapped_tail`). When nothing is mapped any more, the range is unreserved.
 //!
 //! PyTorch reserves the device's whole memory (and an eighth) at once. Here the first range is
 //! 256 MiB (or the device's memory and an eighth, if less), and when a range is full the next one
@@ -22,10 +22,11 @@
 //! 20,000 map calls, and a 32 TiB simulated one millions of bookkeeping entries. Not one piece
 //! either: a mapping is unmapped only whole (as with `cuMemUnmap`), so a trim gives a piece back
 //! once all of it is free, and one piece per growth would keep a whole growth mapped for one live
-//! block. Growths up to `MAPS_PER_GROWTH` units keep one unit a piece; larger ones give back in
-//! steps of a `MAPS_PER_GROWTH`th of the growth. Where the free space that the strategy would cut
-//! off (a free tail, a hole) covers only part of a piece, that part stays free space in the
-//! strategy instead.
+//! block. A piece is a `MAPS_PER_GROWTH`th of the growth, and at least one unit and a
+//! `PIECES_PER_HIGH_WATER`th of the most the pool has reserved: a small pool gives back in single
+//! units, while a large one, where a unit is a sliver of the peak, maps (and gives back) in
+//! pieces that keep its map calls near one per growth: 2 MiB pieces up to a 1 GiB pool, 54 MiB
+//! ones at 27 GiB.
 //!
 //! This module keeps the device-side bookkeeping of each arena's ranges (which chunks are
 //! mapped); the pool makes the device calls and keeps the counters, under the tier's strategy
@@ -45,6 +46,9 @@ use crate::strategy::{Segment, StrategyKind};
 const FIRST_RESERVATION: u64 = 256 * MIB;
 /// The most `map` calls one growth makes (see the module's documentation).
 pub(crate) const MAPS_PER_GROWTH: u64 = 32;
+/// The smallest piece is this fraction of the pool's high-water mark (see the module's
+/// documentation).
+pub(crate) const PIECES_PER_HIGH_WATER: u64 = 512;
 const RESERVATION_GROWTH: u64 = 4;
 
 /// Expandable mode of a pool: which tier grows an expandable segment, and in what unit.
@@ -178,10 +182,9 @@ impl Reservation {
         self.mapped.range(lo..hi).filter(|&(&s, &len)| s + len <= hi).map(|(&base, &size)| Segment { base, size }).collect()
     }
 
-    /// The mapping that `at` cuts through (starts below it and ends above it), if any.
-    pub fn mapping_across(&self, at: u64) -> Option<Segment> {
-        let (&base, &size) = self.mapped.range(..at).next_back()?;
-        (base + size > at).then_some(Segment { base, size })
+    /// Whether `range` is one mapping.
+    pub fn has_mapping(&self, range: Segment) -> bool {
+        self.mapped.get(&range.base) == Some(&range.size)
     }
 
     pub fn note_mapped(&mut self, range: Segment) {
@@ -198,11 +201,12 @@ impl Reservation {
     }
 }
 
-/// `gap` (whole units) cut into at most `MAPS_PER_GROWTH` pieces of whole units, in address
+/// `gap` (whole units) cut into at most `MAPS_PER_GROWTH` pieces of whole units, each at least
+/// `least` bytes (rounded down to whole units; the gap is one piece if it is smaller), in address
 /// order, the last one possibly shorter.
-pub(crate) fn pieces(gap: Segment, unit: u64) -> impl Iterator<Item = Segment> {
+pub(crate) fn pieces(gap: Segment, unit: u64, least: u64) -> impl Iterator<Item = Segment> {
     let units = gap.size / unit;
-    let piece = units.div_ceil(MAPS_PER_GROWTH).max(1) * unit;
+    let piece = (units.div_ceil(MAPS_PER_GROWTH).max(1) * unit).max(least / unit * unit);
     let end = gap.base + gap.size;
     (0..units.div_ceil(piece / unit)).map(move |k| {
         let base = gap.base + k * piece;
@@ -230,16 +234,16 @@ mod tests {
         assert!(r.gaps(seg(8 * U, 2 * U)).is_empty());
         assert_eq!(r.mappings_within(0, 9 * U), vec![seg(0, 4 * U)], "the one at 8U reaches past 9U");
         assert_eq!(r.mappings_within(0, 10 * U), vec![seg(0, 4 * U), seg(8 * U, 2 * U)]);
-        assert_eq!(r.mapping_across(2 * U), Some(seg(0, 4 * U)));
-        assert_eq!(r.mapping_across(4 * U), None, "a boundary cuts nothing");
+        assert!(r.has_mapping(seg(0, 4 * U)) && !r.has_mapping(seg(0, 2 * U)) && !r.has_mapping(seg(2 * U, 2 * U)));
         r.note_unmapped(seg(0, 4 * U));
+        assert!(!r.has_mapping(seg(0, 4 * U)));
         assert_eq!(r.all_mappings(), vec![seg(8 * U, 2 * U)]);
         assert!(!r.is_unmapped());
     }
 
     #[test]
     fn a_growth_is_cut_into_at_most_maps_per_growth_pieces() {
-        let cut = |units: u64| pieces(seg(8 * U, units * U), U).collect::<Vec<_>>();
+        let cut = |units: u64| pieces(seg(8 * U, units * U), U, U).collect::<Vec<_>>();
         assert_eq!(cut(3), vec![seg(8 * U, U), seg(9 * U, U), seg(10 * U, U)], "small growths: a unit a piece");
         assert_eq!(cut(MAPS_PER_GROWTH).len() as u64, MAPS_PER_GROWTH);
         let large = cut(20_000);
@@ -248,6 +252,19 @@ mod tests {
         assert_eq!(large.iter().map(|p| p.size).sum::<u64>(), 20_000 * U);
         assert!(large.iter().all(|p| p.size % U == 0));
         assert_eq!(cut(33).len(), 17, "two units a piece, the last one alone");
-        assert_eq!(pieces(seg(0, (1 << 45) / U * U), U).count() as u64, MAPS_PER_GROWTH, "32 TiB");
+        assert_eq!(pieces(seg(0, (1 << 45) / U * U), U, 0).count() as u64, MAPS_PER_GROWTH, "32 TiB");
+    }
+
+    #[test]
+    fn pieces_are_at_least_the_pools_share() {
+        let sizes = |units: u64, least: u64| pieces(seg(8 * U, units * U), U, least).map(|p| p.size / U).collect::<Vec<_>>();
+        assert_eq!(sizes(10, 4 * U), vec![4, 4, 2], "the last one shorter");
+        assert_eq!(sizes(10, 4 * U + U / 2), vec![4, 4, 2], "whole units");
+        assert_eq!(sizes(3, 4 * U), vec![3], "a growth smaller than the least is one piece");
+        assert_eq!(sizes(3, U / 2), vec![1, 1, 1], "never below one unit");
+        assert_eq!(sizes(640, 4 * U), vec![20; 32], "a MAPS_PER_GROWTH th of the growth when that is more");
+        // A 27 GiB pool's pieces: a 600 MiB growth is 12 maps, not 32.
+        let least = 27 * 1024 * MIB / PIECES_PER_HIGH_WATER;
+        assert_eq!(pieces(seg(0, 600 * MIB), U, least).count(), 12);
     }
 }

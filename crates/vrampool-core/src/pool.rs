@@ -28,7 +28,7 @@ use crate::config::{Limit, PoolConfig, Scrub};
 use crate::device::{Device, EventId, StreamId};
 use crate::live_table::{LiveBlock, LiveTable, Removal};
 use crate::error::{DeviceError, InvalidFreeReason, OomReport, PoolError, Result};
-use crate::expandable::{pieces, Expandable, Reservation};
+use crate::expandable::{pieces, Expandable, Reservation, PIECES_PER_HIGH_WATER};
 use crate::fast_gate::FastGate;
 use crate::event_log::{EventKind, EventLog, LogEvent};
 use crate::sizes::{class_size, classes_up_to, round_up, MAX_REQUEST, MIN_BLOCK};
@@ -37,6 +37,15 @@ use crate::thread_cache::{self, CacheOfThread, CacheOwner, PoolCache, PoolHandle
 use crate::strategy::{BestFit, BestFitConfig, Block, BlockInfo, Buddy, BuddyConfig, Segment, Slab, SlabConfig, Strategy, StrategyKind};
 
 type FastMap<K, V> = papaya::HashMap<K, V, FixedState>;
+
+/// A growth past the high-water mark gives back only what it needs while the pool would reserve
+/// less than a `DRIFT_DIVISOR`th more than it did when live memory last peaked; past that it
+/// gives back every idle segment and mapping. Design: giving back only the need leaves idle
+/// memory cached in every tier, which saves the device calls of a repeating step, but a layout
+/// that keeps shifting (the demo GPT's sequence lengths) fragments the cached memory, and the
+/// high-water mark crept a few MiB a step (gpt x8: 1.02x to 1.20x of the bound over 400 replays);
+/// the full give-back resets the layout, and bounds the drift by a sixteenth.
+const DRIFT_DIVISOR: u64 = 16;
 
 /// Slots in the live-block table: 2^14 (512 KiB of host memory); blocks whose slot is taken go
 /// to the overflow map.
@@ -110,6 +119,9 @@ pub struct PoolCore {
     /// The most `committed` has ever been (not reset by `reset_peak_stats`): with `reclaim`, a
     /// growth that stays below it gives nothing back first.
     committed_high: AtomicU64,
+    /// `committed` after the last growth made at a new peak of allocated bytes: what the pool
+    /// needed the last time live memory set a record (see `DRIFT_DIVISOR`).
+    committed_at_live_peak: AtomicU64,
     /// Expandable segments, when on and the device supports them.
     vm: Option<Expandable>,
     /// The default stream's arena, reached without a map lookup.
@@ -168,6 +180,7 @@ impl Pool {
             cap: AtomicU64::new(cap),
             committed: AtomicU64::new(0),
             committed_high: AtomicU64::new(0),
+            committed_at_live_peak: AtomicU64::new(0),
             vm,
             default_arena,
             thread_classes,
@@ -642,12 +655,23 @@ impl PoolCore {
             // Growth ahead. Giving back lowers the peak only when the growth would set a new one:
             // below the high-water mark, the segments given back would be the ones the pool
             // grows again (a workload that frees and reallocates would pay two device calls per
-            // segment, over and over) and the peak stays where it is anyway. The estimate is the
-            // plain segment the strategy would ask for, at least what an expandable growth maps.
+            // segment, over and over) and the peak stays where it is anyway. For the same reason
+            // it gives back only the bytes by which the growth would pass the mark: the idle
+            // segments beyond those stay cached for the sizes that come back, unless the pool has
+            // drifted (`DRIFT_DIVISOR`). The estimate is what the growth will ask of the device.
             // Best effort, as a failed give-back only leaves memory reserved.
-            let growth = arena.tiers[tier as usize].lock().segment_size_for(rounded);
-            if self.committed.load(Relaxed).saturating_add(growth) > self.committed_high.load(Relaxed) {
-                let _ = self.give_back_free(Some((arena.stream, tier)));
+            let growth = self.growth_estimate(arena, tier, rounded);
+            let after = self.committed.load(Relaxed).saturating_add(growth);
+            let stats = self.stats();
+            let live_peak = stats.allocated_bytes.current + rounded > stats.allocated_bytes.peak;
+            let over = after.saturating_sub(self.committed_high.load(Relaxed));
+            if over > 0 {
+                let base = self.committed_at_live_peak.load(Relaxed);
+                let drifted = !live_peak && after > base + base / DRIFT_DIVISOR;
+                let _ = self.give_back_free(Some((arena.stream, tier)), if drifted { u64::MAX } else { over });
+            }
+            if live_peak {
+                self.committed_at_live_peak.fetch_max(self.committed.load(Relaxed).saturating_add(growth), Relaxed);
             }
         }
         for attempt in 0..2 {
@@ -662,6 +686,25 @@ impl PoolCore {
         }
         self.counters.num_ooms.fetch_add(1, Relaxed);
         Err(PoolError::OutOfMemory(self.oom_report(size)))
+    }
+
+    /// What a growth of `tier` for a block of `rounded` bytes will ask of the device: what an
+    /// expandable range would map (at its end, or in a hole), else a plain segment.
+    fn growth_estimate(&self, arena: &Arena, tier: u8, rounded: u64) -> u64 {
+        let strategy = arena.tiers[tier as usize].lock();
+        let plain = strategy.segment_size_for(rounded);
+        let Some(vm) = self.vm.as_ref().filter(|vm| vm.tier == tier) else { return plain };
+        vm.with_arena(arena.stream, |vm_arena| {
+            let newest = vm_arena.reservations.last().map(|r| r.base);
+            let unmapped = |r: &Reservation, range: Segment| r.gaps(range).iter().map(|g| g.size).sum::<u64>();
+            let planned = vm_arena.reservations.iter().filter_map(|r| {
+                let plan = strategy.plan_growth(r.base, rounded, vm.unit, &|range| unmapped(r, range))?;
+                let end = Segment { base: r.base + r.extent, size: plan.at_end };
+                let at_end = (newest == Some(r.base) && r.extent + plan.at_end <= r.size).then(|| unmapped(r, end));
+                at_end.into_iter().chain(plan.hole.map(|h| unmapped(r, h))).min()
+            });
+            planned.min().unwrap_or_else(|| round_up(rounded, vm.unit).unwrap_or(plain))
+        })
     }
 
     /// A block from the tier's strategy, growing it by a segment if needed; None when the device
@@ -759,12 +802,14 @@ impl PoolCore {
             if arena.unavailable {
                 return Ok(false);
             }
-            let plans: Vec<_> = arena.reservations.iter().map(|r| strategy.plan_growth(r.base, rounded, unit)).collect();
+            let unmapped = |r: &Reservation, range: Segment| r.gaps(range).iter().map(|g| g.size).sum::<u64>();
+            let plans: Vec<_> = arena.reservations.iter().map(|r| strategy.plan_growth(r.base, rounded, unit, &|range| unmapped(r, range))).collect();
             // The cheapest hole to map again, in any range.
-            let mut hole: Option<(usize, Segment)> = None;
+            let mut hole: Option<(usize, Segment, u64)> = None;
             for (i, h) in plans.iter().enumerate().filter_map(|(i, p)| Some((i, p.as_ref()?.hole?))) {
-                if hole.is_none_or(|(_, best)| h.size < best.size) {
-                    hole = Some((i, h));
+                let cost = unmapped(&arena.reservations[i], h);
+                if hole.is_none_or(|(_, best, c)| (cost, h.size) < (c, best.size)) {
+                    hole = Some((i, h, cost));
                 }
             }
             // Growth at the end of the newest range, if it has room.
@@ -780,7 +825,7 @@ impl PoolCore {
                 fits.then_some((i, Segment { base: r.base + r.extent, size: grow }))
             });
             let (i, range, into_hole) = match (hole, at_end) {
-                (Some((i, h)), end) if end.is_none_or(|(_, e)| h.size <= e.size) => (i, h, true),
+                (Some((i, h, cost)), end) if end.is_none_or(|(j, e)| cost <= unmapped(&arena.reservations[j], e)) => (i, h, true),
                 (_, Some((i, end))) => (i, end, false),
                 (_, None) => {
                     // The newest range is full (or there is none): reserve a larger one.
@@ -826,10 +871,11 @@ impl PoolCore {
     }
 
     /// Maps what `range` (whole units) lacks, within the cap, in at most `MAPS_PER_GROWTH`
-    /// pieces per unmapped part (see `expandable::pieces`). On a failure, unmaps what it mapped
-    /// and returns the error.
+    /// pieces per unmapped part, each at least a `PIECES_PER_HIGH_WATER`th of the high-water mark
+    /// (see `expandable::pieces`). On a failure, unmaps what it mapped and returns the error.
     fn map_range(&self, r: &mut Reservation, range: Segment, unit: u64, stream: StreamId) -> Result<()> {
-        let gaps: Vec<Segment> = r.gaps(range).into_iter().flat_map(|gap| pieces(gap, unit)).collect();
+        let least = self.committed_high.load(Relaxed) / PIECES_PER_HIGH_WATER;
+        let gaps: Vec<Segment> = r.gaps(range).into_iter().flat_map(|gap| pieces(gap, unit, least)).collect();
         let total: u64 = gaps.iter().map(|g| g.size).sum();
         self.commit(total)?;
         for (k, &gap) in gaps.iter().enumerate() {
@@ -849,10 +895,10 @@ impl PoolCore {
         Ok(())
     }
 
-    /// Unmaps `mappings` (whole mappings of `r`); returns the bytes given back and the first
-    /// error. A mapping that fails to unmap stays mapped and counted, and is tried again later.
-    fn unmap_ranges(&self, r: &mut Reservation, mappings: Vec<Segment>, stream: StreamId) -> (u64, Option<DeviceError>) {
-        let (mut bytes, mut first_error) = (0, None);
+    /// Unmaps `mappings` (whole mappings of `r`); returns the bytes given back, the mappings that
+    /// failed to unmap (they stay mapped and counted) and the first error.
+    fn unmap_ranges(&self, r: &mut Reservation, mappings: Vec<Segment>, stream: StreamId) -> (u64, Vec<Segment>, Option<DeviceError>) {
+        let (mut bytes, mut kept, mut first_error) = (0, Vec::new(), None);
         for m in mappings {
             self.counters.num_device_free.fetch_add(1, Relaxed);
             match self.device.unmap(m.base, m.size) {
@@ -867,56 +913,43 @@ impl PoolCore {
                     }
                 }
                 Err(e) => {
+                    kept.push(m);
                     first_error.get_or_insert(e);
                 }
             }
         }
-        (bytes, first_error)
+        (bytes, kept, first_error)
     }
 
-    /// Gives back the wholly free mappings of the arena's expandable segments: cuts the free
-    /// tail off their ends, unmaps the free holes inside them, and unreserves a range when
-    /// nothing is mapped in it any more. A mapping goes only whole: where the strategy's cut (a
-    /// tail or a hole) covers only part of one, that part is made free space again. When the
-    /// tier is about to grow, the newest range keeps its free tail, which the growth extends
-    /// (unmapping it would only map it again). Runs under the tier's strategy lock, device
-    /// calls included: a growth could otherwise take memory as mapped while it is unmapped.
-    fn shrink_expandable(&self, vm: &Expandable, strategy: &mut dyn Strategy, stream: StreamId, grows: bool) -> (u64, Option<DeviceError>) {
-        let unit = vm.unit;
+    /// Unmaps the mappings among `chosen` (spares of this stream's expandable tier): each becomes
+    /// a hole in the strategy, the hole at a range's end is cut off, and a range with nothing
+    /// mapped is unreserved. A mapping that fails to unmap stays mapped, as free space. Runs
+    /// under the tier's strategy lock, device calls included: a growth could otherwise take
+    /// memory as mapped while it is unmapped.
+    fn unmap_spares(&self, vm: &Expandable, strategy: &mut dyn Strategy, stream: StreamId, chosen: &[Spare]) -> (u64, Option<DeviceError>) {
         vm.with_arena(stream, |arena| {
             let (mut bytes, mut first_error) = (0, None);
-            let newest = arena.reservations.last().map(|r| r.base);
             arena.reservations.retain_mut(|r| {
-                let keep_tail = grows && newest == Some(r.base);
-                let moved = if keep_tail { 0 } else { strategy.shrink_free_tail(r.base, unit) };
-                r.extent = r.extent.saturating_sub(moved);
                 let end = r.base + r.extent;
-                if let Some(m) = r.mapping_across(end).filter(|_| r.extent > 0) {
-                    // The new end cuts a mapping that is still in use below it: keep it whole.
-                    if strategy.grow_segment(r.base, m.base + m.size - end) {
-                        r.extent = m.base + m.size - r.base;
-                    }
+                // Another give-back may have unmapped a spare since it was chosen.
+                let mine: Vec<Segment> = chosen.iter().filter(|s| s.reservation == Some(r.base) && r.has_mapping(s.range)).map(|s| s.range).collect();
+                if mine.is_empty() {
+                    r.extent -= strategy.cut_unmapped_tail(r.base);
+                    return true;
                 }
-                // Everything mapped past the end (also mappings an earlier unmap failed to give back).
-                let mut mappings = r.mappings_within(r.base + r.extent, r.base + r.size);
-                for hole in strategy.unmap_free_chunks(r.base, unit, keep_tail) {
-                    let inside = r.mappings_within(hole.base, hole.base + hole.size);
-                    // The parts of the hole that lie in a mapping reaching out of it stay free.
-                    let mut at = hole.base;
-                    for m in inside.iter().chain([&Segment { base: hole.base + hole.size, size: 0 }]) {
-                        if m.base > at {
-                            let kept = strategy.map_hole(Segment { base: at, size: m.base - at });
-                            debug_assert!(kept, "a part of a hole just made is a hole");
-                        }
-                        at = m.base + m.size;
-                    }
-                    mappings.extend(inside);
+                let (inside, past_end): (Vec<Segment>, Vec<Segment>) = mine.into_iter().partition(|m| m.base < end);
+                let mut mappings = strategy.unmap_free_ranges(r.base, &inside);
+                mappings.extend(past_end);
+                let (unmapped, kept, error) = self.unmap_ranges(r, mappings, stream);
+                for m in kept.into_iter().filter(|m| m.base < end) {
+                    let restored = strategy.map_hole(m);
+                    debug_assert!(restored, "a mapping just made a hole is one");
                 }
-                let (unmapped, error) = self.unmap_ranges(r, mappings, stream);
                 bytes += unmapped;
                 if let Some(e) = error {
                     first_error.get_or_insert(e);
                 }
+                r.extent -= strategy.cut_unmapped_tail(r.base);
                 if r.extent != 0 || !r.is_unmapped() {
                     return true;
                 }
@@ -1144,29 +1177,33 @@ impl PoolCore {
     /// wholly free segment back and unmaps every wholly free expandable chunk.
     fn release_free(&self) -> Result<u64> {
         self.flush_caches();
-        self.give_back_free(None)
+        self.give_back_free(None, u64::MAX)
     }
 
-    /// Gives every wholly free segment back and unmaps every wholly free expandable chunk; before
-    /// the growth of `growing` (a stream's tier), that tier's newest expandable range keeps its
-    /// free tail, which the growth extends. The caches keep their blocks: see `release_free`.
-    fn give_back_free(&self, growing: Option<(StreamId, u8)>) -> Result<u64> {
-        let mut released = Vec::new();
+    /// Gives back to the device wholly free segments and wholly free mappings of the expandable
+    /// ranges, in every tier and stream: all of them for a `need` of `u64::MAX`, else enough for
+    /// `need` bytes (see `choose_spares`). Before the growth of `growing` (a stream's tier), that
+    /// tier's newest expandable range keeps its free tail, which the growth extends. The caches
+    /// keep their blocks: see `release_free`.
+    fn give_back_free(&self, growing: Option<(StreamId, u8)>, need: u64) -> Result<u64> {
+        let mut chosen = choose_spares(self.spares(growing), need);
+        chosen.sort_unstable_by_key(|s| (s.stream, s.tier, s.reservation, s.range.base));
         let (mut bytes, mut first_error) = (0, None);
-        self.for_each_arena(|arena| {
-            for (index, tier) in arena.tiers.iter().enumerate() {
-                let mut strategy = tier.lock();
-                let grows = growing == Some((arena.stream, index as u8));
-                if let Some(vm) = self.vm.as_ref().filter(|vm| vm.tier as usize == index) {
-                    let (unmapped, error) = self.shrink_expandable(vm, &mut **strategy, arena.stream, grows);
-                    bytes += unmapped;
-                    if let Some(e) = error {
-                        first_error.get_or_insert(e);
-                    }
+        let mut released = Vec::new();
+        for group in chosen.chunk_by(|a, b| (a.stream, a.tier) == (b.stream, b.tier)) {
+            let (stream, tier) = (group[0].stream, group[0].tier);
+            let arena = self.arena(stream);
+            let mut strategy = arena.tiers[tier as usize].lock();
+            let plain: Vec<Segment> = group.iter().filter(|s| s.reservation.is_none()).map(|s| s.range).collect();
+            released.extend(strategy.release_segments(&plain).into_iter().map(|s| (s, stream)));
+            if let Some(vm) = self.vm.as_ref().filter(|vm| vm.tier == tier) {
+                let (unmapped, error) = self.unmap_spares(vm, &mut **strategy, stream, group);
+                bytes += unmapped;
+                if let Some(e) = error {
+                    first_error.get_or_insert(e);
                 }
-                released.extend(strategy.release_free_segments().into_iter().map(|s| (s, arena.stream)));
             }
-        });
+        }
         for (segment, stream) in released {
             self.counters.num_device_free.fetch_add(1, Relaxed);
             match self.device.free_segment(segment.base, segment.size) {
@@ -1186,6 +1223,37 @@ impl PoolCore {
             None => Ok(bytes),
             Some(e) => Err(e.into()),
         }
+    }
+
+    /// Everything a give-back could return: every tier's wholly free segments, and the mappings
+    /// of the expandable ranges that lie wholly in free space (or past the range's end, where an
+    /// unmap failed), less the free tail of the newest range of `growing`.
+    fn spares(&self, growing: Option<(StreamId, u8)>) -> Vec<Spare> {
+        let mut spares = Vec::new();
+        self.for_each_arena(|arena| {
+            let stream = arena.stream;
+            for (index, tier) in arena.tiers.iter().enumerate() {
+                let tier_index = index as u8;
+                let strategy = tier.lock();
+                spares.extend(strategy.free_segments().into_iter().map(|range| Spare { stream, tier: tier_index, range, reservation: None }));
+                let Some(vm) = self.vm.as_ref().filter(|vm| vm.tier == tier_index) else { continue };
+                let grows = growing == Some((stream, tier_index));
+                vm.with_arena(stream, |vm_arena| {
+                    let newest = vm_arena.reservations.last().map(|r| r.base);
+                    for r in &vm_arena.reservations {
+                        let end = r.base + r.extent;
+                        let mut free = strategy.unused_ranges(r.base);
+                        if grows && newest == Some(r.base) && free.last().is_some_and(|f| f.base + f.size == end) {
+                            free.pop();
+                        }
+                        free.push(Segment { base: end, size: r.base + r.size - end });
+                        let mappings = free.iter().flat_map(|f| r.mappings_within(f.base, f.base + f.size));
+                        spares.extend(mappings.map(|range| Spare { stream, tier: tier_index, range, reservation: Some(r.base) }));
+                    }
+                });
+            }
+        });
+        spares
     }
 
     /// Gives the completed deferred frees, every thread's cache (busy, idle or exiting) and the
@@ -1370,6 +1438,39 @@ impl Drop for PoolCore {
     }
 }
 
+/// Memory a give-back can return to the device: a wholly free plain segment of a tier, or a
+/// wholly free mapping of the tier's expandable range at `reservation`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Spare {
+    stream: StreamId,
+    tier: u8,
+    range: Segment,
+    reservation: Option<u64>,
+}
+
+/// The spares to give back for `need` bytes: every one for `u64::MAX`; else, until the need is
+/// met, the smallest spare that meets what is still needed, or the largest one if none does.
+/// Design: a give-back is for the peak, and giving back more than the growth needs cannot lower
+/// it; what stays reserved is reused without device calls, and each call gives back the most it
+/// can.
+fn choose_spares(mut spares: Vec<Spare>, need: u64) -> Vec<Spare> {
+    if need == u64::MAX {
+        return spares;
+    }
+    // Largest first; ties in a fixed order, so that replays are deterministic.
+    spares.sort_unstable_by_key(|s| (std::cmp::Reverse(s.range.size), s.stream, s.tier, s.range.base));
+    let mut chosen = Vec::new();
+    let mut still = need;
+    while still > 0 && !spares.is_empty() {
+        // The last spare (the smallest) of those that meet the need, else the first (the largest).
+        let meets = spares.partition_point(|s| s.range.size >= still);
+        let spare = spares.remove(meets.saturating_sub(1));
+        still = still.saturating_sub(spare.range.size);
+        chosen.push(spare);
+    }
+    chosen
+}
+
 fn cap_for(limit: Option<Limit>, device_total: u64) -> u64 {
     match limit {
         None => device_total,
@@ -1398,3 +1499,32 @@ pub(crate) fn new_arena(config: &PoolConfig, stream: StreamId) -> Arena {
     Arena::new(stream, tiers)
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sizes::MIB;
+
+    fn spare(size_mib: u64, base: u64) -> Spare {
+        Spare { stream: StreamId(0), tier: 1, range: Segment { base: base * MIB, size: size_mib * MIB }, reservation: None }
+    }
+
+    fn sizes(chosen: &[Spare]) -> Vec<u64> {
+        chosen.iter().map(|s| s.range.size / MIB).collect()
+    }
+
+    #[test]
+    fn spares_for_a_need_are_the_smallest_that_covers_it_else_the_largest_first() {
+        let all = vec![spare(8, 0), spare(2, 100), spare(32, 200), spare(2, 300), spare(4, 400)];
+        assert_eq!(sizes(&choose_spares(all.clone(), 3 * MIB)), vec![4], "4 MiB covers 3, 8 and 32 are more than needed");
+        assert_eq!(sizes(&choose_spares(all.clone(), 8 * MIB)), vec![8]);
+        assert_eq!(sizes(&choose_spares(all.clone(), 40 * MIB)), vec![32, 8]);
+        assert_eq!(sizes(&choose_spares(all.clone(), 45 * MIB)), vec![32, 8, 4, 2], "the last 1 MiB: a 2 MiB spare");
+        assert_eq!(sizes(&choose_spares(all.clone(), 100 * MIB)), vec![32, 8, 4, 2, 2], "all of them, short of the need");
+        assert!(choose_spares(all.clone(), 0).is_empty());
+        assert_eq!(choose_spares(all.clone(), u64::MAX), all, "everything, for a trim");
+        // Of equal spares, the same one whatever the order they come in: replays are deterministic.
+        let reversed: Vec<Spare> = all.iter().rev().copied().collect();
+        assert_eq!(choose_spares(all, MIB), choose_spares(reversed, MIB));
+    }
+}

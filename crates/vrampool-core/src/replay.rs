@@ -130,8 +130,10 @@ pub struct ReplayReport {
     /// Time spent in the replay loop alone (not parsing, not setting up the pool).
     pub seconds: f64,
     pub events_per_s: f64,
-    /// Segments the pool asked the device for.
+    /// Segments the pool asked the device for (plain segments, or map calls).
     pub device_allocs: u64,
+    /// Segments given back to the device (frees, or unmap calls).
+    pub device_frees: u64,
     /// External fragmentation (1 - largest free range / bytes in free ranges) at the sample with
     /// the most bytes allocated: how scattered the spare memory is when memory is tightest (0
     /// when the replay samples no timeline).
@@ -342,8 +344,8 @@ trait Replayed {
     fn free(&mut self, addr: u64) -> Result<(), PoolError>;
     /// Allocated and reserved bytes now, and the fragmentation of the free memory.
     fn now(&self) -> (u64, u64, f64);
-    /// Peak reserved and allocated bytes, and device allocations.
-    fn totals(&self) -> (u64, u64, u64);
+    /// Peak reserved and allocated bytes, device allocations and device frees.
+    fn totals(&self) -> (u64, u64, u64, u64);
 }
 
 impl Replayed for Pool {
@@ -362,9 +364,9 @@ impl Replayed for Pool {
         (stats.allocated_bytes.current, stats.reserved_bytes.current, stats.fragmentation())
     }
 
-    fn totals(&self) -> (u64, u64, u64) {
+    fn totals(&self) -> (u64, u64, u64, u64) {
         let stats = self.stats();
-        (stats.reserved_bytes.peak, stats.allocated_bytes.peak, stats.num_device_alloc)
+        (stats.reserved_bytes.peak, stats.allocated_bytes.peak, stats.num_device_alloc, stats.num_device_free)
     }
 }
 
@@ -382,9 +384,9 @@ impl Replayed for Box<dyn PeerModel> {
         (f.allocated, f.reserved, self.fragmentation())
     }
 
-    fn totals(&self) -> (u64, u64, u64) {
+    fn totals(&self) -> (u64, u64, u64, u64) {
         let f = self.figures();
-        (f.peak_reserved, f.peak_allocated, f.device_allocs)
+        (f.peak_reserved, f.peak_allocated, f.device_allocs, f.device_frees)
     }
 }
 
@@ -465,7 +467,7 @@ fn run<R: Replayed>(prepared: &PreparedTrace, target: &mut R, options: ReplayOpt
         sample(target, done);
     }
     let seconds = start.elapsed().as_secs_f64();
-    let (peak_reserved_bytes, peak_allocated_bytes, device_allocs) = target.totals();
+    let (peak_reserved_bytes, peak_allocated_bytes, device_allocs, device_frees) = target.totals();
     Ok(ReplayReport {
         strategy: "",
         approximate: false,
@@ -476,6 +478,7 @@ fn run<R: Replayed>(prepared: &PreparedTrace, target: &mut R, options: ReplayOpt
         seconds,
         events_per_s: if seconds > 0.0 { done as f64 / seconds } else { 0.0 },
         device_allocs,
+        device_frees,
         fragmentation,
         timeline,
         out_of_memory,
@@ -583,6 +586,24 @@ mod tests {
             TraceEvent::Free { id: 1 },
         ];
         assert_eq!(replay(&reused, PoolConfig::default()).unwrap().lower_bound_bytes, 1024);
+    }
+
+    #[test]
+    fn replay_counts_the_segments_given_back() {
+        // 100 MiB freed, then 200 MiB: the pool gives the idle segment back before it grows past
+        // its peak; PyTorch's caching allocator keeps it.
+        let events = [
+            TraceEvent::Alloc { id: 1, size: 100 * MIB, stream: 0 },
+            TraceEvent::Free { id: 1 },
+            TraceEvent::Alloc { id: 2, size: 200 * MIB, stream: 0 },
+            TraceEvent::Free { id: 2 },
+        ];
+        let prepared = PreparedTrace::new(&events).unwrap();
+        let options = ReplayOptions { samples: 0, capacity: None, repeat: 1 };
+        let pool = replay_prepared(&prepared, &ReplayTarget::Pool(PoolConfig { expandable: false, ..PoolConfig::default() }), options).unwrap();
+        assert_eq!((pool.device_allocs, pool.device_frees, pool.peak_reserved_bytes), (2, 1, 200 * MIB));
+        let torch = replay_prepared(&prepared, &ReplayTarget::Peer(PeerConfig::named("torch").unwrap()), options).unwrap();
+        assert_eq!((torch.device_allocs, torch.device_frees, torch.peak_reserved_bytes), (2, 0, 300 * MIB));
     }
 
     #[test]

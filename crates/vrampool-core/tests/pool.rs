@@ -477,6 +477,35 @@ fn growth_first_gives_back_segments_no_block_uses() {
 }
 
 #[test]
+fn growth_gives_back_only_what_it_needs_until_the_pool_drifts() {
+    let dev = Arc::new(SimDevice::new(4 * GIB, SimMode::AddressOnly));
+    let pool = Pool::new(dev.clone() as Arc<dyn Device>, PoolConfig { expandable: false, ..PoolConfig::default() }).unwrap();
+    // Three idle segments of the large tier, 300 MiB: the high-water mark.
+    let large: Vec<u64> = [100 * MIB, 120 * MIB, 80 * MIB].iter().map(|&n| pool.allocate(n, S0).unwrap()).collect();
+    for &b in &large {
+        pool.free(b, None, None).unwrap();
+    }
+    assert_eq!(pool.stats().reserved_bytes.peak, 300 * MIB);
+    // A 10 MiB segment of the middle tier would pass the mark by 10 MiB (within a sixteenth of
+    // it): the smallest idle segment that covers that goes back, and the two others stay cached.
+    let mid = pool.allocate(10 * MIB, S0).unwrap();
+    let stats = pool.stats();
+    assert_eq!((stats.reserved_bytes.current, stats.num_device_free, stats.reserved_bytes.peak), (230 * MIB, 1, 300 * MIB));
+    // They serve their sizes again without a device call.
+    let allocs = dev.counters().alloc_calls;
+    let again: Vec<u64> = [100 * MIB, 120 * MIB].iter().map(|&n| pool.allocate(n, S0).unwrap()).collect();
+    assert_eq!(dev.counters().alloc_calls, allocs);
+    // 280 MiB more would take the pool to 510 MiB, more than a sixteenth above the 300 MiB it
+    // held when live memory peaked: every idle segment goes back, the middle tier's too.
+    for b in again.into_iter().chain([mid]) {
+        pool.free(b, None, None).unwrap();
+    }
+    let big = pool.allocate(280 * MIB, S0).unwrap();
+    assert_eq!(pool.stats().reserved_bytes.current, 280 * MIB);
+    pool.free(big, None, None).unwrap();
+}
+
+#[test]
 fn growth_keeps_segments_that_hold_live_blocks() {
     let dev = Arc::new(SimDevice::new(4 * GIB, SimMode::HostBacked));
     let pool = Pool::new(dev.clone() as Arc<dyn Device>, PoolConfig { expandable: false, ..PoolConfig::default() }).unwrap();

@@ -134,6 +134,7 @@ fn report_dict<'py>(py: Python<'py>, r: &ReplayReport) -> PyResult<Bound<'py, Py
     out.set_item("seconds", r.seconds)?;
     out.set_item("events_per_s", r.events_per_s)?;
     out.set_item("device_allocs", r.device_allocs)?;
+    out.set_item("device_frees", r.device_frees)?;
     out.set_item("fragmentation", r.fragmentation)?;
     match &r.out_of_memory {
         None => out.set_item("out_of_memory", py.None())?,

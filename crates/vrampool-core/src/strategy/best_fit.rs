@@ -302,6 +302,42 @@ impl BestFit {
         self.best_in_bin(bin, size)
     }
 
+    /// Turns `[lo, hi)` of free node `i` into a hole, merged with neighbouring holes; the rest of
+    /// `i` stays free (`i` keeps the lowest part, so a segment's head node keeps its slot).
+    /// Returns the hole's node.
+    fn make_hole(&mut self, i: u32, lo: u64, hi: u64) -> u32 {
+        let Node { addr, size, .. } = *self.node(i);
+        self.unfile(i);
+        let mut hole = if lo > addr {
+            self.node_mut(i).size = lo - addr;
+            self.file(i);
+            self.insert_after(i, lo, hi - lo, true)
+        } else {
+            let n = self.node_mut(i);
+            n.size = hi - lo;
+            n.allocated = true;
+            i
+        };
+        if hi < addr + size {
+            let rest = self.insert_after(hole, hi, addr + size - hi, false);
+            self.file(rest);
+        }
+        self.reserved -= hi - lo;
+        let prev = self.node(hole).prev;
+        if self.is_hole(prev) {
+            self.absorb_next(prev, hole);
+            hole = prev;
+        }
+        let next = self.node(hole).next;
+        if self.is_hole(next) {
+            let next_addr = self.node(next).addr;
+            self.holes.remove(&next_addr);
+            self.absorb_next(hole, next);
+        }
+        self.holes.insert(self.node(hole).addr, hole);
+        hole
+    }
+
     /// A new node `[addr, addr + size)` linked in right after node `a`.
     fn insert_after(&mut self, a: u32, addr: u64, size: u64, allocated: bool) -> u32 {
         let next = self.node(a).next;
@@ -431,22 +467,30 @@ impl Strategy for BestFit {
         Some(size)
     }
 
-    fn release_free_segments(&mut self) -> Vec<Segment> {
-        let released: Vec<Segment> = self
-            .segments
+    fn free_segments(&self) -> Vec<Segment> {
+        self.segments
             .iter()
             .filter(|(_, &(_, head))| {
                 let n = self.node(head);
                 !n.allocated && n.next == NIL
             })
             .map(|(&base, &(size, _))| Segment { base, size })
-            .collect();
-        for seg in &released {
-            if let Some((_, head)) = self.segments.remove(&seg.base) {
-                self.unfile(head);
-                self.spare.push(head);
-                self.reserved -= seg.size;
+            .collect()
+    }
+
+    fn release_segments(&mut self, segments: &[Segment]) -> Vec<Segment> {
+        let mut released = Vec::new();
+        for &seg in segments {
+            let Some(&(size, head)) = self.segments.get(&seg.base) else { continue };
+            let n = self.node(head);
+            if size != seg.size || n.allocated || n.next != NIL {
+                continue;
             }
+            self.segments.remove(&seg.base);
+            self.unfile(head);
+            self.spare.push(head);
+            self.reserved -= size;
+            released.push(seg);
         }
         released
     }
@@ -493,108 +537,79 @@ impl Strategy for BestFit {
         true
     }
 
-    fn shrink_free_tail(&mut self, base: u64, unit: u64) -> u64 {
-        let (Some(&marker), Some(&(old_size, _))) = (self.ends.get(&base), self.segments.get(&base)) else { return 0 };
-        if unit == 0 {
-            return 0;
-        }
-        loop {
-            let last = self.node(marker).prev;
-            let Node { addr, size, prev, allocated, .. } = *self.node(last);
-            let cut = if self.is_hole(last) {
-                self.holes.remove(&addr);
-                addr
-            } else if !allocated {
-                let cut = base + (addr - base).div_ceil(unit) * unit;
-                if cut >= addr + size {
-                    break;
-                }
-                self.unfile(last);
-                self.reserved -= addr + size - cut;
-                if cut > addr {
-                    self.node_mut(last).size = cut - addr;
-                    self.file(last);
-                    self.node_mut(marker).addr = cut;
-                    break;
-                }
-                cut
-            } else {
-                break;
-            };
-            if prev == NIL {
-                // Nothing allocated is left: the segment goes.
-                self.segments.remove(&base);
-                self.ends.remove(&base);
-                self.spare.extend([last, marker]);
-                return old_size;
-            }
-            self.node_mut(prev).next = marker;
-            let m = self.node_mut(marker);
-            m.prev = prev;
-            m.addr = cut;
-            self.spare.push(last);
-        }
-        let end = self.node(marker).addr;
-        if let Some(seg) = self.segments.get_mut(&base) {
-            seg.0 = end - base;
-        }
-        old_size - (end - base)
-    }
-
-    fn unmap_free_chunks(&mut self, base: u64, unit: u64, keep_tail: bool) -> Vec<Segment> {
+    fn unused_ranges(&self, base: u64) -> Vec<Segment> {
         let (Some(&marker), Some(&(_, head))) = (self.ends.get(&base), self.segments.get(&base)) else { return Vec::new() };
-        let mut holes = Vec::new();
-        if unit == 0 {
-            return holes;
-        }
+        let mut unused: Vec<Segment> = Vec::new();
         let mut i = head;
         while i != marker {
-            let Node { addr, size, next, allocated, .. } = *self.node(i);
-            let end = addr + size;
-            let lo = base + (addr - base).div_ceil(unit) * unit;
-            let hi = base + (end - base) / unit * unit;
-            if allocated || lo >= hi || (keep_tail && next == marker) {
-                i = next;
-                continue;
+            let Node { addr, size, next, .. } = *self.node(i);
+            if !self.node(i).allocated || self.is_hole(i) {
+                match unused.last_mut() {
+                    Some(last) if last.base + last.size == addr => last.size += size,
+                    _ => unused.push(Segment { base: addr, size }),
+                }
             }
-            // Split into free [addr, lo), hole [lo, hi), free [hi, end); `i` keeps the lowest
-            // part, so a segment's head node keeps its slot.
-            self.unfile(i);
-            let mut hole = if lo > addr {
-                self.node_mut(i).size = lo - addr;
-                self.file(i);
-                self.insert_after(i, lo, hi - lo, true)
-            } else {
-                let n = self.node_mut(i);
-                n.size = hi - lo;
-                n.allocated = true;
-                i
-            };
-            if hi < end {
-                let rest = self.insert_after(hole, hi, end - hi, false);
-                self.file(rest);
-            }
-            self.reserved -= hi - lo;
-            holes.push(Segment { base: lo, size: hi - lo });
-            // Neighbouring holes become one.
-            let prev = self.node(hole).prev;
-            if self.is_hole(prev) {
-                self.absorb_next(prev, hole);
-                hole = prev;
-            }
-            let next = self.node(hole).next;
-            if self.is_hole(next) {
-                let next_addr = self.node(next).addr;
-                self.holes.remove(&next_addr);
-                self.absorb_next(hole, next);
-            }
-            self.holes.insert(self.node(hole).addr, hole);
-            i = self.node(hole).next;
+            i = next;
         }
-        holes
+        unused
     }
 
-    fn plan_growth(&self, base: u64, size: u64, unit: u64) -> Option<GrowthPlan> {
+    fn unmap_free_ranges(&mut self, base: u64, ranges: &[Segment]) -> Vec<Segment> {
+        let (Some(&marker), Some(&(_, head))) = (self.ends.get(&base), self.segments.get(&base)) else { return Vec::new() };
+        let mut unmapped = Vec::new();
+        let mut i = head;
+        for &range in ranges {
+            let (lo, Some(hi)) = (range.base, range.base.checked_add(range.size)) else { continue };
+            if range.size == 0 || lo % MIN_BLOCK != 0 || hi % MIN_BLOCK != 0 {
+                continue;
+            }
+            // The node that holds `lo` (ranges come in address order, so the walk goes on).
+            while i != marker && self.node(i).addr + self.node(i).size <= lo {
+                i = self.node(i).next;
+            }
+            if i == marker || self.node(i).addr > lo {
+                break;
+            }
+            // Neighbouring free ranges are always one node: the range lies in free node `i`, or
+            // a block or a hole is in the way.
+            let Node { addr, size, allocated, .. } = *self.node(i);
+            if allocated || addr + size < hi {
+                continue;
+            }
+            i = self.make_hole(i, lo, hi);
+            unmapped.push(range);
+        }
+        unmapped
+    }
+
+    fn cut_unmapped_tail(&mut self, base: u64) -> u64 {
+        let (Some(&marker), Some(&(old_size, _))) = (self.ends.get(&base), self.segments.get(&base)) else { return 0 };
+        let last = self.node(marker).prev;
+        if !self.is_hole(last) {
+            return 0;
+        }
+        // Neighbouring holes are one node, so there is at most one to cut.
+        let Node { addr, prev, .. } = *self.node(last);
+        self.holes.remove(&addr);
+        if prev == NIL {
+            // Nothing but a hole is left: the segment goes.
+            self.segments.remove(&base);
+            self.ends.remove(&base);
+            self.spare.extend([last, marker]);
+            return old_size;
+        }
+        self.node_mut(prev).next = marker;
+        let m = self.node_mut(marker);
+        m.prev = prev;
+        m.addr = addr;
+        self.spare.push(last);
+        if let Some(seg) = self.segments.get_mut(&base) {
+            seg.0 = addr - base;
+        }
+        old_size - (addr - base)
+    }
+
+    fn plan_growth(&self, base: u64, size: u64, unit: u64, cost: &dyn Fn(Segment) -> u64) -> Option<GrowthPlan> {
         let &marker = self.ends.get(&base)?;
         let size = round_up(size.max(1), MIN_BLOCK)?;
         if unit == 0 {
@@ -622,7 +637,7 @@ impl Strategy for BestFit {
                 options[1] = Some(Segment { base: addr + hole - n, size: n });
             }
             for option in options.into_iter().flatten() {
-                if best.is_none_or(|b| option.size < b.size) {
+                if best.is_none_or(|b| (cost(option), option.size) < (cost(b), b.size)) {
                     best = Some(option);
                 }
             }
@@ -1089,45 +1104,71 @@ mod tests {
         check_invariants(&b);
     }
 
+    /// The whole units of `b`'s free space at `base` made holes (as the pool unmaps mappings of
+    /// one unit), and the hole at the end cut off: (bytes made holes, bytes the end moved).
+    fn unmap_free_units(b: &mut BestFit, base: u64, unit: u64) -> (u64, u64) {
+        let units: Vec<Segment> = b
+            .unused_ranges(base)
+            .iter()
+            .flat_map(|r| {
+                let lo = base + (r.base - base).div_ceil(unit) * unit;
+                let hi = base + (r.base + r.size - base) / unit * unit;
+                (lo..hi).step_by(unit as usize).map(move |at| seg(at, unit))
+            })
+            .collect();
+        let holes = b.unmap_free_ranges(base, &units).iter().map(|h| h.size).sum();
+        (holes, b.cut_unmapped_tail(base))
+    }
+
     #[test]
-    fn shrink_free_tail_cuts_whole_units_and_removes_an_empty_segment() {
+    fn free_ranges_become_holes_and_the_tail_hole_is_cut() {
         let mut b = BestFit::default();
         assert!(b.grow_segment(0, 8 * MIB));
         let x = b.allocate(3 * MIB).unwrap();
-        assert_eq!(b.shrink_free_tail(0, 2 * MIB), 4 * MIB, "free [3, 8) MiB: [4, 8) goes");
+        assert_eq!(b.unused_ranges(0), vec![seg(3 * MIB, 5 * MIB)]);
+        let asked = [seg(2 * MIB, 2 * MIB), seg(4 * MIB, 2 * MIB), seg(6 * MIB, 2 * MIB)];
+        assert_eq!(b.unmap_free_ranges(0, &asked), asked[1..].to_vec(), "[2, 4) MiB holds the block");
+        assert_eq!(b.cut_unmapped_tail(0), 4 * MIB, "the two holes are one, at the end");
         assert_eq!(b.snapshot(), vec![(seg(0, 4 * MIB), vec![info(0, 3 * MIB, true), info(3 * MIB, MIB, false)])]);
         assert_eq!(b.usage().reserved, 4 * MIB);
-        assert_eq!(b.shrink_free_tail(0, 2 * MIB), 0, "nothing whole left to cut");
+        assert_eq!(b.cut_unmapped_tail(0), 0, "the tail is free space, not a hole");
+        assert!(b.unmap_free_ranges(0, &[seg(3 * MIB + 1, 512)]).is_empty(), "not aligned");
+        assert!(b.unmap_free_ranges(0, &[seg(3 * MIB, 2 * MIB)]).is_empty(), "runs past the free range");
         let y = b.allocate(MIB).unwrap();
-        assert_eq!(b.shrink_free_tail(0, 2 * MIB), 0, "the tail is allocated");
+        assert!(b.unused_ranges(0).is_empty());
         b.free(x.addr).unwrap();
-        assert_eq!(b.shrink_free_tail(0, 2 * MIB), 0);
         b.free(y.addr).unwrap();
-        assert_eq!(b.shrink_free_tail(0, 2 * MIB), 4 * MIB, "all free: the segment goes");
+        assert_eq!(b.unmap_free_ranges(0, &[seg(2 * MIB, 2 * MIB)]), vec![seg(2 * MIB, 2 * MIB)]);
+        assert!(b.unmap_free_ranges(0, &[seg(2 * MIB, 2 * MIB)]).is_empty(), "a hole is not unmapped twice");
+        assert_eq!(b.unused_ranges(0), vec![seg(0, 4 * MIB)], "free space and the hole, as one range");
+        assert_eq!(unmap_free_units(&mut b, 0, 2 * MIB), (2 * MIB, 4 * MIB), "only a hole left: the segment goes");
         assert_eq!(b.usage(), Usage::default());
         assert!(b.snapshot().is_empty());
-        assert_eq!(b.shrink_free_tail(0, 2 * MIB), 0);
+        assert_eq!(b.cut_unmapped_tail(0), 0);
         assert!(b.grow_segment(0, 2 * MIB), "and can start again");
         // Plain segments are not touched.
         b.add_segment(seg(64 * MIB, 4 * MIB));
-        assert_eq!(b.shrink_free_tail(64 * MIB, 2 * MIB), 0);
+        assert!(b.unused_ranges(64 * MIB).is_empty());
+        assert!(b.unmap_free_ranges(64 * MIB, &[seg(64 * MIB, 2 * MIB)]).is_empty());
         assert_eq!(b.usage().reserved, 6 * MIB);
-        assert!(b.release_free_segments() == vec![seg(64 * MIB, 4 * MIB)], "an expandable segment is never released whole");
+        assert_eq!(b.free_segments(), vec![seg(64 * MIB, 4 * MIB)], "an expandable segment is never wholly free");
+        assert!(b.release_segments(&[seg(64 * MIB, 2 * MIB), seg(0, 2 * MIB)]).is_empty(), "not a segment's size, not a plain segment");
+        assert!(b.release_free_segments() == vec![seg(64 * MIB, 4 * MIB)]);
         check_invariants(&b);
     }
 
     #[test]
     fn free_chunks_inside_become_holes_that_map_back() {
         const U: u64 = 2 * MIB;
+        let holes_cost = |h: Segment| h.size;
         let mut b = BestFit::default();
         assert!(b.grow_segment(0, 10 * MIB));
         let a = b.allocate(MIB).unwrap();
         let hole_block = b.allocate(6 * MIB).unwrap();
         let c = b.allocate(MIB).unwrap();
         b.free(hole_block.addr).unwrap();
-        assert_eq!(b.shrink_free_tail(0, U), 2 * MIB, "the free [8, 10) MiB tail");
-        assert_eq!(b.unmap_free_chunks(0, U, false), vec![seg(2 * MIB, 4 * MIB)]);
-        assert_eq!(b.unmap_free_chunks(0, U, false), vec![], "nothing whole left");
+        assert_eq!(unmap_free_units(&mut b, 0, U), (6 * MIB, 2 * MIB), "[2, 6) inside, the free [8, 10) MiB tail");
+        assert_eq!(unmap_free_units(&mut b, 0, U), (0, 0), "nothing whole left");
         assert_eq!(
             b.snapshot(),
             vec![
@@ -1141,12 +1182,15 @@ mod tests {
         assert!(b.allocate(2 * MIB).is_none(), "no block is cut from a hole");
 
         // 3 MiB: 1 MiB free before the hole plus its low 2 MiB, rather than 4 MiB at the end.
-        let plan = b.plan_growth(0, 3 * MIB, U).unwrap();
+        let plan = b.plan_growth(0, 3 * MIB, U, &holes_cost).unwrap();
         assert_eq!(plan, GrowthPlan { at_end: 4 * MIB, hole: Some(seg(2 * MIB, 2 * MIB)) });
         // 6 MiB: only the whole hole (with both neighbours) fits.
-        assert_eq!(b.plan_growth(0, 6 * MIB, U).unwrap().hole, Some(seg(2 * MIB, 4 * MIB)));
-        assert_eq!(b.plan_growth(0, 7 * MIB, U).unwrap(), GrowthPlan { at_end: 8 * MIB, hole: None });
-        assert!(b.plan_growth(64 * MIB, MIB, U).is_none(), "no segment there");
+        assert_eq!(b.plan_growth(0, 6 * MIB, U, &holes_cost).unwrap().hole, Some(seg(2 * MIB, 4 * MIB)));
+        assert_eq!(b.plan_growth(0, 7 * MIB, U, &holes_cost).unwrap(), GrowthPlan { at_end: 8 * MIB, hole: None });
+        assert!(b.plan_growth(64 * MIB, MIB, U, &holes_cost).is_none(), "no segment there");
+        // What a part of the hole costs to map decides between parts that fit.
+        let high_is_mapped = |h: Segment| if h.base >= 4 * MIB { 0 } else { h.size };
+        assert_eq!(b.plan_growth(0, 3 * MIB, U, &high_is_mapped).unwrap().hole, Some(seg(4 * MIB, 2 * MIB)), "the high part, with the free range after it");
 
         assert!(!b.map_hole(seg(MIB, 2 * MIB)), "not inside a hole");
         assert!(!b.map_hole(seg(4 * MIB, 4 * MIB)), "runs past the hole");
@@ -1164,20 +1208,18 @@ mod tests {
         }
         let e = b.allocate(512).unwrap();
         assert_eq!(e.addr, 0);
-        assert_eq!(b.unmap_free_chunks(0, U, false), vec![seg(2 * MIB, 6 * MIB)]);
-        check_invariants(&b);
-        assert_eq!(b.shrink_free_tail(0, U), 6 * MIB, "the hole is the tail now");
+        assert_eq!(unmap_free_units(&mut b, 0, U), (6 * MIB, 6 * MIB), "the holes are one, and the tail");
         assert_eq!(b.snapshot(), vec![(seg(0, 2 * MIB), vec![info(0, 512, true), info(512, 2 * MIB - 512, false)])]);
+        check_invariants(&b);
         b.free(e.addr).unwrap();
-        assert_eq!(b.unmap_free_chunks(0, U, false), vec![seg(0, 2 * MIB)], "the head can be a hole too");
+        assert_eq!(b.unmap_free_ranges(0, &[seg(0, 2 * MIB)]), vec![seg(0, 2 * MIB)], "the head can be a hole too");
         assert!(b.snapshot().is_empty());
         assert_eq!(b.usage().reserved, 0);
         assert!(b.map_hole(seg(0, 2 * MIB)));
         assert_eq!(b.allocate(2 * MIB).unwrap().addr, 0);
-        assert!(b.unmap_free_chunks(0, U, false).is_empty());
+        assert!(b.unmap_free_ranges(0, &[seg(0, 2 * MIB)]).is_empty(), "a block is in the way");
         b.free(0).unwrap();
-        assert_eq!(b.unmap_free_chunks(0, U, false), vec![seg(0, 2 * MIB)]);
-        assert_eq!(b.shrink_free_tail(0, U), 2 * MIB, "only a hole left: the segment goes");
+        assert_eq!(unmap_free_units(&mut b, 0, U), (2 * MIB, 2 * MIB), "only a hole left: the segment goes");
         assert_eq!(b.usage(), Usage::default());
         assert_eq!(b.nodes.len(), b.spare.len(), "every node slot is back");
     }
@@ -1209,7 +1251,7 @@ mod tests {
                         let block = match b.allocate(size) {
                             Some(block) => block,
                             None => {
-                                let plan = b.plan_growth(base, size, U);
+                                let plan = b.plan_growth(base, size, U, &|h| h.size);
                                 match plan.and_then(|p| p.hole).filter(|h| plan.is_some_and(|p| h.size <= p.at_end)) {
                                     Some(hole) => {
                                         assert!(b.map_hole(hole));
@@ -1229,13 +1271,12 @@ mod tests {
                     }
                     8 => {
                         let before = b.usage().reserved;
-                        let moved = b.shrink_free_tail(base, U);
+                        let (holes, moved) = unmap_free_units(&mut b, base, U);
                         assert!(moved % U == 0, "round {round}: moved {moved}");
                         tails_cut += u64::from(moved > 0);
-                        let holes: u64 = b.unmap_free_chunks(base, U, false).iter().map(|h| h.size).sum();
                         holes_made += u64::from(holes > 0);
-                        assert!(b.usage().reserved <= before - holes);
-                        assert!(b.unmap_free_chunks(base, U, false).is_empty());
+                        assert_eq!(b.usage().reserved, before - holes);
+                        assert_eq!(unmap_free_units(&mut b, base, U), (0, 0));
                     }
                     _ => {}
                 }
@@ -1247,7 +1288,7 @@ mod tests {
             for block in live.drain(..) {
                 b.free(block.addr).unwrap();
             }
-            b.shrink_free_tail(base, U);
+            unmap_free_units(&mut b, base, U);
             assert_eq!(b.usage(), Usage::default(), "round {round}");
             assert_eq!(b.nodes.len(), b.spare.len());
         }

@@ -239,6 +239,15 @@ impl Buddy {
         slot
     }
 
+    /// Whether the segment at `base` (of `size` bytes, in `slot`) holds no block.
+    fn wholly_free(&self, base: u64, size: u64, slot: u32) -> bool {
+        if slot == DEDICATED {
+            return self.dedicated_free.contains(&(size, base));
+        }
+        let Some(Some(seg)) = self.slots.get(slot as usize) else { return false };
+        self.pieces(size).all(|(offset, order)| seg.free[(order - self.min_order) as usize].contains((offset >> order) as usize))
+    }
+
     /// Takes the lowest free block of at least order `order` (lowest slot, then lowest address)
     /// of a segment that welcomes a block of `exact` bytes, and splits it down to `order`, keeping
     /// the lower half each time: (slot, base, offset).
@@ -454,36 +463,32 @@ impl Strategy for Buddy {
         Some(size)
     }
 
-    fn release_free_segments(&mut self) -> Vec<Segment> {
+    fn free_segments(&self) -> Vec<Segment> {
+        self.segments.iter().filter(|&(&base, &(size, slot))| self.wholly_free(base, size, slot)).map(|(&base, &(size, _))| Segment { base, size }).collect()
+    }
+
+    fn release_segments(&mut self, segments: &[Segment]) -> Vec<Segment> {
         let mut released = Vec::new();
-        for (&base, &(size, slot)) in &self.segments {
-            let wholly_free = if slot == DEDICATED {
-                self.dedicated_free.contains(&(size, base))
-            } else {
-                let Some(Some(seg)) = self.slots.get(slot as usize) else { continue };
-                self.pieces(size).all(|(offset, order)| {
-                    seg.free[(order - self.min_order) as usize].contains((offset >> order) as usize)
-                })
-            };
-            if wholly_free {
-                released.push((Segment { base, size }, slot));
-            }
-        }
-        for &(seg, slot) in &released {
-            self.segments.remove(&seg.base);
-            self.reserved -= seg.size;
-            if slot == DEDICATED {
-                self.dedicated_free.remove(&(seg.size, seg.base));
+        for &seg in segments {
+            let Some(&(size, slot)) = self.segments.get(&seg.base) else { continue };
+            if size != seg.size || !self.wholly_free(seg.base, size, slot) {
                 continue;
             }
-            let pieces: Vec<_> = self.pieces(seg.size).collect();
+            self.segments.remove(&seg.base);
+            self.reserved -= size;
+            released.push(seg);
+            if slot == DEDICATED {
+                self.dedicated_free.remove(&(size, seg.base));
+                continue;
+            }
+            let pieces: Vec<_> = self.pieces(size).collect();
             for (offset, order) in pieces {
                 self.take_free(slot, order - self.min_order, offset >> order);
             }
             self.slots[slot as usize] = None;
             self.spare_slots.push(slot);
         }
-        released.into_iter().map(|(seg, _)| seg).collect()
+        released
     }
 
     fn usage(&self) -> Usage {

@@ -84,8 +84,17 @@ pub trait Strategy: Send {
     /// (nothing changes then).
     fn free(&mut self, addr: u64) -> Option<u64>;
 
+    /// The segments that are wholly free (expandable segments never are: they shrink instead).
+    fn free_segments(&self) -> Vec<Segment>;
+
+    /// Removes those of `segments` that are wholly free, and returns them.
+    fn release_segments(&mut self, segments: &[Segment]) -> Vec<Segment>;
+
     /// Removes every segment that is wholly free and returns them (for trim / release on OOM).
-    fn release_free_segments(&mut self) -> Vec<Segment>;
+    fn release_free_segments(&mut self) -> Vec<Segment> {
+        let free = self.free_segments();
+        self.release_segments(&free)
+    }
 
     fn usage(&self) -> Usage;
 
@@ -108,23 +117,29 @@ pub trait Strategy: Send {
         false
     }
 
-    /// Cuts the whole units of free space (and unmapped holes) off the end of the expandable
-    /// segment at `base`; returns how many bytes its end moved down. When nothing allocated is
-    /// left, the segment is removed and its whole size is returned.
-    fn shrink_free_tail(&mut self, _base: u64, _unit: u64) -> u64 {
-        0
+    /// The ranges of the expandable segment at `base` that hold no block (free space and holes,
+    /// each range as long as it runs), in address order.
+    fn unused_ranges(&self, _base: u64) -> Vec<Segment> {
+        Vec::new()
     }
 
-    /// Turns every whole unit of free space inside the expandable segment at `base` into an
-    /// unmapped hole that no block is cut from, and returns the new holes (to unmap). With
-    /// `keep_tail`, the free range at the segment's end stays as it is (a growth extends it).
-    fn unmap_free_chunks(&mut self, _base: u64, _unit: u64, _keep_tail: bool) -> Vec<Segment> {
+    /// Turns each of `ranges` (in address order, whole multiples of the alignment) that lies in
+    /// free space of the expandable segment at `base` into a hole that no block is cut from;
+    /// returns the ones it turned (a range that holds a block or a hole is left as it is).
+    fn unmap_free_ranges(&mut self, _base: u64, _ranges: &[Segment]) -> Vec<Segment> {
         Vec::new()
+    }
+
+    /// Cuts the unmapped hole off the end of the expandable segment at `base`, if it ends in one;
+    /// returns how many bytes its end moved down. A segment left with nothing but a hole is
+    /// removed, and its whole size returned.
+    fn cut_unmapped_tail(&mut self, _base: u64) -> u64 {
+        0
     }
 
     /// How the expandable segment at `base` could grow so that `allocate(size)` succeeds; None
     /// if there is no such segment.
-    fn plan_growth(&self, _base: u64, _size: u64, _unit: u64) -> Option<GrowthPlan> {
+    fn plan_growth(&self, _base: u64, _size: u64, _unit: u64, _cost: &dyn Fn(Segment) -> u64) -> Option<GrowthPlan> {
         None
     }
 

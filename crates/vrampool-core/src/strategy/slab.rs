@@ -240,8 +240,12 @@ impl Strategy for Slab {
         Some(class_size)
     }
 
-    fn release_free_segments(&mut self) -> Vec<Segment> {
-        self.space.release_free_segments()
+    fn free_segments(&self) -> Vec<Segment> {
+        self.space.free_segments()
+    }
+
+    fn release_segments(&mut self, segments: &[Segment]) -> Vec<Segment> {
+        self.space.release_segments(segments)
     }
 
     fn usage(&self) -> Usage {

@@ -1,0 +1,53 @@
+//! Device calls of trace replays on the simulated device, `default` beside the models of
+//! PyTorch's caching allocator:
+//! `cargo run --release -p vrampool-benches --example replay_calls -- TRACE.csv... [--repeat N] [--conf TEXT]`.
+//! A trace is the `id,lower,upper,size[,stream]` CSV (`vrampool capture --output t.csv`, or
+//! `vrampool.capture.read(path).write("t.csv")`). Prints each row's peak reserved over the lower
+//! bound, device allocations (segments, or map calls) and device frees (frees, or unmaps);
+//! `--repeat` replays the trace that many times back to back on one pool; `--conf` applies
+//! `VRAMPOOL_CONF` text over `default`.
+use vrampool_core::peers::PeerConfig;
+use vrampool_core::replay::{events_from_buffers, read_trace_csv, replay_prepared, PreparedTrace, ReplayOptions, ReplayTarget};
+use vrampool_core::PoolConfig;
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let (mut traces, mut repeat, mut conf) = (Vec::new(), 1, String::new());
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--repeat" => repeat = args.next().and_then(|n| n.parse().ok()).unwrap_or_else(|| fail("--repeat takes a number")),
+            "--conf" => conf = args.next().unwrap_or_else(|| fail("--conf takes key:value text")),
+            _ => traces.push(arg),
+        }
+    }
+    if traces.is_empty() {
+        fail("usage: replay_calls TRACE.csv... [--repeat N] [--conf TEXT]");
+    }
+    let mut config = PoolConfig::default();
+    config.apply_text(&conf).unwrap_or_else(|e| fail(&e.to_string()));
+    let targets = [
+        ("default", ReplayTarget::Pool(config)),
+        ("torch", ReplayTarget::Peer(PeerConfig::named("torch").expect("a model"))),
+        ("torch+expandable", ReplayTarget::Peer(PeerConfig::named("torch+expandable").expect("a model"))),
+    ];
+    println!("{:<16} {:>9} {:<17} {:>8} {:>8} {:>8}", "trace", "bound MiB", "row", "reserved", "allocs", "frees");
+    for path in traces {
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| fail(&format!("{path}: {e}")));
+        let buffers = read_trace_csv(&text).unwrap_or_else(|e| fail(&format!("{path}: {e}")));
+        let events = events_from_buffers(&buffers).unwrap_or_else(|e| fail(&format!("{path}: {e}")));
+        let prepared = PreparedTrace::new(&events).unwrap_or_else(|e| fail(&format!("{path}: {e}")));
+        let name = std::path::Path::new(&path).file_stem().map_or(path.clone(), |s| s.to_string_lossy().into_owned());
+        for (row, target) in &targets {
+            let options = ReplayOptions { samples: 0, capacity: None, repeat };
+            let r = replay_prepared(&prepared, target, options).unwrap_or_else(|e| fail(&format!("{path}: {e}")));
+            let ratio = r.peak_reserved_bytes as f64 / r.lower_bound_bytes as f64;
+            let bound = r.lower_bound_bytes >> 20;
+            println!("{name:<16} {bound:>9} {row:<17} {ratio:>8.3} {:>8} {:>8}", r.device_allocs, r.device_frees);
+        }
+    }
+}
+
+fn fail(message: &str) -> ! {
+    eprintln!("replay_calls: {message}");
+    std::process::exit(2);
+}
