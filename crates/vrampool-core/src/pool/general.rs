@@ -1,0 +1,448 @@
+//! The general path: a request the fast path left, under one strategy's lock, and the live-block table and counters it keeps.
+
+use super::*;
+
+impl PoolCore {
+    #[inline(never)]
+    pub(super) fn allocate_general(&self, size: u64, stream: StreamId) -> Result<u64> {
+        let addr = self.allocate_block(size, stream)?;
+        if self.config.scrub == Scrub::OnAlloc {
+            self.scrub_new_block(addr)?;
+        }
+        Ok(addr)
+    }
+
+    #[inline(always)]
+    pub(super) fn allocate_block(&self, size: u64, stream: StreamId) -> Result<u64> {
+        self.ensure_open()?;
+        let rounded = self.round_request(size)?;
+        self.complete_deferred_frees();
+        // Fast path: a cached block of the size the strategy would hand out, from this thread's
+        // cache, else from the shared magazines; no lock either way.
+        let tier = self.tier_of(rounded);
+        let block_size = self.config.block_size_for(rounded, tier);
+        if let Some(index) = self.cache_class(block_size, tier) {
+            let block = LiveBlock { size: block_size, requested: size, stream: stream.0, tier, class: class_tag(index) };
+            if index < self.thread_classes {
+                let from_thread = self.with_thread_cache(|c| {
+                    let addr = thread_cache::pop(c, stream.0, index)?;
+                    Self::count_alloc(c, &block);
+                    Some((addr, c.note_allocated(block.size)))
+                });
+                if let Some(Some((addr, checkpoint_due))) = from_thread {
+                    if checkpoint_due {
+                        self.counters.fast.checkpoint();
+                    }
+                    return Ok(self.record_live(addr, block));
+                }
+            }
+            if let Some(addr) = self.arena(stream).magazines.pop(index) {
+                return Ok(self.hand_out(addr, block, true));
+            }
+        }
+        self.allocate_slow(&self.arena(stream), size, rounded, stream)
+    }
+
+    #[inline(never)]
+    pub(super) fn free_general(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> Result<()> {
+        self.ensure_open()?;
+        match self.live.remove_if(addr, |b| Self::size_agrees(b, size)) {
+            Ok(block) => self.free_removed(addr, block, stream),
+            Err(removal) => self.free_untabled(addr, size, stream, removal),
+        }
+    }
+
+    /// Whether the size a free names (if any) is the block's: as requested, or as handed out.
+    #[inline(always)]
+    pub(super) fn size_agrees(block: &LiveBlock, size: Option<u64>) -> bool {
+        size.is_none_or(|s| s == block.requested || s == block.size)
+    }
+
+    /// A free whose block the live table refused (the size is wrong) or does not hold: it is in
+    /// the overflow map, or not live at all.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn free_untabled(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>, removal: Removal) -> Result<()> {
+        let wrong_size = |b: &LiveBlock| PoolError::InvalidFree {
+            ptr: addr,
+            reason: InvalidFreeReason::WrongSize { expected: b.requested, given: size.unwrap_or(0) },
+        };
+        if let Removal::Refused(block) = removal {
+            return Err(wrong_size(&block));
+        }
+        let block = match self.overflow.pin_owned().remove_if(&addr, |_, b| Self::size_agrees(b, size)) {
+            Ok(Some((_, block))) => *block,
+            Ok(None) => return Err(PoolError::InvalidFree { ptr: addr, reason: InvalidFreeReason::NotAllocated }),
+            Err((_, block)) => return Err(wrong_size(block)),
+        };
+        self.free_removed(addr, block, stream)
+    }
+
+    /// The rest of a free, once its block is out of the live table.
+    #[inline(never)]
+    pub(super) fn free_removed(&self, addr: u64, block: LiveBlock, stream: Option<StreamId>) -> Result<()> {
+        let owner = StreamId(block.stream);
+        if !self.gate.any(FastGate::RECORDED) && stream.is_none_or(|s| s == owner) {
+            self.forget_birth(addr);
+            self.log(EventKind::Free, addr, block.size, owner);
+            self.give_back(addr, block, true);
+            return Ok(());
+        }
+        self.free_used_elsewhere(addr, block, stream)
+    }
+
+    /// Forgets a freed block's birth time, before the block can be reused, so that a new birth at
+    /// this address stays.
+    #[inline(always)]
+    pub(super) fn forget_birth(&self, addr: u64) {
+        if let Some(births) = &self.births {
+            Self::forget_birth_in(births, addr);
+        }
+    }
+
+    #[cold]
+    pub(super) fn forget_birth_in(births: &FastMap<u64, u64>, addr: u64) {
+        births.pin_owned().remove(&addr);
+    }
+
+    // ---- the slow path ----
+
+    pub(super) fn allocate_slow(&self, arena: &Arena, size: u64, rounded: u64, stream: StreamId) -> Result<u64> {
+        let tier = self.tier_of(rounded);
+        // Handed out after the strategy's lock is released: counting may give a thread cache's
+        // blocks back, which takes that lock.
+        let hand_out = |block: Block| {
+            let class = self.cache_class(block.size, tier).map_or(0, class_tag);
+            self.hand_out(block.addr, LiveBlock { size: block.size, requested: size, stream: stream.0, tier, class }, false)
+        };
+        if self.config.reclaim {
+            // Bound first, so that the guard is gone before `hand_out`.
+            let cached = self.allocate_filed(arena, tier, &mut **arena.tiers[tier as usize].lock(), rounded);
+            if let Some(block) = cached {
+                return Ok(hand_out(block));
+            }
+            // The emptied caches may make room in this tier: then nothing grows, and nothing is
+            // given back either.
+            self.flush_caches();
+            let flushed = arena.tiers[tier as usize].lock().allocate(rounded);
+            if let Some(block) = flushed {
+                return Ok(hand_out(block));
+            }
+            // Growth ahead. Giving back lowers the peak only when the growth would set a new one:
+            // below the high-water mark, the segments given back would be the ones the pool
+            // grows again (a workload that frees and reallocates would pay two device calls per
+            // segment, over and over) and the peak stays where it is anyway. For the same reason
+            // it gives back only the bytes by which the growth would pass the mark: the idle
+            // segments beyond those stay cached for the sizes that come back, unless the pool has
+            // drifted (`DRIFT_DIVISOR`). The estimate is what the growth will ask of the device.
+            // Best effort, as a failed give-back only leaves memory reserved.
+            let growth = self.growth_estimate(arena, tier, rounded);
+            let after = self.committed.load(Relaxed).saturating_add(growth);
+            let stats = self.stats();
+            let live_peak = stats.allocated_bytes.current + rounded > stats.allocated_bytes.peak;
+            let over = after.saturating_sub(self.committed_high.load(Relaxed));
+            if over > 0 {
+                let base = self.committed_at_live_peak.load(Relaxed);
+                let drifted = !live_peak && after > base + base / DRIFT_DIVISOR;
+                let _ = self.give_back_free(Some((arena.stream, tier)), if drifted { u64::MAX } else { over });
+            }
+            if live_peak {
+                self.committed_at_live_peak.fetch_max(self.committed.load(Relaxed).saturating_add(growth), Relaxed);
+            }
+        }
+        for attempt in 0..2 {
+            if let Some(block) = self.allocate_in(arena, tier, rounded)? {
+                return Ok(hand_out(block));
+            }
+            if attempt == 0 {
+                // Out of memory: give back every cached segment (all streams) and try once more.
+                self.counters.num_alloc_retries.fetch_add(1, Relaxed);
+                self.release_free()?;
+            }
+        }
+        self.counters.num_ooms.fetch_add(1, Relaxed);
+        Err(PoolError::OutOfMemory(self.oom_report(size)))
+    }
+
+    /// A block from the tier's strategy, growing it by a segment if needed; None when the device
+    /// (or the cap) has no room.
+    pub(super) fn allocate_in(&self, arena: &Arena, tier: u8, rounded: u64) -> Result<Option<Block>> {
+        let mut strategy = arena.tiers[tier as usize].lock();
+        if let Some(block) = self.allocate_filed(arena, tier, &mut **strategy, rounded) {
+            return Ok(Some(block));
+        }
+        if let Some(vm) = self.vm.as_ref().filter(|vm| vm.tier == tier) {
+            match self.grow_expandable(vm, &mut **strategy, arena.stream, rounded) {
+                Ok(true) => {
+                    let block = strategy.allocate(rounded).ok_or(PoolError::InvalidSize {
+                        size: rounded,
+                        reason: "the strategy could not serve a request from the memory mapped for it",
+                    })?;
+                    return Ok(Some(block));
+                }
+                // No reservation, or it is full: a plain segment instead.
+                Ok(false) => {}
+                Err(PoolError::Device(DeviceError::OutOfMemory)) => return Ok(None),
+                Err(other) => return Err(other),
+            }
+        }
+        let segment_size = strategy.segment_size_for(rounded);
+        match self.grow(segment_size, arena.stream) {
+            Ok(base) => {
+                strategy.add_segment(Segment { base, size: segment_size });
+                let block = strategy.allocate(rounded).ok_or(PoolError::InvalidSize {
+                    size: rounded,
+                    reason: "the strategy could not serve a request from a new segment sized for it",
+                })?;
+                Ok(Some(block))
+            }
+            Err(PoolError::Device(DeviceError::OutOfMemory)) => Ok(None),
+            Err(other) => Err(other),
+        }
+    }
+
+    /// A block from the tier's strategy, after filing back into it the tier's large blocks
+    /// cached in the arena's magazines. The cache serves only requests for exactly a cached
+    /// block's class; every other request is placed with all the tier's free memory merged (small
+    /// blocks stay cached: the slab places each class on its own). Called under the tier's lock.
+    pub(super) fn allocate_filed(&self, arena: &Arena, tier: u8, strategy: &mut dyn Strategy, rounded: u64) -> Option<Block> {
+        if arena.take_large_cached(tier) {
+            arena.magazines.drain(
+                |index| index >= self.thread_classes && self.class_tier(index) == tier,
+                |_, addr| {
+                    let freed = self.file_back(strategy, addr);
+                    debug_assert!(freed.is_some(), "a cached block belongs to the tier of its size");
+                },
+            );
+        }
+        strategy.allocate(rounded)
+    }
+
+    /// Counts a block handed out from a thread cache.
+    pub(super) fn count_alloc(cache: &PoolCache, block: &LiveBlock) {
+        let counters = cache.counters();
+        counters.bump_owned(Fast::AllocatedIn, block.size);
+        counters.bump_owned(Fast::RequestedIn, block.requested);
+        counters.bump_owned(Fast::BlocksIn, 1);
+    }
+
+    pub(super) fn count_free(cache: &PoolCache, block: &LiveBlock) {
+        let counters = cache.counters();
+        counters.bump_owned(Fast::AllocatedOut, block.size);
+        counters.bump_owned(Fast::RequestedOut, block.requested);
+        counters.bump_owned(Fast::BlocksOut, 1);
+    }
+
+    pub(super) fn hand_out(&self, addr: u64, block: LiveBlock, cache_hit: bool) -> u64 {
+        let counts = [
+            (Fast::AllocatedIn, block.size),
+            (Fast::RequestedIn, block.requested),
+            (Fast::BlocksIn, 1),
+            (Fast::Misses, u64::from(!cache_hit)),
+        ];
+        self.count(&counts, block.size);
+        self.record_live(addr, block)
+    }
+
+    /// Enters a handed-out block in the live table (or its overflow map), the event log, and
+    /// (when leaks are tracked) the birth times.
+    #[inline(always)]
+    pub(super) fn record_live(&self, addr: u64, block: LiveBlock) -> u64 {
+        if self.log.is_some() || self.births.is_some() {
+            self.record_birth(addr, block);
+        }
+        self.insert_live(addr, block);
+        addr
+    }
+
+    /// Enters a live block in the table (reviving its parked slot when it comes from a cache), or
+    /// in the overflow map when its slot is taken.
+    #[inline(never)]
+    pub(super) fn insert_live(&self, addr: u64, block: LiveBlock) {
+        if !self.live.revive(addr, block) && !self.live.insert(addr, block) {
+            self.overflow.pin_owned().insert(addr, block);
+        }
+    }
+
+    #[cold]
+    pub(super) fn record_birth(&self, addr: u64, block: LiveBlock) {
+        self.log(EventKind::Alloc, addr, block.size, StreamId(block.stream));
+        if let Some(births) = &self.births {
+            births.pin_owned().insert(addr, self.now_ns());
+        }
+    }
+
+    /// Makes a freed block reusable on its own stream: into this thread's cache, a magazine, or
+    /// back to its strategy. `just_freed` counts the free itself too (else `free` counted it when
+    /// it deferred the block).
+    /// With `scrub: on_free` the block is zero-filled first; one the device fails to fill is
+    /// never handed out again (it stays taken in its strategy until the pool is dropped).
+    #[inline(always)]
+    pub(super) fn give_back(&self, addr: u64, block: LiveBlock, just_freed: bool) {
+        let counts = [
+            (Fast::AllocatedOut, block.size * u64::from(just_freed)),
+            (Fast::RequestedOut, block.requested * u64::from(just_freed)),
+            (Fast::BlocksOut, u64::from(just_freed)),
+            (Fast::PendingOut, block.size * u64::from(!just_freed)),
+        ];
+        if self.config.scrub == Scrub::OnFree && self.device.fill_zero(addr, block.size, StreamId(block.stream)).is_err() {
+            self.count(&counts, 0);
+            return;
+        }
+        let class = block.cache_index();
+        let cached = self.with_thread_cache(|c| {
+            counts.iter().for_each(|&(which, n)| c.counters().bump_owned(which, n));
+            class.is_some_and(|index| index < self.thread_classes && thread_cache::push(c, block.stream, index, block.size, addr))
+        });
+        match cached {
+            Some(true) => return,
+            Some(false) => {}
+            None => counts.iter().for_each(|&(which, n)| self.counters.fast.bump_shared(which, n)),
+        }
+        let arena = self.arena(StreamId(block.stream));
+        if let Some(index) = class {
+            if arena.magazines.push(index, addr) {
+                if index >= self.thread_classes {
+                    arena.note_large_cached(block.tier);
+                }
+                return;
+            }
+        }
+        let freed = self.file_back(&mut **arena.tiers[block.tier as usize].lock(), addr);
+        debug_assert_eq!(freed, Some(block.size), "a live block must go back to the strategy that made it");
+    }
+
+    /// Frees a block that no one uses (cached, or just freed) in its strategy, which may split or
+    /// merge it or hand the address out again at another size: the block's parked slot in the
+    /// live table is freed first. Returns what the strategy freed.
+    pub(super) fn file_back(&self, strategy: &mut dyn Strategy, addr: u64) -> Option<u64> {
+        self.live.unpark(addr);
+        strategy.free(addr)
+    }
+
+    /// Runs `f` on this thread's cache for this pool; None when the thread has none (it is
+    /// exiting, or thread caches are off: see `thread_cache::with_pool_cache`).
+    pub(super) fn with_thread_cache<R>(&self, f: impl FnOnce(&PoolCache) -> R) -> Option<R> {
+        let register = || self.counters.fast.register();
+        let enlist = |cache| self.thread_caches.lock().push(cache);
+        let handle = PoolHandle { id: self.id, owner: &self.this, register: &register, enlist: &enlist };
+        thread_cache::with_pool_cache(&handle, f)
+    }
+
+    /// Adds to this thread's counters (the shared ones when it has none), and updates the peaks
+    /// after every `PEAK_SLACK` bytes this thread allocated.
+    pub(super) fn count(&self, updates: &[(Fast, u64)], allocated: u64) {
+        let due = self.with_thread_cache(|c| {
+            updates.iter().for_each(|&(which, n)| c.counters().bump_owned(which, n));
+            allocated > 0 && c.note_allocated(allocated)
+        });
+        if due.is_none() {
+            updates.iter().for_each(|&(which, n)| self.counters.fast.bump_shared(which, n));
+        }
+        if due.unwrap_or(allocated > 0) {
+            self.counters.fast.checkpoint();
+        }
+    }
+
+    #[inline(always)]
+    pub(super) fn cache_class(&self, size: u64, tier: u8) -> Option<usize> {
+        cache_class(&self.config, &self.default_arena, self.thread_classes, size, tier)
+    }
+
+    /// The tier whose blocks of class `index` are cached (see `cache_class`).
+    pub(super) fn class_tier(&self, index: usize) -> u8 {
+        self.tier_of(class_size(index))
+    }
+
+    pub(super) fn live_block(&self, addr: u64) -> Option<LiveBlock> {
+        self.live.get(addr).or_else(|| self.overflow.pin_owned().get(&addr).copied())
+    }
+
+    /// Zero-fills a block just handed out (`scrub: on_alloc`); when the device fails to, the
+    /// block is freed again and the error returned.
+    #[cold]
+    pub(super) fn scrub_new_block(&self, addr: u64) -> Result<()> {
+        let Some(block) = self.live_block(addr) else { return Ok(()) };
+        if let Err(e) = self.device.fill_zero(addr, block.size, StreamId(block.stream)) {
+            let _ = self.free(addr, None, None);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    // ---- small helpers ----
+
+    pub(super) fn now_ns(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    pub(super) fn ensure_open(&self) -> Result<()> {
+        self.check_process()?;
+        match self.gate.any(FastGate::CLOSED) {
+            true => Err(PoolError::Closed),
+            false => Ok(()),
+        }
+    }
+
+    /// `Forked` in a process forked after the pool was made (see `fork.rs`), where its locks
+    /// and caches may be held by threads that do not exist: callers of the methods that do not
+    /// check (`stats`, `snapshot`, ...) check first.
+    pub fn check_process(&self) -> Result<()> {
+        match crate::fork::forked_since(self.generation) {
+            true => Err(PoolError::Forked),
+            false => Ok(()),
+        }
+    }
+
+    /// The size the strategies see: aligned, optionally padded to a bucket; refuses 0 and sizes
+    /// no segment could hold.
+    pub(super) fn round_request(&self, size: u64) -> Result<u64> {
+        if size == 0 {
+            return Err(PoolError::InvalidSize { size, reason: "zero bytes requested" });
+        }
+        let cap = self.capacity();
+        match self.config.padded(size) {
+            Some(rounded) if rounded > cap => Err(PoolError::InvalidSize { size, reason: "larger than the pool may ever reserve" }),
+            Some(rounded) if rounded > MAX_REQUEST => Err(PoolError::InvalidSize { size, reason: "larger than one block can be (128 TiB)" }),
+            Some(rounded) => Ok(rounded),
+            None => Err(PoolError::InvalidSize { size, reason: "larger than the pool may ever reserve" }),
+        }
+    }
+
+    #[inline(always)]
+    pub(super) fn tier_of(&self, rounded: u64) -> u8 {
+        self.config.tier_of(rounded)
+    }
+
+    pub(super) fn arena(&self, stream: StreamId) -> ArenaRef<'_> {
+        if stream == StreamId(0) {
+            return ArenaRef::Default(&self.default_arena);
+        }
+        let map = self.arenas.pin_owned();
+        // Arenas are never removed, so the reference stays valid for the pool's life; the guard
+        // keeps papaya from reclaiming it meanwhile.
+        if map.get(&stream).is_none() {
+            map.get_or_insert_with(stream, || new_arena(&self.config, stream));
+        }
+        ArenaRef::Stream(map, stream)
+    }
+
+    pub(super) fn for_each_arena(&self, mut f: impl FnMut(&Arena)) {
+        f(&self.default_arena);
+        for (_, arena) in self.arenas.pin_owned().iter() {
+            f(arena);
+        }
+    }
+
+    #[inline(always)]
+    pub(super) fn log(&self, kind: EventKind, addr: u64, size: u64, stream: StreamId) {
+        if let Some(log) = &self.log {
+            Self::log_in(log, kind, addr, size, stream);
+        }
+    }
+
+    #[cold]
+    pub(super) fn log_in(log: &EventLog, kind: EventKind, addr: u64, size: u64, stream: StreamId) {
+        log.push(kind, addr, size, stream);
+    }
+}

@@ -1,0 +1,231 @@
+//! Growth and give-back: reserving from the device within the cap, and returning what is wholly free.
+
+use super::*;
+
+impl PoolCore {
+    /// Returns every wholly free segment to the device (`torch.cuda.empty_cache`); returns the
+    /// bytes given back.
+    pub fn trim(&self) -> Result<u64> {
+        self.ensure_open()?;
+        self.release_free()
+    }
+
+    /// Alias of `trim`, under PyTorch's name.
+    pub fn empty_cache(&self) -> Result<u64> {
+        self.trim()
+    }
+
+    /// What a growth of `tier` for a block of `rounded` bytes will ask of the device: what an
+    /// expandable range would map (at its end, or in a hole), else a plain segment.
+    pub(super) fn growth_estimate(&self, arena: &Arena, tier: u8, rounded: u64) -> u64 {
+        let strategy = arena.tiers[tier as usize].lock();
+        let plain = strategy.segment_size_for(rounded);
+        let Some(vm) = self.vm.as_ref().filter(|vm| vm.tier == tier) else { return plain };
+        vm.with_arena(arena.stream, |vm_arena| {
+            let newest = vm_arena.reservations.last().map(|r| r.base);
+            let unmapped = |r: &Reservation, range: Segment| r.gaps(range).iter().map(|g| g.size).sum::<u64>();
+            let planned = vm_arena.reservations.iter().filter_map(|r| {
+                let plan = strategy.plan_growth(r.base, rounded, vm.unit, &|range| unmapped(r, range))?;
+                let end = Segment { base: r.base + r.extent, size: plan.at_end };
+                let at_end = (newest == Some(r.base) && r.extent + plan.at_end <= r.size).then(|| unmapped(r, end));
+                at_end.into_iter().chain(plan.hole.map(|h| unmapped(r, h))).min()
+            });
+            planned.min().unwrap_or_else(|| round_up(rounded, vm.unit).unwrap_or(plain))
+        })
+    }
+
+    /// Counts `bytes` about to be asked of the device as committed, raising the high-water mark;
+    /// out of memory, counting nothing, when that would pass the cap.
+    pub(super) fn commit(&self, bytes: u64) -> Result<()> {
+        let before = self.committed.fetch_add(bytes, Relaxed);
+        if before.saturating_add(bytes) > self.cap.load(Relaxed) {
+            self.committed.fetch_sub(bytes, Relaxed);
+            return Err(DeviceError::OutOfMemory.into());
+        }
+        self.committed_high.fetch_max(before + bytes, Relaxed);
+        Ok(())
+    }
+
+    /// A new segment of `size` bytes from the device, within the cap.
+    pub(super) fn grow(&self, size: u64, stream: StreamId) -> Result<u64> {
+        self.commit(size)?;
+        self.counters.num_device_alloc.fetch_add(1, Relaxed);
+        match self.device.alloc_segment(size) {
+            Ok(base) => {
+                self.counters.reserved_bytes.add(size);
+                self.counters.segment.add(1);
+                self.log(EventKind::SegmentAlloc, base, size, stream);
+                Ok(base)
+            }
+            Err(e) => {
+                self.committed.fetch_sub(size, Relaxed);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Empties every thread's cache and the magazines into their strategies, then gives every
+    /// wholly free segment back and unmaps every wholly free expandable chunk.
+    pub(super) fn release_free(&self) -> Result<u64> {
+        self.flush_caches();
+        self.give_back_free(None, u64::MAX)
+    }
+
+    /// Gives back to the device wholly free segments and wholly free mappings of the expandable
+    /// ranges, in every tier and stream: all of them for a `need` of `u64::MAX`, else enough for
+    /// `need` bytes (see `choose_spares`). Before the growth of `growing` (a stream's tier), that
+    /// tier's newest expandable range keeps its free tail, which the growth extends. The caches
+    /// keep their blocks: see `release_free`.
+    pub(super) fn give_back_free(&self, growing: Option<(StreamId, u8)>, need: u64) -> Result<u64> {
+        let mut chosen = choose_spares(self.spares(growing), need);
+        chosen.sort_unstable_by_key(|s| (s.stream, s.tier, s.reservation, s.range.base));
+        let (mut bytes, mut first_error) = (0, None);
+        let mut released = Vec::new();
+        for group in chosen.chunk_by(|a, b| (a.stream, a.tier) == (b.stream, b.tier)) {
+            let (stream, tier) = (group[0].stream, group[0].tier);
+            let arena = self.arena(stream);
+            let mut strategy = arena.tiers[tier as usize].lock();
+            let plain: Vec<Segment> = group.iter().filter(|s| s.reservation.is_none()).map(|s| s.range).collect();
+            released.extend(strategy.release_segments(&plain).into_iter().map(|s| (s, stream)));
+            if let Some(vm) = self.vm.as_ref().filter(|vm| vm.tier == tier) {
+                let (unmapped, error) = self.unmap_spares(vm, &mut **strategy, stream, group);
+                bytes += unmapped;
+                if let Some(e) = error {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        for (segment, stream) in released {
+            self.counters.num_device_free.fetch_add(1, Relaxed);
+            match self.device.free_segment(segment.base, segment.size) {
+                Ok(()) => {
+                    bytes += segment.size;
+                    self.committed.fetch_sub(segment.size, Relaxed);
+                    self.counters.reserved_bytes.sub(segment.size);
+                    self.counters.segment.sub(1);
+                    self.log(EventKind::SegmentFree, segment.base, segment.size, stream);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            None => Ok(bytes),
+            Some(e) => Err(e.into()),
+        }
+    }
+
+    /// Everything a give-back could return: every tier's wholly free segments, and the mappings
+    /// of the expandable ranges that lie wholly in free space (or past the range's end, where an
+    /// unmap failed), less the free tail of the newest range of `growing`.
+    pub(super) fn spares(&self, growing: Option<(StreamId, u8)>) -> Vec<Spare> {
+        let mut spares = Vec::new();
+        self.for_each_arena(|arena| {
+            let stream = arena.stream;
+            for (index, tier) in arena.tiers.iter().enumerate() {
+                let tier_index = index as u8;
+                let strategy = tier.lock();
+                spares.extend(strategy.free_segments().into_iter().map(|range| Spare { stream, tier: tier_index, range, reservation: None }));
+                let Some(vm) = self.vm.as_ref().filter(|vm| vm.tier == tier_index) else { continue };
+                let grows = growing == Some((stream, tier_index));
+                vm.with_arena(stream, |vm_arena| {
+                    let newest = vm_arena.reservations.last().map(|r| r.base);
+                    for r in &vm_arena.reservations {
+                        let end = r.base + r.extent;
+                        let mut free = strategy.unused_ranges(r.base);
+                        if grows && newest == Some(r.base) && free.last().is_some_and(|f| f.base + f.size == end) {
+                            free.pop();
+                        }
+                        free.push(Segment { base: end, size: r.base + r.size - end });
+                        let mappings = free.iter().flat_map(|f| r.mappings_within(f.base, f.base + f.size));
+                        spares.extend(mappings.map(|range| Spare { stream, tier: tier_index, range, reservation: Some(r.base) }));
+                    }
+                });
+            }
+        });
+        spares
+    }
+
+    /// Gives the completed deferred frees, every thread's cache (busy, idle or exiting) and the
+    /// magazines back to their strategies.
+    pub(super) fn flush_caches(&self) {
+        self.complete_deferred_frees();
+        // Cached blocks keep their slabs from being wholly free: on the demo's traces, slab
+        // segments holding only cached blocks were most of what hybrid reserved above the bound.
+        let _one_flush = self.flushing.lock();
+        let blocks = thread_cache::take_all(&self.thread_caches.lock());
+        self.adopt(blocks);
+        self.for_each_arena(|arena| {
+            arena.magazines.drain(
+                |_| true,
+                |index, addr| {
+                    let freed = self.file_back(&mut **arena.tiers[self.class_tier(index) as usize].lock(), addr);
+                    debug_assert!(freed.is_some(), "a cached block belongs to the tier of its size");
+                },
+            );
+        });
+    }
+}
+
+/// Memory a give-back can return to the device: a wholly free plain segment of a tier, or a
+/// wholly free mapping of the tier's expandable range at `reservation`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Spare {
+    pub(super) stream: StreamId,
+    pub(super) tier: u8,
+    pub(super) range: Segment,
+    pub(super) reservation: Option<u64>,
+}
+
+/// The spares to give back for `need` bytes: every one for `u64::MAX`; else, until the need is
+/// met, the smallest spare that meets what is still needed, or the largest one if none does.
+/// Design: a give-back is for the peak, and giving back more than the growth needs cannot lower
+/// it; what stays reserved is reused without device calls, and each call gives back the most it
+/// can.
+pub(super) fn choose_spares(mut spares: Vec<Spare>, need: u64) -> Vec<Spare> {
+    if need == u64::MAX {
+        return spares;
+    }
+    // Largest first; ties in a fixed order, so that replays are deterministic.
+    spares.sort_unstable_by_key(|s| (std::cmp::Reverse(s.range.size), s.stream, s.tier, s.range.base));
+    let mut chosen = Vec::new();
+    let mut still = need;
+    while still > 0 && !spares.is_empty() {
+        // The last spare (the smallest) of those that meet the need, else the first (the largest).
+        let meets = spares.partition_point(|s| s.range.size >= still);
+        let spare = spares.remove(meets.saturating_sub(1));
+        still = still.saturating_sub(spare.range.size);
+        chosen.push(spare);
+    }
+    chosen
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sizes::MIB;
+
+    fn spare(size_mib: u64, base: u64) -> Spare {
+        Spare { stream: StreamId(0), tier: 1, range: Segment { base: base * MIB, size: size_mib * MIB }, reservation: None }
+    }
+
+    fn sizes(chosen: &[Spare]) -> Vec<u64> {
+        chosen.iter().map(|s| s.range.size / MIB).collect()
+    }
+
+    #[test]
+    fn spares_for_a_need_are_the_smallest_that_covers_it_else_the_largest_first() {
+        let all = vec![spare(8, 0), spare(2, 100), spare(32, 200), spare(2, 300), spare(4, 400)];
+        assert_eq!(sizes(&choose_spares(all.clone(), 3 * MIB)), vec![4], "4 MiB covers 3, 8 and 32 are more than needed");
+        assert_eq!(sizes(&choose_spares(all.clone(), 8 * MIB)), vec![8]);
+        assert_eq!(sizes(&choose_spares(all.clone(), 40 * MIB)), vec![32, 8]);
+        assert_eq!(sizes(&choose_spares(all.clone(), 45 * MIB)), vec![32, 8, 4, 2], "the last 1 MiB: a 2 MiB spare");
+        assert_eq!(sizes(&choose_spares(all.clone(), 100 * MIB)), vec![32, 8, 4, 2, 2], "all of them, short of the need");
+        assert!(choose_spares(all.clone(), 0).is_empty());
+        assert_eq!(choose_spares(all.clone(), u64::MAX), all, "everything, for a trim");
+        // Of equal spares, the same one whatever the order they come in: replays are deterministic.
+        let reversed: Vec<Spare> = all.iter().rev().copied().collect();
+        assert_eq!(choose_spares(all, MIB), choose_spares(reversed, MIB));
+    }
+}

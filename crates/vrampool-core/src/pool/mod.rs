@@ -1,0 +1,487 @@
+//! The pool: routes each request to a strategy, caches freed memory, grows and shrinks through
+//! the device, orders reuse across streams, and keeps the counters.
+//!
+//! Fast path (no lock): a request whose block would be exactly a size class (up to 1 GiB, in any
+//! tier) and finds one cached, in the calling thread's cache (small blocks) or the stream's
+//! magazines, and the matching free. Everything else takes the lock of one strategy instance (one
+//! per stream and tier), never a pool-wide lock.
+//!
+//! The fastest path, a small block of the default stream from the thread's cache and back, is one
+//! call each way to a function that makes no call, so spills nothing to the stack, and returns in
+//! registers (`allocate_from_thread_cache`, `free_to_thread_cache`; `allocate` and `free` are
+//! inlined around them). One word (`fast_gate`) says whether anything rules it out; one table load
+//! finds the request's class (`cache_class`); the block's parked slot in the live table comes back
+//! to life with two stores (`live_table`); and the free's one compare-and-swap is what makes a
+//! racing double free fail. Whatever it cannot do, it leaves undone for the general path.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use foldhash::fast::FixedState;
+use parking_lot::Mutex;
+
+use crate::arena::Arena;
+use crate::cache_class::{cache_class, class_tag, thread_class_table, ThreadClass};
+use crate::config::{Limit, PoolConfig, Scrub};
+use crate::device::{Device, EventId, StreamId};
+use crate::live_table::{LiveBlock, LiveTable, Removal};
+use crate::error::{DeviceError, InvalidFreeReason, OomReport, PoolError, Result};
+use crate::expandable::{pieces, Expandable, Reservation, PIECES_PER_HIGH_WATER};
+use crate::fast_gate::FastGate;
+use crate::event_log::{EventKind, EventLog, LogEvent};
+use crate::sizes::{class_size, classes_up_to, round_up, MAX_REQUEST, MIN_BLOCK};
+use crate::stats::{Counters, Fast, Stats};
+use crate::thread_cache::{self, CacheOfThread, CacheOwner, PoolCache, PoolHandle, HOME_STREAM};
+use crate::strategy::{BestFit, BestFitConfig, Block, BlockInfo, Buddy, BuddyConfig, Segment, Slab, SlabConfig, Strategy, StrategyKind};
+
+type FastMap<K, V> = papaya::HashMap<K, V, FixedState>;
+
+mod general;
+mod stream_order;
+mod growth;
+mod vm;
+mod introspection;
+
+/// A growth past the high-water mark gives back only what it needs while the pool would reserve
+/// less than a `DRIFT_DIVISOR`th more than it did when live memory last peaked; past that it
+/// gives back every idle segment and mapping. Design: giving back only the need leaves idle
+/// memory cached in every tier, which saves the device calls of a repeating step, but a layout
+/// that keeps shifting (the demo GPT's sequence lengths) fragments the cached memory, and the
+/// high-water mark crept a few MiB a step (gpt x8: 1.02x to 1.20x of the bound over 400 replays);
+/// the full give-back resets the layout, and bounds the drift by a sixteenth.
+const DRIFT_DIVISOR: u64 = 16;
+
+/// Slots in the live-block table: 2^14 (512 KiB of host memory); blocks whose slot is taken go
+/// to the overflow map.
+const LIVE_TABLE_SLOTS: usize = 1 << 14;
+
+/// A free that waits for other streams' work: the block is reusable once every event completed.
+struct DeferredFree {
+    addr: u64,
+    block: LiveBlock,
+    events: Vec<EventId>,
+}
+
+/// A live block at the time of a call to `Pool::live_blocks` (for leak reports).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LiveBlockInfo {
+    pub addr: u64,
+    pub size: u64,
+    pub requested: u64,
+    pub stream: StreamId,
+    /// Nanoseconds since the block was handed out; None unless `PoolConfig::track_leaks` is on.
+    pub age_ns: Option<u64>,
+}
+
+/// What a block in a snapshot is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockState {
+    /// Handed out and not freed.
+    Active { requested: u64 },
+    /// Freed, waiting for another stream's work to pass it.
+    PendingFree,
+    /// Freed and cached on the fast path.
+    Cached,
+    Free,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentSnapshot {
+    pub stream: StreamId,
+    pub strategy: &'static str,
+    pub base: u64,
+    pub size: u64,
+    /// Part of an expandable segment: a mapped run of its reserved range (`size` is what is
+    /// mapped there now).
+    pub expandable: bool,
+    pub blocks: Vec<(u64, u64, BlockState)>,
+}
+
+/// A device-memory pool. Cheap to share across threads by reference (`Send + Sync`); every
+/// method is on `PoolCore`, reached through `Deref`.
+pub struct Pool(Arc<PoolCore>);
+
+pub struct PoolCore {
+    /// Unique for the process's life: thread caches find their pool by it.
+    id: u64,
+    /// The process generation the pool was made in (`fork.rs`): in a forked child it refuses
+    /// every call.
+    generation: u64,
+    this: Weak<dyn CacheOwner>,
+    /// Every thread's cache for this pool, so that a trim takes their blocks back at once.
+    thread_caches: Mutex<Vec<CacheOfThread>>,
+    /// Held while the caches are emptied, so that a second flush waits for the first's blocks to
+    /// be back rather than skip the caches the first has claimed.
+    flushing: Mutex<()>,
+    device: Arc<dyn Device>,
+    config: PoolConfig,
+    device_total: u64,
+    /// The most the pool may reserve (the limit, or the device's total memory).
+    cap: AtomicU64,
+    /// Segment bytes held or being requested: checked against `cap` before each device call.
+    committed: AtomicU64,
+    /// The most `committed` has ever been (not reset by `reset_peak_stats`): with `reclaim`, a
+    /// growth that stays below it gives nothing back first.
+    committed_high: AtomicU64,
+    /// `committed` after the last growth made at a new peak of allocated bytes: what the pool
+    /// needed the last time live memory set a record (see `DRIFT_DIVISOR`).
+    committed_at_live_peak: AtomicU64,
+    /// Expandable segments, when on and the device supports them.
+    vm: Option<Expandable>,
+    /// The default stream's arena, reached without a map lookup.
+    default_arena: Arena,
+    /// Thread caches hold the classes below this index: the first tier's blocks of at most
+    /// `small_max` bytes. Larger cached blocks go to the magazines only (a trim or a growth
+    /// empties both at once).
+    thread_classes: usize,
+    /// For the fastest path, per 512-byte granule of request size: the thread-cache class of the
+    /// requests in it, if any (see `thread_class_table`).
+    thread_class_of: Box<[ThreadClass]>,
+    // Every papaya map here is pinned with an owned guard (`pin_owned`): a thread's exit may
+    // give its cache back, or drop the pool, from a thread-local destructor, when the state
+    // behind papaya's thread-local guards is already gone (pinning then panics, which aborts).
+    arenas: FastMap<StreamId, Arena>,
+    /// Live blocks: the lock-free direct-mapped table, and the map for blocks whose slot was taken.
+    live: LiveTable<LIVE_TABLE_SLOTS>,
+    overflow: FastMap<u64, LiveBlock>,
+    /// Streams other than a block's own that used it (`record_stream`), by block address.
+    recorded: Mutex<HashMap<u64, Vec<StreamId>>>,
+    deferred: Mutex<Vec<DeferredFree>>,
+    counters: Counters,
+    /// Closed, deferred frees, recorded streams, a small cap: what the fastest paths must not miss.
+    gate: FastGate,
+    log: Option<EventLog>,
+    /// Allocation times of live blocks (ns since `started`), when `track_leaks` is on.
+    births: Option<FastMap<u64, u64>>,
+    started: Instant,
+}
+
+impl Pool {
+    pub fn new(device: Arc<dyn Device>, config: PoolConfig) -> Result<Self> {
+        config.validate()?;
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        let device_total = device.mem_info()?.total;
+        let cap = cap_for(config.limit, device_total);
+        let default_arena = new_arena(&config, StreamId(0));
+        let thread_classes = classes_up_to(config.small_max);
+        let thread_class_of = thread_class_table(&config, &default_arena, thread_classes);
+        let vm = Expandable::new(&config, device.as_ref(), device_total);
+        let log = config.record_events.then(EventLog::new);
+        let births = config.track_leaks.then(FastMap::default);
+        let gate = FastGate::default();
+        gate.set(FastGate::SMALL_CAP, below_thread_blocks(&thread_class_of, cap));
+        // `thread_class_table` is empty when an option must see every call.
+        gate.set(FastGate::WATCHED, thread_class_of.is_empty());
+        let core = Arc::new_cyclic(|this: &Weak<PoolCore>| PoolCore {
+            id: NEXT_ID.fetch_add(1, Relaxed),
+            generation: crate::fork::generation(),
+            this: this.clone() as Weak<dyn CacheOwner>,
+            thread_caches: Mutex::default(),
+            flushing: Mutex::default(),
+            device,
+            config,
+            device_total,
+            cap: AtomicU64::new(cap),
+            committed: AtomicU64::new(0),
+            committed_high: AtomicU64::new(0),
+            committed_at_live_peak: AtomicU64::new(0),
+            vm,
+            default_arena,
+            thread_classes,
+            thread_class_of,
+            arenas: FastMap::default(),
+            live: LiveTable::default(),
+            overflow: FastMap::default(),
+            recorded: Mutex::default(),
+            deferred: Mutex::default(),
+            counters: Counters::default(),
+            gate,
+            log,
+            births,
+            started: Instant::now(),
+        });
+        Ok(Pool(core))
+    }
+}
+
+/// What the fastest path of an allocation found (in two registers).
+enum FastAlloc {
+    Hit(u64),
+    /// A hit after which the pool's peaks are due for an update (a call, made outside).
+    PeaksDue(u64),
+    /// Nothing done: the general path serves the request.
+    Miss,
+}
+
+/// How far the fastest path of a free went.
+enum FastFree {
+    /// Into this thread's cache: done.
+    Cached,
+    /// Out of the live table (its slot parked, keeping its metadata), not cached: the general
+    /// path gives it back. (The metadata is read again rather than returned, so that the fast
+    /// path returns in a register.)
+    Removed,
+    /// Nothing done (the free may be wrong, or the pool closed): the general path starts over.
+    Untouched,
+}
+
+/// Whether `cap` is below the largest block the fastest path hands out, which then must check it.
+fn below_thread_blocks(thread_class_of: &[ThreadClass], cap: u64) -> bool {
+    thread_class_of.iter().any(|class| class.size() > cap)
+}
+
+impl std::ops::Deref for Pool {
+    type Target = PoolCore;
+    fn deref(&self) -> &PoolCore {
+        &self.0
+    }
+}
+
+impl CacheOwner for PoolCore {
+    fn adopt(&self, blocks: Vec<(u64, u64)>) {
+        for (stream, addr) in blocks {
+            // Thread caches hold only the first tier's blocks (`thread_classes`).
+            let freed = self.file_back(&mut **self.arena(StreamId(stream)).tiers[0].lock(), addr);
+            debug_assert!(freed.is_some(), "a cached block belongs to its arena's first tier");
+        }
+    }
+
+    fn retire(&self, cache: &Arc<PoolCache>) {
+        self.counters.fast.retire(cache.counters_arc());
+        self.thread_caches.lock().retain(|c| !c.is(cache));
+    }
+}
+
+impl PoolCore {
+    pub fn config(&self) -> &PoolConfig {
+        &self.config
+    }
+
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.device
+    }
+
+    /// Fails with `WrongDevice` unless `ordinal` is this pool's device.
+    pub fn check_device(&self, ordinal: i32) -> Result<()> {
+        match self.device.ordinal() {
+            pool if pool == ordinal => Ok(()),
+            pool => Err(PoolError::WrongDevice { pool, given: ordinal }),
+        }
+    }
+
+    /// The most the pool may reserve now.
+    pub fn capacity(&self) -> u64 {
+        self.cap.load(Relaxed)
+    }
+
+    /// Changes the limit (e.g. `torch.cuda.set_per_process_memory_fraction`); memory already
+    /// reserved above a lower limit is given back as it frees up, on the next trim.
+    pub fn set_limit(&self, limit: Option<Limit>) -> Result<()> {
+        let mut config = self.config.clone();
+        config.limit = limit;
+        config.validate()?;
+        let cap = cap_for(limit, self.device_total);
+        self.cap.store(cap, Relaxed);
+        self.gate.set(FastGate::SMALL_CAP, below_thread_blocks(&self.thread_class_of, cap));
+        Ok(())
+    }
+
+    /// Allocates at least `size` bytes for use on `stream`; returns the block's address. With
+    /// `scrub: on_alloc`, the whole block is zero-filled (on `stream`) before it is returned.
+    // Inlined, so that the fast path is one call to a function that makes none and returns in
+    // registers (a `Result` with the error's figures returns through memory).
+    #[inline]
+    pub fn allocate(&self, size: u64, stream: StreamId) -> Result<u64> {
+        match self.allocate_from_thread_cache(size, stream) {
+            FastAlloc::Hit(addr) => Ok(addr),
+            FastAlloc::PeaksDue(addr) => {
+                self.counters.fast.checkpoint();
+                Ok(addr)
+            }
+            FastAlloc::Miss => self.allocate_general(size, stream),
+        }
+    }
+
+    /// The fastest path: a small block for the default stream from this thread's cache, when the
+    /// thread used this pool last, no trim, close or deferred free is pending and the block's
+    /// parked slot revives. A miss, with nothing done, otherwise; the general path then does it
+    /// all. It makes no call, so it spills nothing to the stack, and it returns in registers.
+    #[inline(never)]
+    fn allocate_from_thread_cache(&self, size: u64, stream: StreamId) -> FastAlloc {
+        self.take_from_thread_cache(size, stream).unwrap_or(FastAlloc::Miss)
+    }
+
+    #[inline(always)]
+    fn take_from_thread_cache(&self, size: u64, stream: StreamId) -> Option<FastAlloc> {
+        if stream.0 != HOME_STREAM || self.gate.any(FastGate::ALLOC) {
+            return None;
+        }
+        // SAFETY: nothing below calls anything that uses a thread cache: it reads and writes the
+        // cache, the live table and this thread's counters only.
+        let cache = unsafe { thread_cache::current_unmarked(self.id) }?;
+        // A zero size wraps to a granule past the table's end.
+        let class = *self.thread_class_of.get((size.wrapping_sub(1) / MIN_BLOCK) as usize)?;
+        let index = class.index()?;
+        let block = LiveBlock { size: class.size(), requested: size, stream: HOME_STREAM, tier: 0, class: class.tag() };
+        let mut lists = cache.lists()?;
+        let list = lists.home(index)?;
+        let &addr = list.last()?;
+        if !self.live.revive(addr, block) {
+            return None;
+        }
+        list.pop();
+        drop(lists);
+        Self::count_alloc(cache, &block);
+        Some(match cache.note_allocated(block.size) {
+            true => FastAlloc::PeaksDue(addr),
+            false => FastAlloc::Hit(addr),
+        })
+    }
+
+    /// Frees the block at `addr`. `size`, when given, must be the size it was allocated with (or
+    /// its rounded size); `stream`, when given and not the block's own, is a stream that used the
+    /// block last: its reuse then waits for that stream's work.
+    // Inlined, as `allocate` is.
+    #[inline]
+    pub fn free(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> Result<()> {
+        // The fastest path takes no size as 0, which no block has (a free naming 0 bytes goes to
+        // the general path, which refuses it), and no stream but the default one.
+        if size == Some(0) || stream.is_some_and(|s| s.0 != HOME_STREAM) {
+            return self.free_general(addr, size, stream);
+        }
+        match self.free_to_thread_cache(addr, size.unwrap_or(0)) {
+            FastFree::Cached => Ok(()),
+            FastFree::Removed => self.free_parked(addr, stream),
+            FastFree::Untouched => self.free_general(addr, size, stream),
+        }
+    }
+
+    /// The fastest path of a free, the counterpart of `allocate_from_thread_cache`: takes the
+    /// block out of the live table (`size` is the size the free names, 0 for none) and, if it is
+    /// a small block of the default stream and this thread's cache has room for it, caches it
+    /// there. It makes no call either.
+    #[inline(never)]
+    fn free_to_thread_cache(&self, addr: u64, size: u64) -> FastFree {
+        if self.gate.any(FastGate::FREE) {
+            return FastFree::Untouched;
+        }
+        let Ok(block) = self.live.remove_if(addr, |b| Self::size_agrees(b, (size != 0).then_some(size))) else {
+            return FastFree::Untouched;
+        };
+        let Some(index) = block.cache_index().filter(|&i| i < self.thread_classes && block.stream == HOME_STREAM) else {
+            return FastFree::Removed;
+        };
+        // SAFETY: as in `allocate_from_thread_cache`.
+        let Some(cache) = (unsafe { thread_cache::current_unmarked(self.id) }) else {
+            return FastFree::Removed;
+        };
+        if !cache.push_home(index, addr) {
+            return FastFree::Removed;
+        }
+        Self::count_free(cache, &block);
+        FastFree::Cached
+    }
+
+    /// The rest of a free whose block the fastest path took out of the table, and holds.
+    #[inline(never)]
+    fn free_parked(&self, addr: u64, stream: Option<StreamId>) -> Result<()> {
+        let Some(block) = self.live.parked(addr) else { unreachable!("only the block's holder unparks its slot") };
+        if let Err(forked) = self.check_process() {
+            self.insert_live(addr, block);
+            return Err(forked);
+        }
+        self.free_removed(addr, block, stream)
+    }
+
+    /// Refuses every later call, gives back every free segment and returns the blocks still live
+    /// (leaks). Their segments stay reserved until the pool is dropped.
+    pub fn close(&self) -> Vec<LiveBlockInfo> {
+        if self.gate.set(FastGate::CLOSED, true) || self.check_process().is_err() {
+            return Vec::new();
+        }
+        let _ = self.release_free();
+        self.live_blocks()
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.gate.any(FastGate::CLOSED)
+    }
+}
+
+/// An arena: the default one, or one held through a papaya guard.
+enum ArenaRef<'a> {
+    Default(&'a Arena),
+    Stream(papaya::HashMapRef<'a, StreamId, Arena, FixedState, papaya::OwnedGuard<'a>>, StreamId),
+}
+
+impl std::ops::Deref for ArenaRef<'_> {
+    type Target = Arena;
+    fn deref(&self) -> &Arena {
+        match self {
+            Self::Default(a) => a,
+            Self::Stream(map, stream) => map.get(stream).expect("arenas are never removed"),
+        }
+    }
+}
+
+impl Drop for PoolCore {
+    fn drop(&mut self) {
+        // Every segment goes back to the device, live blocks or not: nobody can free them now.
+        // In a forked child they are the parent's, and the locks may be held for good: leave them.
+        self.gate.set(FastGate::CLOSED, true);
+        if self.check_process().is_err() {
+            return;
+        }
+        let mut segments = Vec::new();
+        self.for_each_arena(|arena| {
+            for tier in arena.tiers.iter() {
+                segments.extend(tier.lock().snapshot().into_iter().map(|(s, _)| s));
+            }
+        });
+        for e in std::mem::take(&mut *self.deferred.lock()) {
+            e.events.into_iter().for_each(|ev| self.device.release_event(ev));
+        }
+        let reservations = self.vm.as_ref().map(Expandable::take_all).unwrap_or_default();
+        // An expandable segment's runs show in the snapshot too: they go with their reservation.
+        segments.retain(|s| !reservations.iter().any(|r| r.contains(s.base)));
+        for s in segments {
+            let _ = self.device.free_segment(s.base, s.size);
+        }
+        for r in reservations {
+            for m in r.all_mappings() {
+                let _ = self.device.unmap(m.base, m.size);
+            }
+            let _ = self.device.unreserve(r.base, r.size);
+        }
+    }
+}
+
+fn cap_for(limit: Option<Limit>, device_total: u64) -> u64 {
+    match limit {
+        None => device_total,
+        Some(Limit::Bytes(b)) => b.min(device_total),
+        Some(Limit::Fraction(f)) => (device_total as f64 * f) as u64,
+    }
+}
+
+pub(crate) fn new_arena(config: &PoolConfig, stream: StreamId) -> Arena {
+    let slab = || Box::new(Slab::new(SlabConfig { max_size: config.small_max, ..SlabConfig::default() })) as Box<dyn Strategy>;
+    let best_fit = || Box::new(BestFit::new(BestFitConfig::default())) as Box<dyn Strategy>;
+    let buddy = || Box::new(Buddy::new(BuddyConfig::default())) as Box<dyn Strategy>;
+    // The hybrid's large tier keeps buddy's halving and merging but cuts each block to the
+    // request, so a large tensor costs at most one `large_unit` more than its size.
+    let large = || {
+        let min_order = config.large_unit().trailing_zeros();
+        let trimmed = BuddyConfig { min_order, max_order: min_order + 26, min_segment_order: 21, trim: true };
+        Box::new(Buddy::new(trimmed)) as Box<dyn Strategy>
+    };
+    let tiers = match config.strategy {
+        StrategyKind::Hybrid => vec![slab(), best_fit(), large()],
+        StrategyKind::Slab => vec![slab()],
+        StrategyKind::BestFit => vec![best_fit()],
+        StrategyKind::Buddy => vec![buddy()],
+    };
+    Arena::new(stream, tiers)
+}
