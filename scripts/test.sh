@@ -3,8 +3,8 @@
 # stress, loom), the CUDA suites under the emulated driver, and pytest.
 source "$(dirname "$0")/env.sh"
 cd "$root"
-# The crates held to rustfmt.toml and clippy; vrampool-core and vrampool-plan join once formatted.
-linted=(-p vrampool-py -p vrampool-cuda -p emulated-cuda -p vrampool-benches -p vrampool-shared-traces)
+# The crates held to rustfmt.toml and clippy; vrampool-plan joins once formatted.
+linted=(-p vrampool-core -p vrampool-py -p vrampool-cuda -p emulated-cuda -p vrampool-benches -p vrampool-shared-traces)
 cargo fmt --version >/dev/null 2>&1 && cargo clippy --version >/dev/null 2>&1 || rustup component add rustfmt clippy
 echo "== lint: ruff (python/, tests/, benches/), cargo fmt --check and clippy -D warnings (${linted[*]})"
 ruff check python tests benches

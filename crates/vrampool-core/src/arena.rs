@@ -5,7 +5,10 @@
 //! block freed on a stream is reusable at once on that stream and on no other (PyTorch's
 //! per-stream pools). Memory moves between streams only as whole segments given back to the device.
 
-use std::sync::atomic::{AtomicBool, Ordering::{AcqRel, Relaxed, Release}};
+use std::sync::atomic::{
+    AtomicBool,
+    Ordering::{AcqRel, Relaxed, Release},
+};
 
 use parking_lot::Mutex;
 

@@ -93,7 +93,13 @@ mod tests {
             PoolConfig { strategy: StrategyKind::BestFit, ..PoolConfig::default() },
             PoolConfig { strategy: StrategyKind::Buddy, ..PoolConfig::default() },
             PoolConfig { alignment: 4096, round_up_divisions: 4, ..PoolConfig::default() },
-            PoolConfig { strategy: StrategyKind::BestFit, alignment: 2048, round_up_divisions: 2, small_max: 64 * KIB, ..PoolConfig::default() },
+            PoolConfig {
+                strategy: StrategyKind::BestFit,
+                alignment: 2048,
+                round_up_divisions: 2,
+                small_max: 64 * KIB,
+                ..PoolConfig::default()
+            },
         ];
         for config in configs {
             let arena = crate::pool::new_arena(&config, StreamId(0));

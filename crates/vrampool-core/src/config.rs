@@ -235,7 +235,8 @@ fn invalid(message: String) -> PoolError {
 /// The `key:value` (or `key=value`) pairs of a text, separated by commas.
 fn pairs(text: &str) -> impl Iterator<Item = Result<(&str, &str), PoolError>> {
     text.split(',').map(str::trim).filter(|p| !p.is_empty()).map(|pair| {
-        let (key, value) = pair.split_once(':').or_else(|| pair.split_once('=')).ok_or_else(|| invalid(format!("`{pair}` is not key:value")))?;
+        let (key, value) =
+            pair.split_once(':').or_else(|| pair.split_once('=')).ok_or_else(|| invalid(format!("`{pair}` is not key:value")))?;
         Ok((key.trim(), value.trim()))
     })
 }
@@ -286,7 +287,8 @@ impl PoolConfig {
             "large_min" => self.large_min = parse_key_bytes(key, value)?,
             "alignment" => self.alignment = parse_key_bytes(key, value)?,
             "round_up_divisions" => {
-                self.round_up_divisions = value.parse().map_err(|_| invalid(format!("round_up_divisions: `{value}` is not a whole number")))?
+                self.round_up_divisions =
+                    value.parse().map_err(|_| invalid(format!("round_up_divisions: `{value}` is not a whole number")))?
             }
             "limit" => self.limit = Some(parse_limit(value)?),
             "record_events" => self.record_events = parse_bool(key, value)?,
@@ -355,7 +357,9 @@ impl AllocatorConfig {
         for pair in pairs(text) {
             let (key, value) = pair?;
             match key {
-                "device" => next.device = if parse_choice(key, value, &DEVICE_NAMES)? == "sim" { DeviceKind::Sim } else { DeviceKind::Cuda },
+                "device" => {
+                    next.device = if parse_choice(key, value, &DEVICE_NAMES)? == "sim" { DeviceKind::Sim } else { DeviceKind::Cuda }
+                }
                 "sim_capacity" => {
                     next.sim_capacity = parse_key_bytes(key, value)?;
                     if next.sim_capacity == 0 {
@@ -497,7 +501,9 @@ mod tests {
     #[test]
     fn text_form_sets_every_key() {
         let mut config = PoolConfig::default();
-        config.apply_text("strategy:best_fit, small_max:256KB,large_min=128MiB,alignment:4096,limit:0.5,record_events:on,expandable:false").unwrap();
+        config
+            .apply_text("strategy:best_fit, small_max:256KB,large_min=128MiB,alignment:4096,limit:0.5,record_events:on,expandable:false")
+            .unwrap();
         assert!(!config.expandable);
         assert!(PoolConfig::default().expandable, "expandable segments are the default");
         config.apply_text("expandable_segments:true").unwrap();
@@ -549,7 +555,10 @@ mod tests {
         assert_eq!(key_names(Scope::Allocator), ["device", "sim_capacity"]);
         assert_eq!(AllocatorConfig::default().value("colour"), None);
         let set = AllocatorConfig::parse("", "limit:0.5,device:sim,scrub:on_free").unwrap();
-        assert_eq!([set.value("limit"), set.value("device"), set.value("scrub")], [Some(Value::Limit(Some(Limit::Fraction(0.5)))), Some(Value::Name("sim")), Some(Value::Name("on_free"))]);
+        assert_eq!(
+            [set.value("limit"), set.value("device"), set.value("scrub")],
+            [Some(Value::Limit(Some(Limit::Fraction(0.5)))), Some(Value::Name("sim")), Some(Value::Name("on_free"))]
+        );
         let err = PoolConfig::default().apply_text("colour:blue").unwrap_err().to_string();
         assert!(err.contains("unknown configuration key `colour`") && err.contains("round_up_divisions, limit"), "{err}");
         let err = PoolConfig::default().apply_text("device:sim").unwrap_err().to_string();
@@ -599,7 +608,18 @@ mod tests {
 
     #[test]
     fn bad_text_is_a_clear_error() {
-        for text in ["expandable:maybe", "small_max:lots", "limit:-3", "alignment:1000", "small_max", "limit:1.5x", "scrub:sometimes", "track_leaks:maybe", "round_up_divisions:4.0", "round_up_divisions:3"] {
+        for text in [
+            "expandable:maybe",
+            "small_max:lots",
+            "limit:-3",
+            "alignment:1000",
+            "small_max",
+            "limit:1.5x",
+            "scrub:sometimes",
+            "track_leaks:maybe",
+            "round_up_divisions:4.0",
+            "round_up_divisions:3",
+        ] {
             let err = PoolConfig::default().apply_text(text).unwrap_err();
             assert!(matches!(err, PoolError::InvalidConfig(_)), "{text}: {err}");
         }
@@ -612,7 +632,9 @@ mod tests {
         assert_eq!(c.text, "device:sim,strategy:slab,sim_capacity:1GB,strategy:best_fit,expandable:false");
         let d = AllocatorConfig::parse("", "").unwrap();
         assert_eq!(d, AllocatorConfig::default());
-        assert!(c.makes_the_same_pools(&AllocatorConfig::parse("", "device:sim,sim_capacity:1GB,strategy:best_fit,expandable:false").unwrap()));
+        assert!(
+            c.makes_the_same_pools(&AllocatorConfig::parse("", "device:sim,sim_capacity:1GB,strategy:best_fit,expandable:false").unwrap())
+        );
         assert!(!c.makes_the_same_pools(&d));
     }
 
@@ -620,7 +642,9 @@ mod tests {
     fn a_bad_allocator_configuration_names_its_source() {
         let err = AllocatorConfig::parse("strategy:fastest", "").unwrap_err().to_string();
         assert!(err.contains("VRAMPOOL_CONF `strategy:fastest`: unknown strategy"), "{err}");
-        for text in ["device:tpu", "device:gpu", "sim_capacity:0", "colour:blue", "expandable:maybe", "limit:2x", "limit:1.5", "sim_capacity:1.5GB"] {
+        for text in
+            ["device:tpu", "device:gpu", "sim_capacity:0", "colour:blue", "expandable:maybe", "limit:2x", "limit:1.5", "sim_capacity:1.5GB"]
+        {
             let err = AllocatorConfig::parse("", text).unwrap_err().to_string();
             assert!(err.contains(&format!("configuration `{text}`")), "{text}: {err}");
         }

@@ -17,8 +17,8 @@
 //! address space (and the simulated device, which backs a reservation with host memory, stays
 //! cheap), while a stream that grows to a whole 141 GiB device ends up with at most six ranges.
 //!
-//! A growth is mapped in at most `MAPS_PER_GROWTH` pieces of whole units (each one `cuMemCreate`
-//! + `cuMemMap` + `cuMemSetAccess` on CUDA), not one per unit: a 40 GB growth would otherwise be
+//! A growth is mapped in at most `MAPS_PER_GROWTH` pieces of whole units (each one `cuMemCreate`,
+//! `cuMemMap` and `cuMemSetAccess` on CUDA), not one per unit: a 40 GB growth would otherwise be
 //! 20,000 map calls, and a 32 TiB simulated one millions of bookkeeping entries. Not one piece
 //! either: a mapping is unmapped only whole (as with `cuMemUnmap`), so a trim gives a piece back
 //! once all of it is free, and one piece per growth would keep a whole growth mapped for one live

@@ -190,7 +190,10 @@ mod tests {
         assert_eq!((log.last_error(), log.count(Failure::Free)), (None, 2));
         log.reset();
         assert_eq!(log.count(Failure::Free), 0);
-        assert_eq!(Failure::ALL.map(Failure::name), ["failed_mallocs", "refused_frees", "refused_record_streams", "other_errors", "panics"]);
+        assert_eq!(
+            Failure::ALL.map(Failure::name),
+            ["failed_mallocs", "refused_frees", "refused_record_streams", "other_errors", "panics"]
+        );
     }
 
     #[test]
@@ -204,7 +207,11 @@ mod tests {
         let oom = OomRecord::of(&err, 2, StreamId(3), 40 * MIB, &pool, &stats, false).unwrap();
         assert_eq!((oom.device, oom.stream, oom.too_large, oom.capacity, oom.num_ooms), (2, StreamId(3), false, 64 * MIB, 1));
         assert_eq!((oom.report.requested, oom.report.limit, oom.strategy), (40 * MIB, None, "hybrid"));
-        assert!(oom.message.starts_with("CUDA out of memory. vrampool could not allocate 40.00 MiB on device 2: tried to allocate"), "{}", oom.message);
+        assert!(
+            oom.message.starts_with("CUDA out of memory. vrampool could not allocate 40.00 MiB on device 2: tried to allocate"),
+            "{}",
+            oom.message
+        );
         assert!(oom.fragmentation() >= 0.0 && oom.free() == oom.report.reserved - oom.report.allocated);
         pool.free(a, None, None).unwrap();
 

@@ -69,12 +69,7 @@ pub struct LiveTable<const SLOTS: usize> {
 impl<const SLOTS: usize> Default for LiveTable<SLOTS> {
     fn default() -> Self {
         let slots: Vec<Slot> = (0..SLOTS)
-            .map(|_| Slot {
-                key: AtomicU64::new(0),
-                size_tier: AtomicU64::new(0),
-                requested: AtomicU64::new(0),
-                stream: AtomicU64::new(0),
-            })
+            .map(|_| Slot { key: AtomicU64::new(0), size_tier: AtomicU64::new(0), requested: AtomicU64::new(0), stream: AtomicU64::new(0) })
             .collect();
         let Ok(slots) = slots.into_boxed_slice().try_into() else { unreachable!("SLOTS slots were made") };
         Self { slots }
@@ -86,7 +81,6 @@ impl<const SLOTS: usize> LiveTable<SLOTS> {
         assert!(SLOTS.is_power_of_two() && SLOTS > 1);
         64 - SLOTS.trailing_zeros()
     };
-
 
     fn slot(&self, addr: u64) -> &Slot {
         // Fibonacci hashing of the 512-byte granule number spreads neighbouring blocks.

@@ -239,7 +239,14 @@ impl<U: MemoryResource> MemoryResource for PrivatePools<U> {
         self.upstream.reset_peak_stats();
         self.private_pools().iter().for_each(|(_, p)| p.reset_peak_stats());
         let retired = &mut self.pools.lock().retired;
-        for c in [&mut retired.allocated_bytes, &mut retired.requested_bytes, &mut retired.reserved_bytes, &mut retired.active_bytes, &mut retired.allocation, &mut retired.segment] {
+        for c in [
+            &mut retired.allocated_bytes,
+            &mut retired.requested_bytes,
+            &mut retired.reserved_bytes,
+            &mut retired.active_bytes,
+            &mut retired.allocation,
+            &mut retired.segment,
+        ] {
             c.peak = c.current;
         }
     }
@@ -310,7 +317,10 @@ mod tests {
     }
 
     fn pool_of(p: &PrivatePools<Pool>, addr: u64) -> Option<PoolId> {
-        p.snapshot().into_iter().find(|s| s.segment.blocks.iter().any(|b| b.0 == addr && matches!(b.2, crate::BlockState::Active { .. }))).map(|s| s.pool)
+        p.snapshot()
+            .into_iter()
+            .find(|s| s.segment.blocks.iter().any(|b| b.0 == addr && matches!(b.2, crate::BlockState::Active { .. })))
+            .map(|s| s.pool)
     }
 
     #[test]

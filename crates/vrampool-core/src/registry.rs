@@ -215,7 +215,11 @@ mod tests {
         registry.configure("device:sim,strategy:slab").unwrap();
         assert_eq!(registry.config().unwrap().device, DeviceKind::Sim);
         registry.get_or_make(0, maker(&drops)).unwrap();
-        assert_eq!(registry.configure("strategy:slab,device:sim").unwrap(), "device:sim,strategy:slab", "the same pools: the text in force");
+        assert_eq!(
+            registry.configure("strategy:slab,device:sim").unwrap(),
+            "device:sim,strategy:slab",
+            "the same pools: the text in force"
+        );
         let err = registry.configure("device:sim,strategy:buddy").unwrap_err();
         assert!(err.to_string().contains("already serves allocations on device(s) [0] with `device:sim,strategy:slab`"), "{err}");
         assert!(registry.configure("strategy:quantum").unwrap_err().to_string().contains("unknown strategy"));

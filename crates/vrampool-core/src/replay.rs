@@ -34,8 +34,7 @@ use crate::{Pool, PoolConfig, PoolCore};
 pub const REPLAY_CAPACITY: u64 = 1 << 50;
 
 /// Every strategy, in the order `--strategy all` replays them.
-pub const ALL_STRATEGIES: [StrategyKind; 4] =
-    [StrategyKind::Slab, StrategyKind::BestFit, StrategyKind::Buddy, StrategyKind::Hybrid];
+pub const ALL_STRATEGIES: [StrategyKind; 4] = [StrategyKind::Slab, StrategyKind::BestFit, StrategyKind::Buddy, StrategyKind::Hybrid];
 
 /// One buffer of a trace: `size` bytes live on `[lower, upper)`, used on `stream`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -600,7 +599,8 @@ mod tests {
         ];
         let prepared = PreparedTrace::new(&events).unwrap();
         let options = ReplayOptions { samples: 0, capacity: None, repeat: 1 };
-        let pool = replay_prepared(&prepared, &ReplayTarget::Pool(PoolConfig { expandable: false, ..PoolConfig::default() }), options).unwrap();
+        let pool =
+            replay_prepared(&prepared, &ReplayTarget::Pool(PoolConfig { expandable: false, ..PoolConfig::default() }), options).unwrap();
         assert_eq!((pool.device_allocs, pool.device_frees, pool.peak_reserved_bytes), (2, 1, 200 * MIB));
         let torch = replay_prepared(&prepared, &ReplayTarget::Peer(PeerConfig::named("torch").unwrap()), options).unwrap();
         assert_eq!((torch.device_allocs, torch.device_frees, torch.peak_reserved_bytes), (2, 0, 300 * MIB));
@@ -613,7 +613,12 @@ mod tests {
         let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap();
         assert_eq!((prepared.len(), prepared.lower_bound_bytes()), (2000, 2 * MIB));
         for (samples, expected) in [(0, 0), (1, 1), (7, 7), (1000, 1000), (3000, 2000)] {
-            let report = replay_prepared(&prepared, &ReplayTarget::Pool(config(StrategyKind::BestFit)), ReplayOptions { samples, capacity: None, repeat: 1 }).unwrap();
+            let report = replay_prepared(
+                &prepared,
+                &ReplayTarget::Pool(config(StrategyKind::BestFit)),
+                ReplayOptions { samples, capacity: None, repeat: 1 },
+            )
+            .unwrap();
             let points: Vec<usize> = report.timeline.iter().map(|p| p.event).collect();
             assert_eq!(points.len(), expected, "{samples} samples");
             if let (Some(&first), Some(&last)) = (points.first(), points.last()) {
@@ -627,7 +632,12 @@ mod tests {
             }
         }
         // Mid-trace one or two buffers are live; at the end none is.
-        let report = replay_prepared(&prepared, &ReplayTarget::Pool(config(StrategyKind::BestFit)), ReplayOptions { samples: 10, capacity: None, repeat: 1 }).unwrap();
+        let report = replay_prepared(
+            &prepared,
+            &ReplayTarget::Pool(config(StrategyKind::BestFit)),
+            ReplayOptions { samples: 10, capacity: None, repeat: 1 },
+        )
+        .unwrap();
         assert!(report.timeline[..9].iter().all(|p| p.allocated_bytes >= MIB), "{:?}", report.timeline);
         assert_eq!(report.timeline[9].allocated_bytes, 0);
         assert!((0.0..=1.0).contains(&report.fragmentation));
@@ -642,7 +652,8 @@ mod tests {
         assert_eq!((torch.strategy, torch.peak_reserved_bytes, torch.device_allocs, torch.approximate), ("torch", 20 * MIB, 1, false));
         let default = replay_prepared(&prepared, &ReplayTarget::Pool(PoolConfig::default()), ReplayOptions::default()).unwrap();
         assert_eq!(default.peak_reserved_bytes, 2 * MIB);
-        let driver = replay_prepared(&prepared, &ReplayTarget::Peer(PeerConfig::named("async").unwrap()), ReplayOptions::default()).unwrap();
+        let driver =
+            replay_prepared(&prepared, &ReplayTarget::Peer(PeerConfig::named("async").unwrap()), ReplayOptions::default()).unwrap();
         assert!(driver.approximate);
     }
 
@@ -687,7 +698,8 @@ mod tests {
     fn shared_traces() -> Vec<(String, Vec<TraceEvent>)> {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces/static");
         let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-        let mut paths: Vec<_> = entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "csv")).collect();
+        let mut paths: Vec<_> =
+            entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "csv")).collect();
         paths.sort();
         paths
             .into_iter()
@@ -736,7 +748,15 @@ mod tests {
             // With the plots' timeline and without: the sampling's cost shows as the difference.
             let best = |samples| {
                 (0..3)
-                    .map(|_| replay_prepared(&prepared, &ReplayTarget::Pool(config(strategy)), ReplayOptions { samples, capacity: None, repeat: 1 }).unwrap().events_per_s)
+                    .map(|_| {
+                        replay_prepared(
+                            &prepared,
+                            &ReplayTarget::Pool(config(strategy)),
+                            ReplayOptions { samples, capacity: None, repeat: 1 },
+                        )
+                        .unwrap()
+                        .events_per_s
+                    })
                     .fold(0.0, f64::max)
             };
             let (sampled, bare) = (best(DEFAULT_SAMPLES), best(0));
@@ -767,7 +787,11 @@ mod tests {
     #[test]
     fn a_csv_error_quotes_at_most_a_hundred_bytes_of_its_input() {
         let field = "9".repeat(1 << 20) + "x";
-        for text in [format!("id,lower,upper,size\n1,0,1,{field}\n"), format!("id,lower,upper,{field}\n"), "id,lower,upper\u{e9},size\n".to_string()] {
+        for text in [
+            format!("id,lower,upper,size\n1,0,1,{field}\n"),
+            format!("id,lower,upper,{field}\n"),
+            "id,lower,upper\u{e9},size\n".to_string(),
+        ] {
             let message = read_trace_csv(&text).unwrap_err().to_string();
             assert!(message.len() < 250, "{} bytes: {}", message.len(), &message[..250.min(message.len())]);
         }

@@ -27,7 +27,9 @@ pub fn pool_row_conf(row: &str, conf: &str) -> Result<String, PoolError> {
     }
     let strategy = row.strip_suffix(VM_SUFFIX).unwrap_or(row);
     if StrategyKind::parse(strategy).is_none_or(|kind| kind.name() != strategy) {
-        return Err(PoolError::InvalidConfig(format!("`{row}` is no pool row (default, or a strategy: slab, best_fit, buddy, hybrid, each with {VM_SUFFIX} or not)")));
+        return Err(PoolError::InvalidConfig(format!(
+            "`{row}` is no pool row (default, or a strategy: slab, best_fit, buddy, hybrid, each with {VM_SUFFIX} or not)"
+        )));
     }
     let named = format!("strategy:{strategy},expandable:{}", row.ends_with(VM_SUFFIX));
     let mut by_name = PoolConfig::default();
@@ -93,7 +95,8 @@ mod tests {
             let err = row_target(row, "strategy:slab").unwrap_err().to_string();
             assert!(err.contains(&format!("the row `{row}` is named for its strategy")) && err.contains("--strategy slab"), "{row}: {err}");
         }
-        for (row, conf) in [("best_fit", "expandable:true"), ("best_fit", "expandable_segments:true"), ("best_fit+vm", "expandable:false")] {
+        for (row, conf) in [("best_fit", "expandable:true"), ("best_fit", "expandable_segments:true"), ("best_fit+vm", "expandable:false")]
+        {
             assert!(row_target(row, conf).is_err(), "{row} {conf}");
         }
         let err = row_target("torch", "expandable_segments:True").unwrap_err().to_string();

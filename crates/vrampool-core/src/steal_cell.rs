@@ -11,7 +11,11 @@
 use std::mem::ManuallyDrop;
 
 use crate::barrier;
-use crate::sync::{spin_once, AtomicBool, MutPtr, Ordering::{Acquire, Relaxed, Release}, UnsafeCell};
+use crate::sync::{
+    spin_once, AtomicBool, MutPtr,
+    Ordering::{Acquire, Relaxed, Release},
+    UnsafeCell,
+};
 
 pub struct StealCell<T> {
     held: AtomicBool,

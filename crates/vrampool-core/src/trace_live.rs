@@ -124,7 +124,8 @@ mod tests {
         let live = LiveBytes::new(&buffers(&[(0, 0, 1, 8), (1, 1, 2, 8), (2, 2, 3, 4)])).unwrap();
         assert_eq!((live.lower_bound_bytes(), live.events_to_peak()), (8, 1));
         let segments = live.peak_segments(PoolConfig::default()).unwrap();
-        let blocks: Vec<_> = segments.iter().flat_map(|s| s.blocks.iter()).filter(|b| matches!(b.2, crate::BlockState::Active { .. })).collect();
+        let blocks: Vec<_> =
+            segments.iter().flat_map(|s| s.blocks.iter()).filter(|b| matches!(b.2, crate::BlockState::Active { .. })).collect();
         assert_eq!(blocks.len(), 1);
     }
 

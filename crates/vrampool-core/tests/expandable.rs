@@ -191,8 +191,20 @@ fn expandable_segments_strand_less_memory_than_plain_segments() {
     let limit = 320 * MIB;
     let plain = fragmentation_pattern(false, limit);
     let expandable = fragmentation_pattern(true, limit);
-    eprintln!("limit {} MiB: plain segments reserved {} MiB after the pattern, served {} blocks of 40 MiB, reserved {} MiB at the end", limit / MIB, plain.0 / MIB, plain.1, plain.2 / MIB);
-    eprintln!("limit {} MiB: expandable reserved {} MiB after the pattern, served {} blocks of 40 MiB, reserved {} MiB at the end", limit / MIB, expandable.0 / MIB, expandable.1, expandable.2 / MIB);
+    eprintln!(
+        "limit {} MiB: plain segments reserved {} MiB after the pattern, served {} blocks of 40 MiB, reserved {} MiB at the end",
+        limit / MIB,
+        plain.0 / MIB,
+        plain.1,
+        plain.2 / MIB
+    );
+    eprintln!(
+        "limit {} MiB: expandable reserved {} MiB after the pattern, served {} blocks of 40 MiB, reserved {} MiB at the end",
+        limit / MIB,
+        expandable.0 / MIB,
+        expandable.1,
+        expandable.2 / MIB
+    );
     assert_eq!(plain.0, 270 * MIB, "15 segments of 18 MiB (room for two blocks), each half free");
     assert_eq!(plain.1, 1, "the 50 MiB left under the limit takes one; every segment holds a live block");
     assert_eq!(expandable.0, 270 * MIB, "exactly the 30 blocks");
@@ -288,7 +300,8 @@ fn the_out_of_memory_path_unmaps_free_chunks_of_other_streams_and_retries() {
     let dev = Arc::new(SimDevice::new(GIB, SimMode::AddressOnly));
     // Without `reclaim`, which would give stream 1's free chunks back before growing, so that
     // the out-of-memory path is never reached.
-    let config = PoolConfig { strategy: StrategyKind::Hybrid, limit: Some(Limit::Bytes(64 * MIB)), reclaim: false, ..PoolConfig::default() };
+    let config =
+        PoolConfig { strategy: StrategyKind::Hybrid, limit: Some(Limit::Bytes(64 * MIB)), reclaim: false, ..PoolConfig::default() };
     let pool = Pool::new(dev.clone() as Arc<dyn Device>, config).unwrap();
     let other = pool.allocate(40 * MIB, S1).unwrap();
     let keep = pool.allocate(2 * MIB, S1).unwrap();

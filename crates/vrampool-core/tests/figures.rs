@@ -165,7 +165,12 @@ fn out_of_memory_report_and_message_of_a_known_layout() {
 #[test]
 fn out_of_memory_under_a_limit_names_it() {
     let device = Arc::new(SimDevice::new(MIB << 10, SimMode::AddressOnly));
-    let config = PoolConfig { strategy: StrategyKind::BestFit, expandable: false, limit: Some(vrampool_core::Limit::Bytes(6 * MIB)), ..PoolConfig::default() };
+    let config = PoolConfig {
+        strategy: StrategyKind::BestFit,
+        expandable: false,
+        limit: Some(vrampool_core::Limit::Bytes(6 * MIB)),
+        ..PoolConfig::default()
+    };
     let pool = Pool::new(device as Arc<dyn Device>, config).unwrap();
     two_holes_and_a_tail(&pool);
     let Err(PoolError::OutOfMemory(report)) = pool.allocate(4 * MIB + 512, S0) else { panic!("a 4 MiB segment does not fit") };
@@ -195,7 +200,12 @@ fn replay_figures_of_a_known_trace() {
     assert_eq!(report.fragmentation, 0.0);
     // Events per second are the events over the loop's time.
     assert!(report.seconds > 0.0 && (report.events_per_s * report.seconds - 6.0).abs() < 1e-6, "{report:?}");
-    let bare = replay_prepared(&PreparedTrace::new(&events).unwrap(), &ReplayTarget::Pool(config), ReplayOptions { samples: 0, capacity: None, repeat: 1 }).unwrap();
+    let bare = replay_prepared(
+        &PreparedTrace::new(&events).unwrap(),
+        &ReplayTarget::Pool(config),
+        ReplayOptions { samples: 0, capacity: None, repeat: 1 },
+    )
+    .unwrap();
     assert!(bare.timeline.is_empty() && bare.fragmentation == 0.0 && bare.peak_reserved_bytes == 8 * MIB);
 }
 

@@ -35,21 +35,41 @@ mod op {
     /// (modulo the count), so that any sequence applies to any state.
     #[derive(Debug, Clone, PartialEq, Eq)]
     pub enum Op {
-        Alloc { size: u64, stream: u64 },
+        Alloc {
+            size: u64,
+            stream: u64,
+        },
         /// Frees a live block; `by` names the stream that used it last, when not its own.
-        Free { nth: usize, by: Option<u64> },
+        Free {
+            nth: usize,
+            by: Option<u64>,
+        },
         /// Frees one of the recently freed addresses again.
-        DoubleFree { nth: usize },
+        DoubleFree {
+            nth: usize,
+        },
         /// Frees a live block naming a size it was not allocated with.
-        FreeWrongSize { nth: usize },
+        FreeWrongSize {
+            nth: usize,
+        },
         /// Frees (and records a stream on) an address inside a live block, past its start.
-        FreeInterior { nth: usize, offset: u64 },
+        FreeInterior {
+            nth: usize,
+            offset: u64,
+        },
         /// Frees an arbitrary address.
-        FreeForeign { addr: u64 },
+        FreeForeign {
+            addr: u64,
+        },
         /// Frees the block another pool on the same device handed out.
         FreeOtherPools,
-        RecordStream { nth: usize, stream: u64 },
-        CompleteStream { stream: u64 },
+        RecordStream {
+            nth: usize,
+            stream: u64,
+        },
+        CompleteStream {
+            stream: u64,
+        },
         CompleteAll,
         Trim,
     }
@@ -207,7 +227,17 @@ mod harness {
             let pool = Pool::new(dev.clone() as Arc<dyn Device>, config.clone()).unwrap();
             let other = Pool::new(dev.clone() as Arc<dyn Device>, config).unwrap();
             let other_block = other.allocate(4096, StreamId(0)).unwrap();
-            Harness { dev, pool, other, other_block, live: BTreeMap::new(), recently_freed: Vec::new(), pending: Vec::new(), next_tag: 1, ops: 0 }
+            Harness {
+                dev,
+                pool,
+                other,
+                other_block,
+                live: BTreeMap::new(),
+                recently_freed: Vec::new(),
+                pending: Vec::new(),
+                next_tag: 1,
+                ops: 0,
+            }
         }
 
         pub fn run(&mut self, ops: &[Op]) -> Step {
@@ -270,7 +300,10 @@ mod harness {
                     let size = block.size;
                     let tag = block.tag.to_le_bytes();
                     for at in [addr, addr + size.max(8) - 8] {
-                        ensure!(self.dev.read(at, 8).map_err(|e| TestCaseError::fail(e.to_string()))? == tag, "block {addr:#x} ({size} B) was overwritten while live");
+                        ensure!(
+                            self.dev.read(at, 8).map_err(|e| TestCaseError::fail(e.to_string()))? == tag,
+                            "block {addr:#x} ({size} B) was overwritten while live"
+                        );
                     }
                     self.pool.free(addr, Some(block.requested), by.map(StreamId)).map_err(|e| TestCaseError::fail(format!("free: {e}")))?;
                     self.live.remove(&addr);
@@ -345,13 +378,18 @@ mod harness {
                     ensure!(!self.live.contains_key(&addr), "{addr:#x} handed out twice");
                     let block_size = self.block_size(addr);
                     if let Some(p) = self.pending.iter().find(|p| addr < p.addr + p.size && p.addr < addr + block_size) {
-                        return Err(TestCaseError::fail(format!("{addr:#x} ({block_size} B) reuses {:#x} before streams {:?} passed its free", p.addr, p.waits_for)));
+                        return Err(TestCaseError::fail(format!(
+                            "{addr:#x} ({block_size} B) reuses {:#x} before streams {:?} passed its free",
+                            p.addr, p.waits_for
+                        )));
                     }
                     let tag = self.next_tag;
                     self.next_tag += 1;
                     let end = addr + block_size.max(8) - 8;
                     for at in [addr, end] {
-                        self.dev.write(at, &tag.to_le_bytes()).map_err(|e| TestCaseError::fail(format!("block {addr:#x} is not device memory: {e}")))?;
+                        self.dev
+                            .write(at, &tag.to_le_bytes())
+                            .map_err(|e| TestCaseError::fail(format!("block {addr:#x} is not device memory: {e}")))?;
                     }
                     self.live.insert(addr, Live { requested: size, size: block_size, stream, tag, users: Vec::new() });
                     self.recently_freed.retain(|&a| a != addr);
@@ -373,18 +411,35 @@ mod harness {
             ensure!(blocks.len() == self.live.len(), "{} live blocks, the test holds {}", blocks.len(), self.live.len());
             let mut end = 0;
             for b in &blocks {
-                let Some(mine) = self.live.get(&b.addr) else { return Err(TestCaseError::fail(format!("{:#x} is live but was not handed out", b.addr))) };
-                ensure!(b.requested == mine.requested && b.size == mine.size && b.size >= b.requested, "block {:#x}: {} B for {} requested", b.addr, b.size, b.requested);
+                let Some(mine) = self.live.get(&b.addr) else {
+                    return Err(TestCaseError::fail(format!("{:#x} is live but was not handed out", b.addr)));
+                };
+                ensure!(
+                    b.requested == mine.requested && b.size == mine.size && b.size >= b.requested,
+                    "block {:#x}: {} B for {} requested",
+                    b.addr,
+                    b.size,
+                    b.requested
+                );
                 ensure!(b.addr >= end, "block {:#x} overlaps the one before (ending at {end:#x})", b.addr);
                 end = b.addr + b.size;
             }
             let s = self.pool.stats();
-            ensure!(s.allocated_bytes.current == blocks.iter().map(|b| b.size).sum::<u64>(), "allocated {} != sum of live sizes", s.allocated_bytes.current);
+            ensure!(
+                s.allocated_bytes.current == blocks.iter().map(|b| b.size).sum::<u64>(),
+                "allocated {} != sum of live sizes",
+                s.allocated_bytes.current
+            );
             ensure!(s.requested_bytes.current == self.live.values().map(|b| b.requested).sum::<u64>(), "requested bytes disagree");
             ensure!(s.allocation.current == blocks.len() as u64, "allocation count disagrees");
             ensure!(s.allocated_bytes.current <= s.reserved_bytes.current, "allocated above reserved");
             let other_reserved = self.other.stats().reserved_bytes.current;
-            ensure!(s.reserved_bytes.current + other_reserved == self.dev.counters().used, "reserved {} + {other_reserved} != device used {}", s.reserved_bytes.current, self.dev.counters().used);
+            ensure!(
+                s.reserved_bytes.current + other_reserved == self.dev.counters().used,
+                "reserved {} + {other_reserved} != device used {}",
+                s.reserved_bytes.current,
+                self.dev.counters().used
+            );
             Ok(())
         }
 
@@ -397,7 +452,10 @@ mod harness {
             self.complete(None);
             self.pool.trim().map_err(|e| TestCaseError::fail(format!("final trim: {e}")))?;
             let s = self.pool.stats();
-            ensure!((s.allocated_bytes.current, s.active_bytes.current, s.reserved_bytes.current) == (0, 0, 0), "after freeing everything and trim: {s:?}");
+            ensure!(
+                (s.allocated_bytes.current, s.active_bytes.current, s.reserved_bytes.current) == (0, 0, 0),
+                "after freeing everything and trim: {s:?}"
+            );
             self.other.free(self.other_block, None, None).map_err(|e| TestCaseError::fail(e.to_string()))?;
             self.other.trim().map_err(|e| TestCaseError::fail(e.to_string()))?;
             let c = self.dev.counters();
@@ -423,7 +481,8 @@ fn run_seed() -> u64 {
 
 fn corpus() -> Vec<(String, Vec<Op>)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz-corpus");
-    let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())).map(|e| e.unwrap().path()).collect();
+    let mut files: Vec<_> =
+        std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())).map(|e| e.unwrap().path()).collect();
     files.sort();
     files
         .into_iter()
@@ -478,7 +537,10 @@ fn fuzz(strategy: StrategyKind) {
     let config = Config {
         cases: cases(),
         rng_seed: RngSeed::Fixed(seed),
-        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fuzz.proptest-regressions")))),
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fuzz.proptest-regressions"
+        )))),
         ..Config::default()
     };
     let mut runner = TestRunner::new(config);

@@ -10,10 +10,18 @@ use vrampool_core::{BlockState, Device, Pool, PoolConfig, PoolError, SimDevice, 
 
 #[derive(Debug, Clone)]
 enum Op {
-    Alloc { size: u64, stream: u64 },
+    Alloc {
+        size: u64,
+        stream: u64,
+    },
     /// Frees the n-th live block (modulo the count).
-    Free { nth: usize, other_stream: bool },
-    FreeBogus { addr: u64 },
+    Free {
+        nth: usize,
+        other_stream: bool,
+    },
+    FreeBogus {
+        addr: u64,
+    },
     Trim,
 }
 

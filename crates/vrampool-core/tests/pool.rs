@@ -4,7 +4,9 @@ use std::sync::Arc;
 
 use vrampool_core::sizes::{GIB, KIB, MIB};
 use vrampool_core::strategy::StrategyKind;
-use vrampool_core::{BlockState, Device, DeviceError, EventKind, InvalidFreeReason, Limit, Pool, PoolConfig, PoolError, SimDevice, SimMode, StreamId};
+use vrampool_core::{
+    BlockState, Device, DeviceError, EventKind, InvalidFreeReason, Limit, Pool, PoolConfig, PoolError, SimDevice, SimMode, StreamId,
+};
 
 const S0: StreamId = StreamId(0);
 const ALL: [StrategyKind; 4] = [StrategyKind::Hybrid, StrategyKind::Slab, StrategyKind::BestFit, StrategyKind::Buddy];
@@ -320,7 +322,11 @@ fn alignment_and_padding_are_kept() {
             assert_eq!(a % 4096, 0, "{strategy:?} {size}");
         }
         // 5000 B with 4 divisions per power of two rounds to 6 KiB (or more, by class).
-        let sizes: Vec<u64> = pool.snapshot().iter().flat_map(|s| s.blocks.iter().filter(|b| matches!(b.2, BlockState::Active { requested: 5000 })).map(|b| b.1)).collect();
+        let sizes: Vec<u64> = pool
+            .snapshot()
+            .iter()
+            .flat_map(|s| s.blocks.iter().filter(|b| matches!(b.2, BlockState::Active { requested: 5000 })).map(|b| b.1))
+            .collect();
         assert_eq!(sizes.len(), 1);
         assert!(sizes[0] >= 6 * KIB && sizes[0] % 4096 == 0, "{strategy:?}: {sizes:?}");
     }

@@ -347,7 +347,10 @@ fn a_trim_reaches_the_cache_of_a_thread_that_stays_idle() {
         let pool = Arc::new(Pool::new(dev.clone() as Arc<dyn Device>, PoolConfig { strategy, ..PoolConfig::default() }).unwrap());
         let (release, worker) = idle_worker(&pool, &THREAD_CACHED, 2);
         assert_eq!(pool.stats().allocated_bytes.current, 0);
-        assert!(pool.snapshot().iter().flat_map(|s| &s.blocks).any(|b| b.2 == vrampool_core::BlockState::Cached), "{strategy:?}: the worker cached blocks");
+        assert!(
+            pool.snapshot().iter().flat_map(|s| &s.blocks).any(|b| b.2 == vrampool_core::BlockState::Cached),
+            "{strategy:?}: the worker cached blocks"
+        );
         pool.trim().unwrap();
         assert_eq!(pool.stats().reserved_bytes.current, 0, "{strategy:?}: the idle worker's cached blocks went back");
         assert_eq!(dev.counters().used, 0);

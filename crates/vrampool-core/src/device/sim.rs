@@ -129,11 +129,7 @@ impl SimDevice {
             capacity,
             mode,
             vm_granularity: Some(2 * MIB),
-            state: Mutex::new(State {
-                next_address: ADDRESS_ONLY_BASE,
-                auto_complete: true,
-                ..State::default()
-            }),
+            state: Mutex::new(State { next_address: ADDRESS_ONLY_BASE, auto_complete: true, ..State::default() }),
         }
     }
 
@@ -364,11 +360,7 @@ impl Device for SimDevice {
             return Err(DeviceError::InjectedFault("map"));
         }
         let end = addr.checked_add(size).ok_or_else(|| DeviceError::Driver("map range overflows".into()))?;
-        let in_reservation = state
-            .reservations
-            .range(..=addr)
-            .next_back()
-            .is_some_and(|(&base, range)| end <= base + range.size);
+        let in_reservation = state.reservations.range(..=addr).next_back().is_some_and(|(&base, range)| end <= base + range.size);
         let overlaps = state.mappings.range(..end).next_back().is_some_and(|(&start, &len)| start + len > addr);
         if size == 0 || addr % granularity != 0 || size % granularity != 0 || !in_reservation || overlaps {
             return Err(DeviceError::Driver(format!("bad map of {addr:#x}+{size}")));

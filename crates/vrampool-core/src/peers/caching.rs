@@ -71,8 +71,13 @@ impl Default for TorchOptions {
 }
 
 impl TorchOptions {
-    pub const KEYS: [&'static str; 5] =
-        ["max_split_size_mb", "max_non_split_rounding_mb", "roundup_power2_divisions", "garbage_collection_threshold", "expandable_segments"];
+    pub const KEYS: [&'static str; 5] = [
+        "max_split_size_mb",
+        "max_non_split_rounding_mb",
+        "roundup_power2_divisions",
+        "garbage_collection_threshold",
+        "expandable_segments",
+    ];
 
     /// None for an unknown key; limits as `AllocatorConfig::parse*` checks them.
     pub(super) fn apply(&mut self, key: &str, value: &str) -> Option<Result<(), String>> {
@@ -240,7 +245,11 @@ impl Caching {
     }
 
     fn page(&self, pool: u32) -> u64 {
-        if self.is_small(pool) { self.rules.pages.0 } else { self.rules.pages.1 }
+        if self.is_small(pool) {
+            self.rules.pages.0
+        } else {
+            self.rules.pages.1
+        }
     }
 
     /// `round_size`: 512 B multiples, or the next of `divisions` steps per power of two when the
@@ -491,12 +500,8 @@ impl Caching {
         }
         let target = self.figures.reserved - threshold;
         let clock = self.free_block_calls[1];
-        let mut freeable: Vec<u32> = self
-            .blocks
-            .all_free()
-            .into_iter()
-            .filter(|&n| !self.is_small(self.blocks.node(n).pool) && self.blocks.is_whole(n))
-            .collect();
+        let mut freeable: Vec<u32> =
+            self.blocks.all_free().into_iter().filter(|&n| !self.is_small(self.blocks.node(n).pool) && self.blocks.is_whole(n)).collect();
         let age = |list: &BlockList, n: u32| clock - list.node(n).aux;
         let mut total_age: u64 = freeable.iter().map(|&n| age(&self.blocks, n)).sum();
         let mut reclaimed = 0u64;
@@ -542,7 +547,11 @@ fn roundup_power2_next_division(size: u64, divisions: u64) -> u64 {
         return floor << 1;
     }
     let rounded = size & !(step - 1);
-    if rounded == size { size } else { rounded + step }
+    if rounded == size {
+        size
+    } else {
+        rounded + step
+    }
 }
 
 impl PeerModel for Caching {
@@ -788,7 +797,8 @@ mod tests {
         let a = model.allocate(3 * MIB, 0).unwrap();
         let b = model.allocate(512, 0).unwrap();
         assert_eq!((b, model.figures().reserved), (a + 3 * MIB, 4 * MIB));
-        let mut trimmed = Caching::driver_async(AsyncOptions { release_threshold: 0 }, Arc::new(SimDevice::new(GIB, SimMode::AddressOnly)), None);
+        let mut trimmed =
+            Caching::driver_async(AsyncOptions { release_threshold: 0 }, Arc::new(SimDevice::new(GIB, SimMode::AddressOnly)), None);
         let a = trimmed.allocate(6 * MIB, 0).unwrap();
         trimmed.free(a).unwrap();
         assert_eq!(trimmed.figures().reserved, 0, "a threshold of 0 gives every free page back");

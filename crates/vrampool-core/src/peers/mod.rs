@@ -118,8 +118,9 @@ impl PeerConfig {
 
     /// The model called `name` with `conf` (`key:value` pairs separated by commas) applied.
     pub fn parse(name: &str, conf: &str) -> Result<Self, PoolError> {
-        let mut config = Self::named(name)
-            .ok_or_else(|| PoolError::InvalidConfig(format!("unknown allocator model `{name}` (choose one of {})", PEER_NAMES.join(", "))))?;
+        let mut config = Self::named(name).ok_or_else(|| {
+            PoolError::InvalidConfig(format!("unknown allocator model `{name}` (choose one of {})", PEER_NAMES.join(", ")))
+        })?;
         for (key, value) in pairs(conf)? {
             let applied = match &mut config {
                 Self::Torch(o) => o.apply(&key, &value),
@@ -251,7 +252,11 @@ mod tests {
             assert!(!PeerConfig::keys(name).unwrap().is_empty());
         }
         assert!(PeerConfig::named("jemalloc").is_none());
-        let torch = PeerConfig::parse("torch", "max_split_size_mb:256, roundup_power2_divisions:[256:1,512:2,>:4],garbage_collection_threshold:0.6").unwrap();
+        let torch = PeerConfig::parse(
+            "torch",
+            "max_split_size_mb:256, roundup_power2_divisions:[256:1,512:2,>:4],garbage_collection_threshold:0.6",
+        )
+        .unwrap();
         let PeerConfig::Torch(o) = torch else { panic!() };
         assert_eq!(o.max_split_size, 256 * MIB);
         assert!((o.garbage_collection_threshold - 0.6).abs() < 1e-12);
@@ -263,7 +268,12 @@ mod tests {
     #[test]
     fn unknown_and_bad_options_are_errors_that_say_what_is_valid() {
         let err = PeerConfig::parse("torch", "small_max:64KB").unwrap_err().to_string();
-        assert!(err.contains("torch has no option `small_max`") && err.contains("max_split_size_mb") && err.contains("garbage_collection_threshold"), "{err}");
+        assert!(
+            err.contains("torch has no option `small_max`")
+                && err.contains("max_split_size_mb")
+                && err.contains("garbage_collection_threshold"),
+            "{err}"
+        );
         let err = PeerConfig::parse("rmm", "max_split_size_mb:100").unwrap_err().to_string();
         assert!(err.contains("initial_pool_size, maximum_pool_size"), "{err}");
         for (name, conf) in [

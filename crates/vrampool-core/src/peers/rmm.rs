@@ -58,7 +58,15 @@ impl Rmm {
     /// `initialize_pool`: the initial block goes to the default stream's free list.
     pub fn new(options: RmmOptions, device: Arc<dyn Device>, capacity: Option<u64>) -> Self {
         let initial = options.initial_pool_size.unwrap_or_else(|| capacity.map_or(0, |c| round_up(c / 2, ALIGNMENT).unwrap_or(c)));
-        let mut rmm = Self { device, maximum: options.maximum_pool_size, blocks: BlockList::default(), streams: vec![0], pool_size: 0, figures: Figures::default(), broken: false };
+        let mut rmm = Self {
+            device,
+            maximum: options.maximum_pool_size,
+            blocks: BlockList::default(),
+            streams: vec![0],
+            pool_size: 0,
+            figures: Figures::default(),
+            broken: false,
+        };
         if initial > 0 {
             rmm.broken = rmm.maximum.is_some_and(|m| initial > m) || rmm.try_to_expand(initial, initial, 0).is_none();
         }
@@ -80,7 +88,11 @@ impl Rmm {
         match self.maximum {
             Some(maximum) => {
                 let remaining = round_up(maximum.saturating_sub(self.pool_size), ALIGNMENT).unwrap_or(u64::MAX);
-                if size <= remaining { size.max(remaining / 2) } else { 0 }
+                if size <= remaining {
+                    size.max(remaining / 2)
+                } else {
+                    0
+                }
             }
             None => size.max(self.pool_size),
         }
@@ -168,7 +180,11 @@ mod tests {
     use crate::sizes::{GIB, MIB};
 
     fn rmm(initial: Option<u64>, maximum: Option<u64>, capacity: u64) -> Rmm {
-        Rmm::new(RmmOptions { initial_pool_size: initial, maximum_pool_size: maximum }, Arc::new(SimDevice::new(capacity, SimMode::AddressOnly)), Some(capacity))
+        Rmm::new(
+            RmmOptions { initial_pool_size: initial, maximum_pool_size: maximum },
+            Arc::new(SimDevice::new(capacity, SimMode::AddressOnly)),
+            Some(capacity),
+        )
     }
 
     #[test]

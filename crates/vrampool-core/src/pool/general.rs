@@ -403,7 +403,9 @@ impl PoolCore {
         let cap = self.capacity();
         match self.config.padded(size) {
             Some(rounded) if rounded > cap => Err(PoolError::InvalidSize { size, reason: "larger than the pool may ever reserve" }),
-            Some(rounded) if rounded > MAX_REQUEST => Err(PoolError::InvalidSize { size, reason: "larger than one block can be (128 TiB)" }),
+            Some(rounded) if rounded > MAX_REQUEST => {
+                Err(PoolError::InvalidSize { size, reason: "larger than one block can be (128 TiB)" })
+            }
             Some(rounded) => Ok(rounded),
             None => Err(PoolError::InvalidSize { size, reason: "larger than the pool may ever reserve" }),
         }

@@ -126,7 +126,12 @@ impl PoolCore {
             for (index, tier) in arena.tiers.iter().enumerate() {
                 let tier_index = index as u8;
                 let strategy = tier.lock();
-                spares.extend(strategy.free_segments().into_iter().map(|range| Spare { stream, tier: tier_index, range, reservation: None }));
+                spares.extend(strategy.free_segments().into_iter().map(|range| Spare {
+                    stream,
+                    tier: tier_index,
+                    range,
+                    reservation: None,
+                }));
                 let Some(vm) = self.vm.as_ref().filter(|vm| vm.tier == tier_index) else { continue };
                 let grows = growing == Some((stream, tier_index));
                 vm.with_arena(stream, |vm_arena| {

@@ -21,7 +21,8 @@ impl PoolCore {
             for tier in arena.tiers.iter() {
                 let strategy = tier.lock();
                 for (segment, blocks) in strategy.snapshot() {
-                    let expandable = reservations.iter().any(|&(s, base, size)| s == arena.stream && segment.base >= base && segment.base - base < size);
+                    let expandable =
+                        reservations.iter().any(|&(s, base, size)| s == arena.stream && segment.base >= base && segment.base - base < size);
                     let blocks = blocks
                         .iter()
                         .map(|&BlockInfo { addr, size, allocated }| {
@@ -34,7 +35,14 @@ impl PoolCore {
                             (addr, size, state)
                         })
                         .collect();
-                    out.push(SegmentSnapshot { stream: arena.stream, strategy: strategy.name(), base: segment.base, size: segment.size, expandable, blocks });
+                    out.push(SegmentSnapshot {
+                        stream: arena.stream,
+                        strategy: strategy.name(),
+                        base: segment.base,
+                        size: segment.size,
+                        expandable,
+                        blocks,
+                    });
                 }
             }
         });

@@ -26,23 +26,23 @@ use crate::arena::Arena;
 use crate::cache_class::{cache_class, class_tag, thread_class_table, ThreadClass};
 use crate::config::{Limit, PoolConfig, Scrub};
 use crate::device::{Device, EventId, StreamId};
-use crate::live_table::{LiveBlock, LiveTable, Removal};
 use crate::error::{DeviceError, InvalidFreeReason, OomReport, PoolError, Result};
+use crate::event_log::{EventKind, EventLog, LogEvent};
 use crate::expandable::{pieces, Expandable, Reservation, PIECES_PER_HIGH_WATER};
 use crate::fast_gate::FastGate;
-use crate::event_log::{EventKind, EventLog, LogEvent};
+use crate::live_table::{LiveBlock, LiveTable, Removal};
 use crate::sizes::{class_size, classes_up_to, round_up, MAX_REQUEST, MIN_BLOCK};
 use crate::stats::{Counters, Fast, Stats};
-use crate::thread_cache::{self, CacheOfThread, CacheOwner, PoolCache, PoolHandle, HOME_STREAM};
 use crate::strategy::{BestFit, BestFitConfig, Block, BlockInfo, Buddy, BuddyConfig, Segment, Slab, SlabConfig, Strategy, StrategyKind};
+use crate::thread_cache::{self, CacheOfThread, CacheOwner, PoolCache, PoolHandle, HOME_STREAM};
 
 type FastMap<K, V> = papaya::HashMap<K, V, FixedState>;
 
 mod general;
-mod stream_order;
 mod growth;
-mod vm;
 mod introspection;
+mod stream_order;
+mod vm;
 
 /// A growth past the high-water mark gives back only what it needs while the pool would reserve
 /// less than a `DRIFT_DIVISOR`th more than it did when live memory last peaked; past that it
@@ -79,7 +79,9 @@ pub struct LiveBlockInfo {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BlockState {
     /// Handed out and not freed.
-    Active { requested: u64 },
+    Active {
+        requested: u64,
+    },
     /// Freed, waiting for another stream's work to pass it.
     PendingFree,
     /// Freed and cached on the fast path.

@@ -28,7 +28,8 @@ impl PoolCore {
             self.give_back(addr, block, true);
             return Ok(());
         }
-        let counts = [(Fast::AllocatedOut, block.size), (Fast::RequestedOut, block.requested), (Fast::BlocksOut, 1), (Fast::PendingIn, block.size)];
+        let counts =
+            [(Fast::AllocatedOut, block.size), (Fast::RequestedOut, block.requested), (Fast::BlocksOut, 1), (Fast::PendingIn, block.size)];
         self.count(&counts, 0);
         self.defer_free(addr, block, events);
         Ok(())

@@ -16,7 +16,8 @@ impl PoolCore {
                 return Ok(false);
             }
             let unmapped = |r: &Reservation, range: Segment| r.gaps(range).iter().map(|g| g.size).sum::<u64>();
-            let plans: Vec<_> = arena.reservations.iter().map(|r| strategy.plan_growth(r.base, rounded, unit, &|range| unmapped(r, range))).collect();
+            let plans: Vec<_> =
+                arena.reservations.iter().map(|r| strategy.plan_growth(r.base, rounded, unit, &|range| unmapped(r, range))).collect();
             // The cheapest hole to map again, in any range.
             let mut hole: Option<(usize, Segment, u64)> = None;
             for (i, h) in plans.iter().enumerate().filter_map(|(i, p)| Some((i, p.as_ref()?.hole?))) {
@@ -58,7 +59,11 @@ impl PoolCore {
                         }
                     }
                     let Some(grow) = round_up(rounded, unit) else { return Ok(false) };
-                    (arena.reservations.len() - 1, Segment { base: arena.reservations[arena.reservations.len() - 1].base, size: grow }, false)
+                    (
+                        arena.reservations.len() - 1,
+                        Segment { base: arena.reservations[arena.reservations.len() - 1].base, size: grow },
+                        false,
+                    )
                 }
             };
             let r = &mut arena.reservations[i];
@@ -110,7 +115,12 @@ impl PoolCore {
 
     /// Unmaps `mappings` (whole mappings of `r`); returns the bytes given back, the mappings that
     /// failed to unmap (they stay mapped and counted) and the first error.
-    pub(super) fn unmap_ranges(&self, r: &mut Reservation, mappings: Vec<Segment>, stream: StreamId) -> (u64, Vec<Segment>, Option<DeviceError>) {
+    pub(super) fn unmap_ranges(
+        &self,
+        r: &mut Reservation,
+        mappings: Vec<Segment>,
+        stream: StreamId,
+    ) -> (u64, Vec<Segment>, Option<DeviceError>) {
         let (mut bytes, mut kept, mut first_error) = (0, Vec::new(), None);
         for m in mappings {
             self.counters.num_device_free.fetch_add(1, Relaxed);
@@ -139,13 +149,20 @@ impl PoolCore {
     /// mapped is unreserved. A mapping that fails to unmap stays mapped, as free space. Runs
     /// under the tier's strategy lock, device calls included: a growth could otherwise take
     /// memory as mapped while it is unmapped.
-    pub(super) fn unmap_spares(&self, vm: &Expandable, strategy: &mut dyn Strategy, stream: StreamId, chosen: &[Spare]) -> (u64, Option<DeviceError>) {
+    pub(super) fn unmap_spares(
+        &self,
+        vm: &Expandable,
+        strategy: &mut dyn Strategy,
+        stream: StreamId,
+        chosen: &[Spare],
+    ) -> (u64, Option<DeviceError>) {
         vm.with_arena(stream, |arena| {
             let (mut bytes, mut first_error) = (0, None);
             arena.reservations.retain_mut(|r| {
                 let end = r.base + r.extent;
                 // Another give-back may have unmapped a spare since it was chosen.
-                let mine: Vec<Segment> = chosen.iter().filter(|s| s.reservation == Some(r.base) && r.has_mapping(s.range)).map(|s| s.range).collect();
+                let mine: Vec<Segment> =
+                    chosen.iter().filter(|s| s.reservation == Some(r.base) && r.has_mapping(s.range)).map(|s| s.range).collect();
                 if mine.is_empty() {
                     r.extent -= strategy.cut_unmapped_tail(r.base);
                     return true;

@@ -40,8 +40,7 @@ mod tests {
     fn addr_hasher_spreads_aligned_addresses() {
         use std::hash::BuildHasher;
         let build = BuildHasherDefault::<AddrHasher>::default();
-        let buckets: std::collections::HashSet<u64> =
-            (0..1024u64).map(|i| build.hash_one(GIB + i * 2 * MIB) & 1023).collect();
+        let buckets: std::collections::HashSet<u64> = (0..1024u64).map(|i| build.hash_one(GIB + i * 2 * MIB) & 1023).collect();
         assert!(buckets.len() > 500, "{}", buckets.len());
     }
 }

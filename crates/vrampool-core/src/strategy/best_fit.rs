@@ -402,15 +402,7 @@ impl Strategy for BestFit {
         if size == 0 || self.segments.range(..end).next_back().is_some_and(|(&b, &(s, _))| b + s > base) {
             return;
         }
-        let head = self.new_node(Node {
-            addr: base,
-            size,
-            prev: NIL,
-            next: NIL,
-            bin_prev: NIL,
-            bin_next: NIL,
-            allocated: false,
-        });
+        let head = self.new_node(Node { addr: base, size, prev: NIL, next: NIL, bin_prev: NIL, bin_next: NIL, allocated: false });
         self.segments.insert(base, (size, head));
         self.file(head);
         self.reserved += size;
@@ -424,15 +416,7 @@ impl Strategy for BestFit {
         let rest = range_size - size;
         if rest >= self.min_split_remainder {
             // Hand out the low part in place; the rest becomes a free node right after it.
-            let tail = self.new_node(Node {
-                addr: addr + size,
-                size: rest,
-                prev: i,
-                next,
-                bin_prev: NIL,
-                bin_next: NIL,
-                allocated: false,
-            });
+            let tail = self.new_node(Node { addr: addr + size, size: rest, prev: i, next, bin_prev: NIL, bin_next: NIL, allocated: false });
             if next != NIL {
                 self.node_mut(next).prev = tail;
             }
@@ -687,10 +671,7 @@ impl Strategy for BestFit {
     fn usage(&self) -> Usage {
         // The top non-empty bin holds the largest range: its last entry in `crowded` (no higher
         // bin has ranges), or else found by a scan.
-        let top = (0..BITMAP_WORDS)
-            .rev()
-            .find(|&w| self.bitmap[w] != 0)
-            .map(|w| w * 64 + 63 - self.bitmap[w].leading_zeros() as usize);
+        let top = (0..BITMAP_WORDS).rev().find(|&w| self.bitmap[w] != 0).map(|w| w * 64 + 63 - self.bitmap[w].leading_zeros() as usize);
         let mut largest_free = 0;
         let mut i = top.map_or(NIL, |bin| self.bin_heads[bin]);
         if top.is_some_and(|bin| self.is_crowded(bin)) {

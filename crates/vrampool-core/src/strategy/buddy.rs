@@ -41,8 +41,6 @@ impl Default for BuddyConfig {
     }
 }
 
-
-
 /// Dedicated segments (requests above 2^max_order) are rounded up to this, as the device's
 /// allocation granularity usually is.
 const DEDICATED_ROUNDING: u64 = 2 * MIB;
@@ -407,9 +405,7 @@ impl Strategy for Buddy {
         // A segment that is empty, wraps around, overlaps one held or is below the smallest
         // block is ignored: taking it would corrupt the address bookkeeping or serve nothing.
         let Some(end) = base.checked_add(size) else { return };
-        if size < 1 << self.min_order
-            || self.segments.range(..end).next_back().is_some_and(|(&b, &(s, _))| b + s > base)
-        {
+        if size < 1 << self.min_order || self.segments.range(..end).next_back().is_some_and(|(&b, &(s, _))| b + s > base) {
             return;
         }
         self.reserved += size;
@@ -464,7 +460,11 @@ impl Strategy for Buddy {
     }
 
     fn free_segments(&self) -> Vec<Segment> {
-        self.segments.iter().filter(|&(&base, &(size, slot))| self.wholly_free(base, size, slot)).map(|(&base, &(size, _))| Segment { base, size }).collect()
+        self.segments
+            .iter()
+            .filter(|&(&base, &(size, slot))| self.wholly_free(base, size, slot))
+            .map(|(&base, &(size, _))| Segment { base, size })
+            .collect()
     }
 
     fn release_segments(&mut self, segments: &[Segment]) -> Vec<Segment> {
@@ -507,8 +507,7 @@ impl Strategy for Buddy {
     }
 
     fn snapshot(&self) -> Vec<(Segment, Vec<BlockInfo>)> {
-        let mut blocks: Vec<BlockInfo> =
-            self.live.iter().map(|(&addr, l)| BlockInfo { addr, size: l.size, allocated: true }).collect();
+        let mut blocks: Vec<BlockInfo> = self.live.iter().map(|(&addr, l)| BlockInfo { addr, size: l.size, allocated: true }).collect();
         for seg in self.slots.iter().flatten() {
             for (i, set) in seg.free.iter().enumerate() {
                 let order = i as u32 + self.min_order;

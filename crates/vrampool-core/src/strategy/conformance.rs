@@ -119,8 +119,7 @@ impl<S: Strategy> Model<S> {
                         a + MIN_BLOCK * (1 + (pick >> 20) % (s / MIN_BLOCK - 1))
                     }
                     2 if !self.segments.is_empty() => {
-                        let (&b, &s) =
-                            self.segments.iter().nth(pick as usize % self.segments.len()).expect("non-empty");
+                        let (&b, &s) = self.segments.iter().nth(pick as usize % self.segments.len()).expect("non-empty");
                         b + MIN_BLOCK * ((pick >> 20) % (s / MIN_BLOCK))
                     }
                     _ => pick,

@@ -132,8 +132,7 @@ impl Slab {
         let base = self.space.allocate(class.slab_size)?.addr;
         let capacity = (class.slab_size / class.size) as u32;
         let partial_pos = class.partial.len() as u32;
-        let mut rec =
-            SlabRec { base, class: ci as u32, capacity, bump: 0, free_slots: Vec::new(), live: 0, partial_pos };
+        let mut rec = SlabRec { base, class: ci as u32, capacity, bump: 0, free_slots: Vec::new(), live: 0, partial_pos };
         let s = match self.spare.pop() {
             Some(s) => {
                 let old = &mut self.slabs[s as usize];
@@ -255,11 +254,7 @@ impl Strategy for Slab {
         let largest_free = if space.largest_free > self.max_size {
             space.largest_free
         } else {
-            self.classes
-                .iter()
-                .rev()
-                .find(|c| !c.partial.is_empty() || c.slab_size <= space.largest_free)
-                .map_or(0, |c| c.size)
+            self.classes.iter().rev().find(|c| !c.partial.is_empty() || c.slab_size <= space.largest_free).map_or(0, |c| c.size)
         };
         Usage {
             reserved: space.reserved,

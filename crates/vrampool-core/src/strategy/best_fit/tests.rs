@@ -75,10 +75,7 @@ fn splits_and_merges_both_sides() {
     assert_eq!(b.usage().allocated, 69 * KIB);
     b.free(x.addr).unwrap();
     b.free(z.addr).unwrap();
-    assert_eq!(
-        b.snapshot()[0].1,
-        vec![info(0, 64 * KIB, false), info(64 * KIB, KIB, true), info(65 * KIB, 2 * MIB - 65 * KIB, false)]
-    );
+    assert_eq!(b.snapshot()[0].1, vec![info(0, 64 * KIB, false), info(64 * KIB, KIB, true), info(65 * KIB, 2 * MIB - 65 * KIB, false)]);
     assert_eq!(b.free(y.addr), Some(KIB));
     assert_eq!(b.snapshot()[0].1, vec![info(0, 2 * MIB, false)]);
     assert_eq!(b.nodes.len() - b.spare.len(), 1);
@@ -341,7 +338,10 @@ fn grow_segment_extends_the_free_tail_and_blocks_span_the_old_end() {
     let x = b.allocate(3 * MIB / 2).unwrap();
     assert!(b.allocate(MIB).is_none());
     assert!(b.grow_segment(64 * MIB, 2 * MIB));
-    assert_eq!(b.snapshot(), vec![(seg(64 * MIB, 4 * MIB), vec![info(x.addr, 3 * MIB / 2, true), info(x.addr + 3 * MIB / 2, 5 * MIB / 2, false)])]);
+    assert_eq!(
+        b.snapshot(),
+        vec![(seg(64 * MIB, 4 * MIB), vec![info(x.addr, 3 * MIB / 2, true), info(x.addr + 3 * MIB / 2, 5 * MIB / 2, false)])]
+    );
     let y = b.allocate(5 * MIB / 2).unwrap();
     assert_eq!(y.addr, 64 * MIB + 3 * MIB / 2, "one block across the old end");
     assert!(b.allocate(512).is_none());
@@ -450,7 +450,11 @@ fn free_chunks_inside_become_holes_that_map_back() {
     assert!(b.plan_growth(64 * MIB, MIB, U, &holes_cost).is_none(), "no segment there");
     // What a part of the hole costs to map decides between parts that fit.
     let high_is_mapped = |h: Segment| if h.base >= 4 * MIB { 0 } else { h.size };
-    assert_eq!(b.plan_growth(0, 3 * MIB, U, &high_is_mapped).unwrap().hole, Some(seg(4 * MIB, 2 * MIB)), "the high part, with the free range after it");
+    assert_eq!(
+        b.plan_growth(0, 3 * MIB, U, &high_is_mapped).unwrap().hole,
+        Some(seg(4 * MIB, 2 * MIB)),
+        "the high part, with the free range after it"
+    );
 
     assert!(!b.map_hole(seg(MIB, 2 * MIB)), "not inside a hole");
     assert!(!b.map_hole(seg(4 * MIB, 4 * MIB)), "runs past the hole");

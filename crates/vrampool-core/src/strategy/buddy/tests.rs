@@ -42,8 +42,7 @@ fn split_gives_lowest_address_and_power_of_two() {
 #[test]
 fn merges_back_to_one_segment() {
     let mut b = with_segment(0, 2 * MIB);
-    let blocks: Vec<_> =
-        [512, 1024, 64 * KIB, 512, 300 * KIB, 512 * KIB].iter().map(|&s| b.allocate(s).unwrap()).collect();
+    let blocks: Vec<_> = [512, 1024, 64 * KIB, 512, 300 * KIB, 512 * KIB].iter().map(|&s| b.allocate(s).unwrap()).collect();
     assert!(b.release_free_segments().is_empty());
     for blk in blocks.iter().rev() {
         assert_eq!(b.free(blk.addr), Some(blk.size));
