@@ -49,5 +49,7 @@ pub use error::PlanError;
 pub use exact::{exact_search, ExactOutcome};
 pub use greedy::{best_fit_decreasing, greedy_by_size};
 pub use plan::{decide, plan, Algorithm, Decision, Plan, PlanOptions};
-pub use synthetic::{llm_decoding_instance, llm_training_instance, packed_instance, random_instance};
+pub use synthetic::{
+    large_graph, llm_decoding_instance, llm_training_instance, packed_instance, random_instance, GraphFamily,
+};
 pub use validate::validate;
