@@ -34,6 +34,7 @@ mod buffer;
 mod csv;
 mod error;
 mod exact;
+mod floors;
 mod greedy;
 mod instance;
 mod placed_index;
