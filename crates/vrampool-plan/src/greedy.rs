@@ -102,6 +102,40 @@ mod tests {
         assert_eq!(validate(&buffers, &offsets, 1).unwrap(), 88);
     }
 
+    /// TFLite's greedy by size as written: every placed buffer scanned for each new one.
+    fn by_size_plainly(buffers: &[Buffer]) -> Vec<u64> {
+        let mut order: Vec<usize> = (0..buffers.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(buffers[i].size));
+        let mut offsets: Vec<Option<u64>> = vec![None; buffers.len()];
+        for &i in &order {
+            let b = &buffers[i];
+            let mut spans: Vec<(u64, u64)> = (0..buffers.len())
+                .filter_map(|j| {
+                    let o = offsets[j]?;
+                    (buffers[j].lower < b.upper && b.lower < buffers[j].upper).then_some((o, o + buffers[j].size))
+                })
+                .collect();
+            spans.sort_unstable();
+            let (mut top, mut best): (u64, Option<(u64, u64)>) = (0, None);
+            for (start, end) in spans {
+                if start > top && start - top >= b.size && best.is_none_or(|(gap, _)| start - top < gap) {
+                    best = Some((start - top, top));
+                }
+                top = top.max(end);
+            }
+            offsets[i] = Some(best.map_or(top, |(_, at)| at));
+        }
+        offsets.into_iter().map(|o| o.unwrap()).collect()
+    }
+
+    #[test]
+    fn the_index_finds_the_gaps_a_scan_of_every_placed_buffer_finds() {
+        for seed in 0..30 {
+            let buffers = crate::random_instance(400, seed);
+            assert_eq!(greedy_by_size(&buffers, 1).unwrap(), by_size_plainly(&buffers), "seed {seed}");
+        }
+    }
+
     #[test]
     fn offsets_are_aligned() {
         let buffers = [Buffer::new(0, 0, 4, 100), Buffer::new(1, 0, 4, 3), Buffer::new(2, 1, 2, 7)];
