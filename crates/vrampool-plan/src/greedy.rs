@@ -52,7 +52,8 @@ pub(crate) fn best_fit(inst: &Instance, index: &mut PlacedIndex, i: u32, spans: 
     let (lo, hi, size) = (inst.lo[i as usize], inst.hi[i as usize], inst.size[i as usize]);
     spans.clear();
     index.overlapping(lo, hi, spans);
-    spans.sort_unstable();
+    // The index gives a few sorted runs, which a stable sort merges.
+    spans.sort();
     // `top` is the highest byte used so far among the spans scanned; a span starting above it leaves a gap.
     let (mut top, mut best): (u64, Option<(u64, u64)>) = (0, None);
     for &(start, end) in spans.iter() {

@@ -14,7 +14,7 @@
 //! best fit among those placed, so a sweep always ends with a plan, on time. The first plan is a sweep with no
 //! windows at all, best fit in order of start (what a dynamic allocator replaying the run would do, and on a
 //! decoding run far better than greedy by size). Lowest floor first (`floors.rs`) follows, once per
-//! tie-break while it beats the best so far; on most graphs it ends within a few thousandths of the bound, where
+//! tie-break and direction of time while it beats the best so far; on most graphs it ends within a few thousandths of the bound, where
 //! the windows would begin a step above. Each sweep after it, with windows twice as wide as the last, stops as
 //! soon as it cannot beat the best so far.
 
@@ -60,12 +60,14 @@ pub(crate) fn sweeps(
         Pace { fit_seconds: fitting.elapsed().as_secs_f64() / order.len().max(1) as f64, window: Duration::ZERO };
     let by_start_arena = arena(&by_start);
     let mut best = (by_start_arena < ceiling).then_some((by_start, by_start_arena));
-    for tie_break in FLOOR_ORDERS {
+    // Time run backwards is another source of variety: a plan of the mirrored part is one of the part.
+    let mirrored = inst.mirrored();
+    for (tie_break, timeline) in FLOOR_ORDERS.into_iter().flat_map(|o| [(o, inst), (o, &mirrored)]) {
         let beat = best.as_ref().map_or(ceiling, |b| b.1).saturating_sub(1);
         if beat < target || Instant::now() >= deadline {
             break;
         }
-        if let Some(offsets) = lowest_floor_first(inst, &order, tie_break, beat, deadline) {
+        if let Some(offsets) = lowest_floor_first(timeline, &order, tie_break, beat, deadline) {
             let offsets: Vec<(u32, u64)> = order.iter().copied().zip(offsets).collect();
             let arena = arena(&offsets);
             best = Some((offsets, arena));
