@@ -52,27 +52,33 @@ const FAMILY_SEEDS: [u64; 3] = [1, 2, 3];
 /// decoding with KV caches grown by concatenation.
 fn large_graphs() -> Vec<(String, Vec<Buffer>)> {
     let families = GraphFamily::ALL.into_iter().flat_map(|family| {
-        FAMILY_SEEDS.map(|seed| (format!("{}-seed-{seed}", family.name()), large_graph(family, seed)))
+        FAMILY_SEEDS.map(|seed| {
+            (
+                format!("{}-seed-{seed}", family.name()),
+                large_graph(family, seed),
+            )
+        })
     });
-    families.chain([
-        (
-            "llm-training-64x10".into(),
-            llm_training_instance(64, 10, 4096, 1),
-        ),
-        (
-            "llm-training-96x20".into(),
-            llm_training_instance(96, 20, 4096, 2),
-        ),
-        (
-            "llm-decoding-24x120".into(),
-            llm_decoding_instance(24, 512, 120, 8192),
-        ),
-        (
-            "llm-decoding-32x150".into(),
-            llm_decoding_instance(32, 256, 150, 8192),
-        ),
-    ])
-    .collect()
+    families
+        .chain([
+            (
+                "llm-training-64x10".into(),
+                llm_training_instance(64, 10, 4096, 1),
+            ),
+            (
+                "llm-training-96x20".into(),
+                llm_training_instance(96, 20, 4096, 2),
+            ),
+            (
+                "llm-decoding-24x120".into(),
+                llm_decoding_instance(24, 512, 120, 8192),
+            ),
+            (
+                "llm-decoding-32x150".into(),
+                llm_decoding_instance(32, 256, 150, 8192),
+            ),
+        ])
+        .collect()
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
