@@ -225,3 +225,23 @@ fn search_window(
         rise = rise.saturating_add(rise / 2);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{random_instance, validate};
+
+    #[test]
+    fn best_fit_by_start_gives_way_to_the_deadline() {
+        let buffers = random_instance(3_000, 9);
+        let inst = Instance::new(&buffers, 1).unwrap();
+        let mut order: Vec<u32> = (0..inst.len() as u32).collect();
+        order.sort_unstable_by_key(|&i| (inst.lo[i as usize], i));
+        assert_eq!(fit_before(&inst, &order, Instant::now()), None);
+        let placed = fit_before(&inst, &order, Instant::now() + Duration::from_secs(60)).unwrap();
+        let mut offsets = vec![0; inst.len()];
+        placed.iter().for_each(|&(i, o)| offsets[i as usize] = o);
+        let arena = placed.iter().map(|&(i, o)| o + inst.size[i as usize]).max().unwrap();
+        assert_eq!(validate(&buffers, &offsets, 1).unwrap(), arena);
+    }
+}
