@@ -9,8 +9,9 @@
 //!
 //! The floor of a buffer is the highest point of the *skyline* (the top of the placed buffers at each
 //! moment) over its lifetime, a range maximum in a segment tree; floors only rise, so a heap keyed by floors
-//! read earlier yields the lowest one once its key is read again and found current. O(n log n) whatever the
-//! number of overlapping pairs.
+//! read earlier yields the lowest one once its key is read again and found current. Each read costs O(log n),
+//! but a buffer is read again each time the pile has risen under it since its last read: on a training step
+//! of 35,000 buffers, 17 million reads with longest first.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
