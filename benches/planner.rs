@@ -6,7 +6,8 @@
 //!   (`decide` at 1 MiB, MiniMalloc's own question; the median of three runs), and what `plan` gives in 5 s;
 //! - squares cut into rectangles (`packed_instance`), decided at their side: instances the search was not
 //!   tuned on;
-//! - the large graphs: arena / bound and time per algorithm;
+//! - the large graphs (three seeds of each family of `large_graph`, two training steps, two decoding runs, the
+//!   random instance): arena / bound and time per algorithm;
 //! - a table of arena and time per algorithm on every instance (the exact search with a 5 s budget);
 //!
 //! then runs criterion with a 1 s budget, so that an instance whose lower bound is out of reach costs 1 s an
@@ -18,8 +19,8 @@ use std::time::Duration;
 
 use criterion::Criterion;
 use vrampool_plan::{
-    decide, llm_decoding_instance, llm_training_instance, packed_instance, plan, random_instance, read_csv, Algorithm, Buffer, Decision,
-    PlanOptions,
+    decide, large_graph, llm_decoding_instance, llm_training_instance, packed_instance, plan, random_instance, read_csv, Algorithm, Buffer,
+    Decision, GraphFamily, PlanOptions,
 };
 
 /// Columns of the table and criterion's functions, in this order.
@@ -32,14 +33,23 @@ const BEST_KNOWN: u64 = 1 << 20;
 /// `--capacity=1048576` (issue 19's figures).
 const MINIMALLOC_SECONDS: [(&str, f64); 6] = [("A", 7.4), ("B", 4.7), ("C", 0.9), ("D", 4.4), ("E", 6.8), ("F", 9.8)];
 
-/// The large graphs: a training step over micro-batches, and decoding with KV caches grown by concatenation.
+/// Seeds of each family of `large_graph` in the large graphs' table.
+const FAMILY_SEEDS: [u64; 3] = [1, 2, 3];
+
+/// The large graphs: seeds of every family of `large_graph`, then a training step over micro-batches and
+/// decoding with KV caches grown by concatenation.
 fn large_graphs() -> Vec<(String, Vec<Buffer>)> {
-    vec![
-        ("llm-training-64x10".into(), llm_training_instance(64, 10, 4096, 1)),
-        ("llm-training-96x20".into(), llm_training_instance(96, 20, 4096, 2)),
-        ("llm-decoding-24x120".into(), llm_decoding_instance(24, 512, 120, 8192)),
-        ("llm-decoding-32x150".into(), llm_decoding_instance(32, 256, 150, 8192)),
-    ]
+    let families = GraphFamily::ALL
+        .into_iter()
+        .flat_map(|family| FAMILY_SEEDS.map(|seed| (format!("{}-seed-{seed}", family.name()), large_graph(family, seed))));
+    families
+        .chain([
+            ("llm-training-64x10".into(), llm_training_instance(64, 10, 4096, 1)),
+            ("llm-training-96x20".into(), llm_training_instance(96, 20, 4096, 2)),
+            ("llm-decoding-24x120".into(), llm_decoding_instance(24, 512, 120, 8192)),
+            ("llm-decoding-32x150".into(), llm_decoding_instance(32, 256, 150, 8192)),
+        ])
+        .collect()
 }
 
 fn median(mut values: Vec<f64>) -> f64 {

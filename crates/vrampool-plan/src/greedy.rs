@@ -52,7 +52,8 @@ pub(crate) fn best_fit(inst: &Instance, index: &mut PlacedIndex, i: u32, spans: 
     let (lo, hi, size) = (inst.lo[i as usize], inst.hi[i as usize], inst.size[i as usize]);
     spans.clear();
     index.overlapping(lo, hi, spans);
-    spans.sort_unstable();
+    // The index gives a few sorted runs, which a stable sort merges.
+    spans.sort();
     // `top` is the highest byte used so far among the spans scanned; a span starting above it leaves a gap.
     let (mut top, mut best): (u64, Option<(u64, u64)>) = (0, None);
     for &(start, end) in spans.iter() {
@@ -100,6 +101,40 @@ mod tests {
         let offsets = greedy_by_size(&buffers, 1).unwrap();
         assert_eq!(offsets, vec![0, 0, 50, 0, 80, 40, 45]);
         assert_eq!(validate(&buffers, &offsets, 1).unwrap(), 88);
+    }
+
+    /// TFLite's greedy by size as written: every placed buffer scanned for each new one.
+    fn by_size_plainly(buffers: &[Buffer]) -> Vec<u64> {
+        let mut order: Vec<usize> = (0..buffers.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(buffers[i].size));
+        let mut offsets: Vec<Option<u64>> = vec![None; buffers.len()];
+        for &i in &order {
+            let b = &buffers[i];
+            let mut spans: Vec<(u64, u64)> = (0..buffers.len())
+                .filter_map(|j| {
+                    let o = offsets[j]?;
+                    (buffers[j].lower < b.upper && b.lower < buffers[j].upper).then_some((o, o + buffers[j].size))
+                })
+                .collect();
+            spans.sort_unstable();
+            let (mut top, mut best): (u64, Option<(u64, u64)>) = (0, None);
+            for (start, end) in spans {
+                if start > top && start - top >= b.size && best.is_none_or(|(gap, _)| start - top < gap) {
+                    best = Some((start - top, top));
+                }
+                top = top.max(end);
+            }
+            offsets[i] = Some(best.map_or(top, |(_, at)| at));
+        }
+        offsets.into_iter().map(|o| o.unwrap()).collect()
+    }
+
+    #[test]
+    fn the_index_finds_the_gaps_a_scan_of_every_placed_buffer_finds() {
+        for seed in 0..30 {
+            let buffers = crate::random_instance(400, seed);
+            assert_eq!(greedy_by_size(&buffers, 1).unwrap(), by_size_plainly(&buffers), "seed {seed}");
+        }
     }
 
     #[test]

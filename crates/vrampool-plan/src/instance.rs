@@ -36,8 +36,41 @@ impl Instance {
         self.size.len()
     }
 
+    /// The same buffers with time running backwards: a plan of one is a plan of the other.
+    pub fn mirrored(&self) -> Instance {
+        let last = self.segments as u32;
+        Instance {
+            size: self.size.clone(),
+            length: self.length.clone(),
+            lo: self.hi.iter().map(|&hi| last - hi).collect(),
+            hi: self.lo.iter().map(|&lo| last - lo).collect(),
+            segments: self.segments,
+        }
+    }
+
     /// Lifetime length in segments (the heuristics' tie-break).
     pub fn span(&self, i: usize) -> u32 {
         self.hi[i] - self.lo[i]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::random_instance;
+
+    #[test]
+    fn mirrored_buffers_overlap_as_the_originals_do() {
+        let buffers = random_instance(300, 5);
+        let (inst, back) = (Instance::new(&buffers, 1).unwrap(), Instance::new(&buffers, 1).unwrap().mirrored());
+        let overlap = |inst: &Instance, i: usize, j: usize| inst.lo[i] < inst.hi[j] && inst.lo[j] < inst.hi[i];
+        for i in 0..buffers.len() {
+            assert!(back.lo[i] < back.hi[i] && back.hi[i] as usize <= back.segments);
+            assert_eq!(back.hi[i] - back.lo[i], inst.span(i));
+            for j in 0..buffers.len() {
+                assert_eq!(overlap(&inst, i, j), overlap(&back, i, j), "{i} {j}");
+            }
+        }
+        assert_eq!((back.size, back.length), (inst.size, inst.length));
     }
 }

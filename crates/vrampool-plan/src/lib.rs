@@ -36,6 +36,7 @@ mod buffer;
 mod csv;
 mod error;
 mod exact;
+mod floors;
 mod greedy;
 mod instance;
 mod mode;
@@ -53,5 +54,7 @@ pub use error::PlanError;
 pub use exact::{exact_search, ExactOutcome};
 pub use greedy::{best_fit_decreasing, greedy_by_size};
 pub use plan::{decide, plan, Algorithm, Decision, Plan, PlanOptions};
-pub use synthetic::{llm_decoding_instance, llm_training_instance, packed_instance, random_instance};
+pub use synthetic::{
+    large_graph, llm_decoding_instance, llm_training_instance, packed_instance, random_instance, GraphFamily,
+};
 pub use validate::validate;

@@ -81,12 +81,17 @@ impl Component {
     pub fn new(inst: &Instance, part: &[u32]) -> Component {
         let mut members = part.to_vec();
         members.sort_by_key(|&i| (inst.lo[i as usize], i));
-        let base = members.iter().map(|&i| inst.lo[i as usize]).min().unwrap_or(0);
-        let sections = members.iter().map(|&i| inst.hi[i as usize] - base).max().unwrap_or(0) as usize;
+        // Sections between the members' own starts and ends: a window of a large part spans many segments of
+        // the instance that none of its members begins or ends at.
+        let mut times: Vec<u32> = members.iter().flat_map(|&i| [inst.lo[i as usize], inst.hi[i as usize]]).collect();
+        times.sort_unstable();
+        times.dedup();
+        let at = |t: u32| times.binary_search(&t).expect("a member's time") as u32;
+        let sections = times.len().saturating_sub(1);
         let size: Vec<u64> = members.iter().map(|&i| inst.size[i as usize]).collect();
         let length: Vec<u64> = members.iter().map(|&i| inst.length[i as usize]).collect();
-        let lo: Vec<u32> = members.iter().map(|&i| inst.lo[i as usize] - base).collect();
-        let hi: Vec<u32> = members.iter().map(|&i| inst.hi[i as usize] - base).collect();
+        let lo: Vec<u32> = members.iter().map(|&i| at(inst.lo[i as usize])).collect();
+        let hi: Vec<u32> = members.iter().map(|&i| at(inst.hi[i as usize])).collect();
 
         let n = members.len();
         let mut neighbors = vec![Vec::new(); n];
@@ -137,10 +142,9 @@ impl Component {
     pub fn lift(&self, i: usize, at: u64) -> u64 {
         let Some(ranges) = self.obstacles.get(i) else { return at };
         let mut at = at;
-        for &(start, end) in ranges {
-            if end <= at {
-                continue;
-            }
+        // The ranges are sorted and disjoint: skip those ending at or below `at`.
+        let first = ranges.partition_point(|&(_, end)| end <= at);
+        for &(start, end) in &ranges[first..] {
             if start >= at + self.size[i] {
                 break;
             }
@@ -178,25 +182,44 @@ impl Component {
     /// Sorts buffers by `order`, with `tight` as each buffer's T key. Ties go by index, so buffers of the same
     /// lifetime and size keep one relative order under every order and every T (the twins rule needs that).
     pub fn sort_by(&self, order: Order, items: &mut [u32], tight: impl Fn(usize) -> u64) {
-        let area = |i: usize| self.size[i] as u128 * self.length[i] as u128;
+        order.sort(items, |i| Traits {
+            size: self.size[i],
+            length: self.length[i],
+            lo: self.lo[i],
+            hi: self.hi[i],
+            tight: tight(i),
+        });
+    }
+}
+
+/// What the orders compare of a buffer.
+pub(crate) struct Traits {
+    pub size: u64,
+    /// Lifetime length in the input's time units.
+    pub length: u64,
+    pub lo: u32,
+    pub hi: u32,
+    /// The T key: the most bytes live at a moment of its lifetime.
+    pub tight: u64,
+}
+
+impl Order {
+    /// Sorts buffers (indices) by this order, ties by index.
+    pub fn sort(self, items: &mut [u32], traits: impl Fn(usize) -> Traits) {
         use std::cmp::Reverse as R;
-        let (length, lo, hi, size) = (&self.length, &self.lo, &self.hi, &self.size);
-        match order {
-            Order::Twa => items.sort_by_cached_key(|&i| {
-                let i = i as usize;
-                (R(tight(i)), R(length[i]), R(area(i)), i)
-            }),
-            Order::Taw => items.sort_by_cached_key(|&i| {
-                let i = i as usize;
-                (R(tight(i)), R(area(i)), R(length[i]), i)
-            }),
-            Order::Wat => items.sort_by_cached_key(|&i| {
-                let i = i as usize;
-                (R(length[i]), R(area(i)), R(tight(i)), i)
-            }),
-            Order::Time => items.sort_by_key(|&i| (lo[i as usize], R(hi[i as usize]), R(size[i as usize]), i)),
-            Order::Area => items.sort_by_cached_key(|&i| (R(area(i as usize)), R(tight(i as usize)), i)),
-        }
+        // Three keys, each larger first.
+        let keys = |t: Traits| -> [u128; 3] {
+            let area = t.size as u128 * t.length as u128;
+            let (tight, length) = (t.tight as u128, t.length as u128);
+            match self {
+                Order::Twa => [tight, length, area],
+                Order::Taw => [tight, area, length],
+                Order::Wat => [length, area, tight],
+                Order::Time => [u128::MAX - t.lo as u128, t.hi as u128, t.size as u128],
+                Order::Area => [area, tight, 0],
+            }
+        };
+        items.sort_by_cached_key(|&i| (keys(traits(i as usize)).map(R), i));
     }
 }
 

@@ -18,6 +18,7 @@ use crate::bound::lower_bound_of;
 use crate::instance::Instance;
 use crate::{greedy_by_size, validate, Buffer, PlanError};
 use component::Component;
+pub(crate) use component::{Order, Traits};
 use minimise::minimise;
 use probe::{orders, Prober};
 use search::{Outcome, Ranking};
