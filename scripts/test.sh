@@ -3,13 +3,11 @@
 # stress, loom), the CUDA suites under the emulated driver, and pytest.
 source "$(dirname "$0")/env.sh"
 cd "$root"
-# The crates held to rustfmt.toml and clippy; vrampool-plan joins once formatted.
-linted=(-p vrampool-core -p vrampool-py -p vrampool-cuda -p emulated-cuda -p vrampool-benches -p vrampool-shared-traces)
 cargo fmt --version >/dev/null 2>&1 && cargo clippy --version >/dev/null 2>&1 || rustup component add rustfmt clippy
-echo "== lint: ruff (python/, tests/, benches/), cargo fmt --check and clippy -D warnings (${linted[*]})"
+echo "== lint: ruff (python/, tests/, benches/), cargo fmt --check and clippy -D warnings (every crate)"
 ruff check python tests benches
-cargo fmt --check "${linted[@]}"
-cargo clippy --quiet --no-deps "${linted[@]}" --all-targets -- -D warnings
+cargo fmt --all --check
+cargo clippy --quiet --no-deps --workspace --all-targets -- -D warnings
 echo "== cargo test --workspace"
 cargo test --workspace
 echo "== the planner on the shared instances in release, where it must reach the lower bounds (a debug build checks validity only)"

@@ -397,8 +397,7 @@ impl<B: MemoryResource> PlannedPool<B> {
     }
 
     fn store_plan(&self, state: &mut State, ended: &Iteration) {
-        let options =
-            PlanOptions { algorithm: Algorithm::Auto, budget: self.budget, alignment: self.alignment };
+        let options = PlanOptions { algorithm: Algorithm::Auto, budget: self.budget, alignment: self.alignment };
         // A sequence the planner refuses (sizes that overflow once aligned) stays unplanned: it runs on the pool.
         match plan_sequence(&ended.events, &options) {
             Some(plan) => state.plans.insert(ended.key, Arc::new(plan)),

@@ -46,13 +46,13 @@ mod synthetic;
 mod validate;
 
 pub use arena::{KeyPlan, PlannedPool, PlannedStats, DEFAULT_KEY};
-pub use mode::PlannedMode;
 pub use bound::lower_bound;
 pub use buffer::Buffer;
 pub use csv::{read_csv, read_plan_csv, write_plan_csv};
 pub use error::PlanError;
 pub use exact::{exact_search, ExactOutcome};
 pub use greedy::{best_fit_decreasing, greedy_by_size};
+pub use mode::PlannedMode;
 pub use plan::{decide, plan, Algorithm, Decision, Plan, PlanOptions};
 pub use synthetic::{
     large_graph, llm_decoding_instance, llm_training_instance, packed_instance, random_instance, GraphFamily,

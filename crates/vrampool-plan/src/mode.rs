@@ -188,7 +188,11 @@ mod tests {
         assert_ne!(recorded, replayed);
         let stats = m.planned_stats().unwrap();
         assert_eq!((stats.dynamic_allocations, stats.planned_allocations, stats.fallbacks), (3, 6, 0));
-        assert_eq!(m.stats().allocation.allocated - upstream_allocations, 1, "the arena is the replay's one upstream allocation");
+        assert_eq!(
+            m.stats().allocation.allocated - upstream_allocations,
+            1,
+            "the arena is the replay's one upstream allocation"
+        );
         m.set_on(false);
         assert_eq!(m.stats().allocation.current, 0, "off, the idle arena goes back");
     }

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, RngSeed, TestCaseError, TestError, TestRunner};
 use vrampool_plan::{
-    best_fit_decreasing, exact_search, greedy_by_size, lower_bound, plan, validate, Algorithm, Buffer, PlanError, PlanOptions,
+    best_fit_decreasing, exact_search, greedy_by_size, lower_bound, plan, validate, Algorithm, Buffer, PlanError,
+    PlanOptions,
 };
 
 /// Short enough that thousands of exact searches fit in a run; what it cannot solve in time it
@@ -26,7 +27,10 @@ fn cases() -> u32 {
 /// The seed the inputs are drawn from: `VRAMPOOL_FUZZ_SEED`, else a new one.
 fn run_seed() -> u64 {
     use std::hash::{BuildHasher, RandomState};
-    std::env::var("VRAMPOOL_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| RandomState::new().hash_one(Instant::now()))
+    std::env::var("VRAMPOOL_FUZZ_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| RandomState::new().hash_one(Instant::now()))
 }
 
 /// Lifetimes of several shapes: dense short ones, long nested ones, all at the same time, and
@@ -50,7 +54,10 @@ fn size() -> impl Strategy<Value = u64> {
 
 fn valid_set() -> impl Strategy<Value = Vec<Buffer>> {
     prop::collection::vec((lifetime(), size()), 1..40).prop_map(|rows| {
-        rows.into_iter().enumerate().map(|(id, ((lo, hi), size))| Buffer::new(id as u64 * 7 + 3, lo, hi, size)).collect()
+        rows.into_iter()
+            .enumerate()
+            .map(|(id, ((lo, hi), size))| Buffer::new(id as u64 * 7 + 3, lo, hi, size))
+            .collect()
     })
 }
 
@@ -102,7 +109,8 @@ fn conflict(buffers: &[Buffer], offsets: &[u64]) -> Option<(u64, u64)> {
     for i in 0..buffers.len() {
         for j in 0..i {
             let (a, b) = (&buffers[i], &buffers[j]);
-            let bytes_meet = offsets[i] < offsets[j].saturating_add(b.size) && offsets[j] < offsets[i].saturating_add(a.size);
+            let bytes_meet =
+                offsets[i] < offsets[j].saturating_add(b.size) && offsets[j] < offsets[i].saturating_add(a.size);
             if a.overlaps(b) && bytes_meet {
                 return Some((a.id, b.id));
             }
@@ -113,36 +121,62 @@ fn conflict(buffers: &[Buffer], offsets: &[u64]) -> Option<(u64, u64)> {
 
 /// Checks one algorithm's offsets with both oracles; returns the arena.
 fn check(name: &str, buffers: &[Buffer], offsets: &[u64], alignment: u64) -> Result<u64, TestCaseError> {
-    let arena = validate(buffers, offsets, alignment).map_err(|e| TestCaseError::fail(format!("{name}: the validator refused its plan: {e}")))?;
+    let arena = validate(buffers, offsets, alignment)
+        .map_err(|e| TestCaseError::fail(format!("{name}: the validator refused its plan: {e}")))?;
     if let Some((a, b)) = conflict(buffers, offsets) {
-        return Err(TestCaseError::fail(format!("{name}: buffers {a} and {b} share bytes, yet the validator passed the plan")));
+        return Err(TestCaseError::fail(format!(
+            "{name}: buffers {a} and {b} share bytes, yet the validator passed the plan"
+        )));
     }
     let top = buffers.iter().zip(offsets).map(|(b, &o)| o + b.size).max().unwrap_or(0);
     prop_assert!(arena >= top, "{}: arena {} below the highest end {}", name, arena, top);
-    prop_assert!(arena >= lower_bound(buffers), "{}: arena {} below the lower bound {}", name, arena, lower_bound(buffers));
+    prop_assert!(
+        arena >= lower_bound(buffers),
+        "{}: arena {} below the lower bound {}",
+        name,
+        arena,
+        lower_bound(buffers)
+    );
     Ok(arena)
 }
 
 fn plans_valid_sets((buffers, alignment): (Vec<Buffer>, u64)) -> Result<(), TestCaseError> {
     let greedy = greedy_by_size(&buffers, alignment).map_err(|e| TestCaseError::fail(format!("greedy: {e}")))?;
     let greedy_arena = check("greedy-by-size", &buffers, &greedy, alignment)?;
-    let best_fit = best_fit_decreasing(&buffers, alignment).map_err(|e| TestCaseError::fail(format!("best fit: {e}")))?;
+    let best_fit =
+        best_fit_decreasing(&buffers, alignment).map_err(|e| TestCaseError::fail(format!("best fit: {e}")))?;
     check("best-fit", &buffers, &best_fit, alignment)?;
-    let exact = exact_search(&buffers, alignment, EXACT_BUDGET, None).map_err(|e| TestCaseError::fail(format!("exact: {e}")))?;
+    let exact = exact_search(&buffers, alignment, EXACT_BUDGET, None)
+        .map_err(|e| TestCaseError::fail(format!("exact: {e}")))?;
     check("exact", &buffers, &exact.offsets, alignment)?;
-    let seeded = exact_search(&buffers, alignment, EXACT_BUDGET, Some(&greedy)).map_err(|e| TestCaseError::fail(format!("seeded exact: {e}")))?;
+    let seeded = exact_search(&buffers, alignment, EXACT_BUDGET, Some(&greedy))
+        .map_err(|e| TestCaseError::fail(format!("seeded exact: {e}")))?;
     let seeded_arena = check("exact seeded with greedy", &buffers, &seeded.offsets, alignment)?;
-    prop_assert!(seeded_arena <= greedy_arena, "the seeded search got worse than its seed: {} > {}", seeded_arena, greedy_arena);
+    prop_assert!(
+        seeded_arena <= greedy_arena,
+        "the seeded search got worse than its seed: {} > {}",
+        seeded_arena,
+        greedy_arena
+    );
     for algorithm in Algorithm::ALL {
         let options = PlanOptions { algorithm, budget: EXACT_BUDGET, alignment };
         let p = plan(&buffers, &options).map_err(|e| TestCaseError::fail(format!("plan {algorithm}: {e}")))?;
         let arena = check(algorithm.name(), &buffers, &p.offsets, alignment)?;
         prop_assert_eq!(arena, p.arena_bytes, "{}: the plan misreports its arena", algorithm);
-        prop_assert!(p.arena_bytes >= p.lower_bound_bytes && p.lower_bound_bytes >= lower_bound(&buffers), "{}: bounds", algorithm);
-        prop_assert!(!p.optimal || p.arena_bytes <= seeded_arena, "{}: called optimal, yet a better plan exists", algorithm);
+        prop_assert!(
+            p.arena_bytes >= p.lower_bound_bytes && p.lower_bound_bytes >= lower_bound(&buffers),
+            "{}: bounds",
+            algorithm
+        );
+        prop_assert!(
+            !p.optimal || p.arena_bytes <= seeded_arena,
+            "{}: called optimal, yet a better plan exists",
+            algorithm
+        );
     }
     // The validator is not vacuous: moving a buffer onto one it meets in time is caught.
-    let meeting = (0..buffers.len()).flat_map(|i| (0..i).map(move |j| (i, j))).find(|&(i, j)| buffers[i].overlaps(&buffers[j]));
+    let meeting =
+        (0..buffers.len()).flat_map(|i| (0..i).map(move |j| (i, j))).find(|&(i, j)| buffers[i].overlaps(&buffers[j]));
     if let Some((i, j)) = meeting {
         let mut bad = greedy.clone();
         bad[i] = bad[j];
@@ -151,12 +185,19 @@ fn plans_valid_sets((buffers, alignment): (Vec<Buffer>, u64)) -> Result<(), Test
     Ok(())
 }
 
-fn refuses_spoiled_sets((buffers, spoil, at): (Vec<Buffer>, Spoil, usize), alignment: u64) -> Result<(), TestCaseError> {
+fn refuses_spoiled_sets(
+    (buffers, spoil, at): (Vec<Buffer>, Spoil, usize),
+    alignment: u64,
+) -> Result<(), TestCaseError> {
     let ctx = format!("{spoil:?} at {at}");
     let expected = |r: Result<(), PlanError>, who: &str| -> Result<(), TestCaseError> {
         match r {
-            Err(PlanError::ZeroSize { .. }) => prop_assert!(matches!(spoil, Spoil::ZeroSize), "{}: {}: zero size", ctx, who),
-            Err(PlanError::EmptyLifetime { .. }) => prop_assert!(matches!(spoil, Spoil::EmptyLifetime | Spoil::BackwardsLifetime), "{}: {}", ctx, who),
+            Err(PlanError::ZeroSize { .. }) => {
+                prop_assert!(matches!(spoil, Spoil::ZeroSize), "{}: {}: zero size", ctx, who)
+            }
+            Err(PlanError::EmptyLifetime { .. }) => {
+                prop_assert!(matches!(spoil, Spoil::EmptyLifetime | Spoil::BackwardsLifetime), "{}: {}", ctx, who)
+            }
             Err(PlanError::DuplicateId { .. }) => prop_assert!(matches!(spoil, Spoil::DuplicateId), "{}: {}", ctx, who),
             Err(PlanError::Overflow { .. }) => prop_assert!(matches!(spoil, Spoil::Overflowing), "{}: {}", ctx, who),
             Err(e) => prop_assert!(false, "{}: {}: unexpected error {}", ctx, who, e),
@@ -168,7 +209,10 @@ fn refuses_spoiled_sets((buffers, spoil, at): (Vec<Buffer>, Spoil, usize), align
     expected(best_fit_decreasing(&buffers, alignment).map(drop), "best fit")?;
     expected(exact_search(&buffers, alignment, EXACT_BUDGET, None).map(drop), "exact")?;
     for algorithm in Algorithm::ALL {
-        expected(plan(&buffers, &PlanOptions { algorithm, budget: EXACT_BUDGET, alignment }).map(drop), algorithm.name())?;
+        expected(
+            plan(&buffers, &PlanOptions { algorithm, budget: EXACT_BUDGET, alignment }).map(drop),
+            algorithm.name(),
+        )?;
     }
     expected(validate(&buffers, &vec![0; buffers.len()], alignment).map(drop), "validate")?;
     Ok(())
@@ -184,7 +228,10 @@ where
     let mut runner = TestRunner::new(Config {
         cases: cases(),
         rng_seed: RngSeed::Fixed(seed),
-        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fuzz.proptest-regressions")))),
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fuzz.proptest-regressions"
+        )))),
         ..Config::default()
     });
     let (started, runs) = (Instant::now(), Cell::new(0u64));
@@ -209,5 +256,7 @@ fn every_algorithm_plans_random_sets_validly_and_never_below_the_bound() {
 
 #[test]
 fn every_algorithm_refuses_spoiled_sets_with_the_right_error() {
-    fuzz("spoiled interval sets", (spoiled_set(), alignment()), |(set, alignment)| refuses_spoiled_sets(set, alignment));
+    fuzz("spoiled interval sets", (spoiled_set(), alignment()), |(set, alignment)| {
+        refuses_spoiled_sets(set, alignment)
+    });
 }

@@ -16,8 +16,8 @@
 use std::time::{Duration, Instant};
 
 use super::component::{Component, Order};
-use super::search::{fits, Outcome, Ranking};
 use super::probe::{jitter, SWAPS};
+use super::search::{fits, Outcome, Ranking};
 use super::write_part;
 use crate::instance::Instance;
 use crate::{read_csv, validate};
@@ -49,9 +49,14 @@ fn descend_on_d() {
             seed += 1;
             let mut nodes = 0;
             let until = Instant::now() + Duration::from_millis(300);
-            if let Outcome::Fits(local) =
-                fits(&part, &Ranking { rank: jitter(&base, seed, SWAPS), rerank: None }, capacity, until, &mut nodes, u64::MAX)
-            {
+            if let Outcome::Fits(local) = fits(
+                &part,
+                &Ranking { rank: jitter(&base, seed, SWAPS), rerank: None },
+                capacity,
+                until,
+                &mut nodes,
+                u64::MAX,
+            ) {
                 let mut offsets = vec![0u64; part.len()];
                 write_part(&mut offsets, &part.members, local.into_iter());
                 let arena = validate(&buffers, &offsets, 1).unwrap();
@@ -66,4 +71,3 @@ fn descend_on_d() {
     });
     search.unwrap().join().unwrap();
 }
-
