@@ -12,7 +12,11 @@ fn main() {
         .compile("vrampool_torch_malloc");
     println!("cargo:rustc-link-lib=dl");
     if std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
-        let dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
-        println!("cargo:rustc-cdylib-link-arg=-Wl,--version-script={dir}/csrc/exports.map");
+        // The script is linked from OUT_DIR, not from the source: cargo reuses a build script's
+        // output for the same package at another path (a shared target dir across clones), and a
+        // path into the source tree would name a checkout that may be gone.
+        let out = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("exports.map");
+        std::fs::copy("csrc/exports.map", &out).expect("csrc/exports.map is readable");
+        println!("cargo:rustc-cdylib-link-arg=-Wl,--version-script={}", out.display());
     }
 }
