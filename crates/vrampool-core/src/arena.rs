@@ -1,5 +1,6 @@
-//! One stream's memory: a strategy instance per tier, each behind its own lock, and the lock-free
-//! magazines of cached blocks (`magazine.rs`) in front of them.
+//! One stream's memory: a strategy instance per tier, each behind its own lock, the lock-free
+//! magazines of cached blocks (`magazine.rs`) in front of them, and the expandable segments of
+//! the pool's expandable tier (`expandable.rs`).
 //!
 //! Blocks belong to the stream they were allocated on and go back to that stream's arena, so a
 //! block freed on a stream is reusable at once on that stream and on no other (PyTorch's
@@ -13,6 +14,7 @@ use std::sync::atomic::{
 use parking_lot::Mutex;
 
 use crate::device::StreamId;
+use crate::expandable::VmArena;
 use crate::magazine::Magazines;
 use crate::strategy::Strategy;
 
@@ -28,12 +30,28 @@ pub struct Arena {
     /// Per tier: the magazines may hold some of its large blocks (set after a push, cleared by
     /// the drain that files them back), so that a tier with none skips the scan.
     large_cached: Box<[AtomicBool]>,
+    /// The expandable segments of the tier `Expandable::tier` names (none unless the pool has
+    /// expandable segments).
+    vm: Mutex<VmArena>,
 }
 
 impl Arena {
     pub fn new(stream: StreamId, tiers: Vec<Box<dyn Strategy>>) -> Self {
         let large_cached = tiers.iter().map(|_| AtomicBool::new(false)).collect();
-        Self { stream, tiers: tiers.into_iter().map(Mutex::new).collect(), magazines: Magazines::new(CACHED_MAX), large_cached }
+        Self {
+            stream,
+            tiers: tiers.into_iter().map(Mutex::new).collect(),
+            magazines: Magazines::new(CACHED_MAX),
+            large_cached,
+            vm: Mutex::default(),
+        }
+    }
+
+    /// Runs `f` on the arena's expandable segments. Callers hold the expandable tier's lock (but
+    /// the pool's drop, which is alone), so that the strategy's view and the mappings change
+    /// together, and this lock is never contended.
+    pub fn with_vm<R>(&self, f: impl FnOnce(&mut VmArena) -> R) -> R {
+        f(&mut self.vm.lock())
     }
 
     /// Notes that a large block of `tier` was just cached (after the push). The mark is a hint:

@@ -28,17 +28,15 @@
 //! pieces that keep its map calls near one per growth: 2 MiB pieces up to a 1 GiB pool, 54 MiB
 //! ones at 27 GiB.
 //!
-//! This module keeps the device-side bookkeeping of each arena's ranges (which chunks are
-//! mapped); the pool makes the device calls and keeps the counters, under the tier's strategy
-//! lock, so the strategy's view and the mapped chunks change together.
+//! This module holds the pool's settings (`Expandable`) and the device-side bookkeeping of an
+//! arena's ranges (`VmArena`, which chunks are mapped), which each `Arena` owns beside its tiers;
+//! the pool makes the device calls and keeps the counters, under the tier's strategy lock, so the
+//! strategy's view and the mapped chunks change together.
 
 use std::collections::BTreeMap;
 
-use foldhash::fast::FixedState;
-use parking_lot::Mutex;
-
 use crate::config::PoolConfig;
-use crate::device::{Device, StreamId};
+use crate::device::Device;
 use crate::sizes::{round_up, MIB};
 use crate::strategy::{Segment, StrategyKind};
 
@@ -51,7 +49,8 @@ pub(crate) const MAPS_PER_GROWTH: u64 = 32;
 pub(crate) const PIECES_PER_HIGH_WATER: u64 = 512;
 const RESERVATION_GROWTH: u64 = 4;
 
-/// Expandable mode of a pool: which tier grows an expandable segment, and in what unit.
+/// Expandable mode of a pool: which tier grows an expandable segment, in what unit, and how large
+/// its reservations are. Each arena keeps its own segments (`Arena::with_vm`).
 pub(crate) struct Expandable {
     /// The mapping unit: the device's granularity (a power of two).
     pub unit: u64,
@@ -60,11 +59,9 @@ pub(crate) struct Expandable {
     /// The size of an arena's first reservation, and the most any one may be.
     pub first_reservation: u64,
     pub max_reservation: u64,
-    /// Pinned with owned guards, as the pool's maps are (see `PoolCore::arenas`).
-    arenas: papaya::HashMap<StreamId, Mutex<VmArena>, FixedState>,
 }
 
-/// One arena's expandable segments (usually one).
+/// One arena's expandable segments (usually one; none until its expandable tier first grows).
 #[derive(Default)]
 pub(crate) struct VmArena {
     /// In the order they were made: only the last one grows at its end.
@@ -103,16 +100,7 @@ impl Expandable {
         };
         let max_reservation = round_up(device_total.saturating_add(device_total / 8), unit)?.max(unit);
         let first_reservation = round_up(FIRST_RESERVATION, unit)?.min(max_reservation);
-        Some(Self { unit, tier, first_reservation, max_reservation, arenas: papaya::HashMap::default() })
-    }
-
-    /// Runs `f` on the expandable segments of `stream`'s arena (made on first use). Callers hold
-    /// the arena's tier lock, so this lock is never contended.
-    pub fn with_arena<R>(&self, stream: StreamId, f: impl FnOnce(&mut VmArena) -> R) -> R {
-        let arenas = self.arenas.pin_owned();
-        let cell = arenas.get_or_insert_with(stream, || Mutex::new(VmArena::default()));
-        let mut arena = cell.lock();
-        f(&mut arena)
+        Some(Self { unit, tier, first_reservation, max_reservation })
     }
 
     /// The size of the reservation to make after `last` (None for the first) so that a block of
@@ -122,23 +110,6 @@ impl Expandable {
         let grown = last.map_or(self.first_reservation, |l| l.saturating_mul(RESERVATION_GROWTH));
         let size = grown.max(need).min(self.max_reservation);
         (size >= need).then_some(size)
-    }
-
-    /// Every arena's reservations as (stream, base, size).
-    pub fn reservations(&self) -> Vec<(StreamId, u64, u64)> {
-        let arenas = self.arenas.pin_owned();
-        let mut out: Vec<_> = arenas
-            .iter()
-            .flat_map(|(&stream, cell)| cell.lock().reservations.iter().map(|r| (stream, r.base, r.size)).collect::<Vec<_>>())
-            .collect();
-        out.sort_unstable();
-        out
-    }
-
-    /// Takes every reservation out (for the pool's drop).
-    pub fn take_all(&self) -> Vec<Reservation> {
-        let arenas = self.arenas.pin_owned();
-        arenas.iter().flat_map(|(_, cell)| std::mem::take(&mut cell.lock().reservations)).collect()
     }
 }
 

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::OnceLock;
 
 use crate::ring::Ring;
-use crate::sizes::{class_size, classes_up_to, size_class_index, size_class_of, MIB};
+use crate::sizes::{class_size, classes_up_to, exact_class_index, MIB};
 
 /// Threads spread over this many magazine shards, so that two threads freeing and allocating the
 /// same size class touch different rings.
@@ -34,9 +34,7 @@ impl Magazines {
 
     /// The class index a block of real size `size` is cached under, if it is cacheable.
     pub fn class_of_block(&self, size: u64) -> Option<usize> {
-        let class = size_class_of(size);
-        let index = size_class_index(class);
-        (class == size && index < self.classes).then_some(index)
+        exact_class_index(size).filter(|&index| index < self.classes)
     }
 
     fn rings(&self, shard: usize) -> &[Ring] {

@@ -325,6 +325,37 @@ fn the_out_of_memory_path_unmaps_free_chunks_of_other_streams_and_retries() {
     assert_eq!(dev.counters().used, 0);
 }
 
+/// Each stream's arena holds reservations of its own: two streams growing in turns map into two
+/// ranges, each stream's blocks back to back in its own, and giving back one stream's free memory
+/// leaves the other's mapped.
+#[test]
+fn each_stream_grows_a_reservation_of_its_own() {
+    let dev = Arc::new(SimDevice::new(4 * GIB, SimMode::AddressOnly));
+    let pool = pool_with(&dev, StrategyKind::Hybrid, true, None);
+    let mut blocks: BTreeMap<StreamId, Vec<u64>> = BTreeMap::new();
+    for _ in 0..4 {
+        for stream in [S0, S1] {
+            blocks.entry(stream).or_default().push(pool.allocate(3 * MIB, stream).unwrap());
+        }
+    }
+    let runs = expandable_runs(&pool);
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    for (stream, addrs) in &blocks {
+        let run = runs.iter().find(|r| r.0 == *stream).unwrap_or_else(|| panic!("{runs:?}: no run of {stream:?}"));
+        assert_eq!((run.1, run.2), (addrs[0], 12 * MIB), "{stream:?} grows its own range from its start");
+        assert!(addrs.iter().enumerate().all(|(k, &a)| a == addrs[0] + k as u64 * 3 * MIB), "{stream:?}: {addrs:?}");
+    }
+    assert!(runs[0].1.abs_diff(runs[1].1) >= 256 * MIB, "{runs:?}: two reservations, not one shared");
+    assert_eq!(dev.counters().alloc_calls, 0);
+    check_consistent(&pool, &dev);
+    for &addr in &blocks[&S1] {
+        pool.free(addr, None, None).unwrap();
+    }
+    pool.trim().unwrap();
+    assert_eq!(expandable_runs(&pool), vec![(S0, blocks[&S0][0], 12 * MIB)], "stream 0's mappings stay");
+    check_consistent(&pool, &dev);
+}
+
 #[test]
 fn the_pure_best_fit_strategy_grows_a_new_range_when_the_first_is_full() {
     let dev = Arc::new(SimDevice::new(8 * GIB, SimMode::AddressOnly));

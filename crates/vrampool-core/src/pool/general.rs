@@ -172,7 +172,7 @@ impl PoolCore {
             return Ok(Some(block));
         }
         if let Some(vm) = self.vm.as_ref().filter(|vm| vm.tier == tier) {
-            match self.grow_expandable(vm, &mut **strategy, arena.stream, rounded) {
+            match self.grow_expandable(vm, &mut **strategy, arena, rounded) {
                 Ok(true) => {
                     let block = strategy.allocate(rounded).ok_or(PoolError::InvalidSize {
                         size: rounded,

@@ -21,7 +21,7 @@ impl PoolCore {
         let strategy = arena.tiers[tier as usize].lock();
         let plain = strategy.segment_size_for(rounded);
         let Some(vm) = self.vm.as_ref().filter(|vm| vm.tier == tier) else { return plain };
-        vm.with_arena(arena.stream, |vm_arena| {
+        arena.with_vm(|vm_arena| {
             let newest = vm_arena.reservations.last().map(|r| r.base);
             let unmapped = |r: &Reservation, range: Segment| r.gaps(range).iter().map(|g| g.size).sum::<u64>();
             let planned = vm_arena.reservations.iter().filter_map(|r| {
@@ -87,8 +87,8 @@ impl PoolCore {
             let mut strategy = arena.tiers[tier as usize].lock();
             let plain: Vec<Segment> = group.iter().filter(|s| s.reservation.is_none()).map(|s| s.range).collect();
             released.extend(strategy.release_segments(&plain).into_iter().map(|s| (s, stream)));
-            if let Some(vm) = self.vm.as_ref().filter(|vm| vm.tier == tier) {
-                let (unmapped, error) = self.unmap_spares(vm, &mut **strategy, stream, group);
+            if self.vm.as_ref().is_some_and(|vm| vm.tier == tier) {
+                let (unmapped, error) = self.unmap_spares(&mut **strategy, &arena, group);
                 bytes += unmapped;
                 if let Some(e) = error {
                     first_error.get_or_insert(e);
@@ -132,9 +132,11 @@ impl PoolCore {
                     range,
                     reservation: None,
                 }));
-                let Some(vm) = self.vm.as_ref().filter(|vm| vm.tier == tier_index) else { continue };
+                if self.vm.as_ref().is_none_or(|vm| vm.tier != tier_index) {
+                    continue;
+                }
                 let grows = growing == Some((stream, tier_index));
-                vm.with_arena(stream, |vm_arena| {
+                arena.with_vm(|vm_arena| {
                     let newest = vm_arena.reservations.last().map(|r| r.base);
                     for r in &vm_arena.reservations {
                         let end = r.base + r.extent;

@@ -16,13 +16,11 @@ impl PoolCore {
     pub fn snapshot(&self) -> Vec<SegmentSnapshot> {
         let deferred: Vec<u64> = self.deferred.lock().iter().map(|d| d.addr).collect();
         let mut out = Vec::new();
-        let reservations = self.vm.as_ref().map(Expandable::reservations).unwrap_or_default();
         self.for_each_arena(|arena| {
             for tier in arena.tiers.iter() {
                 let strategy = tier.lock();
                 for (segment, blocks) in strategy.snapshot() {
-                    let expandable =
-                        reservations.iter().any(|&(s, base, size)| s == arena.stream && segment.base >= base && segment.base - base < size);
+                    let expandable = arena.with_vm(|vm_arena| vm_arena.reservations.iter().any(|r| r.contains(segment.base)));
                     let blocks = blocks
                         .iter()
                         .map(|&BlockInfo { addr, size, allocated }| {

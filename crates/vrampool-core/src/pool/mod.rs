@@ -436,16 +436,16 @@ impl Drop for PoolCore {
         if self.check_process().is_err() {
             return;
         }
-        let mut segments = Vec::new();
+        let (mut segments, mut reservations) = (Vec::new(), Vec::new());
         self.for_each_arena(|arena| {
             for tier in arena.tiers.iter() {
                 segments.extend(tier.lock().snapshot().into_iter().map(|(s, _)| s));
             }
+            reservations.extend(arena.with_vm(|vm_arena| std::mem::take(&mut vm_arena.reservations)));
         });
         for e in std::mem::take(&mut *self.deferred.lock()) {
             e.events.into_iter().for_each(|ev| self.device.release_event(ev));
         }
-        let reservations = self.vm.as_ref().map(Expandable::take_all).unwrap_or_default();
         // An expandable segment's runs show in the snapshot too: they go with their reservation.
         segments.retain(|s| !reservations.iter().any(|r| r.contains(s.base)));
         for s in segments {

@@ -9,27 +9,27 @@ impl PoolCore {
     /// chunks at the end of the newest range (reserving a larger range when it is full). Ok(false)
     /// when no range can take it (reserving failed, or the block is larger than any range may
     /// be): the caller adds a plain segment. Runs under the tier's strategy lock.
-    pub(super) fn grow_expandable(&self, vm: &Expandable, strategy: &mut dyn Strategy, stream: StreamId, rounded: u64) -> Result<bool> {
-        let unit = vm.unit;
-        vm.with_arena(stream, |arena| {
-            if arena.unavailable {
+    pub(super) fn grow_expandable(&self, vm: &Expandable, strategy: &mut dyn Strategy, arena: &Arena, rounded: u64) -> Result<bool> {
+        let (unit, stream) = (vm.unit, arena.stream);
+        arena.with_vm(|vm_arena| {
+            if vm_arena.unavailable {
                 return Ok(false);
             }
             let unmapped = |r: &Reservation, range: Segment| r.gaps(range).iter().map(|g| g.size).sum::<u64>();
             let plans: Vec<_> =
-                arena.reservations.iter().map(|r| strategy.plan_growth(r.base, rounded, unit, &|range| unmapped(r, range))).collect();
+                vm_arena.reservations.iter().map(|r| strategy.plan_growth(r.base, rounded, unit, &|range| unmapped(r, range))).collect();
             // The cheapest hole to map again, in any range.
             let mut hole: Option<(usize, Segment, u64)> = None;
             for (i, h) in plans.iter().enumerate().filter_map(|(i, p)| Some((i, p.as_ref()?.hole?))) {
-                let cost = unmapped(&arena.reservations[i], h);
+                let cost = unmapped(&vm_arena.reservations[i], h);
                 if hole.is_none_or(|(_, best, c)| (cost, h.size) < (c, best.size)) {
                     hole = Some((i, h, cost));
                 }
             }
             // Growth at the end of the newest range, if it has room.
-            let newest = arena.reservations.len().checked_sub(1);
+            let newest = vm_arena.reservations.len().checked_sub(1);
             let at_end = newest.and_then(|i| {
-                let r = &arena.reservations[i];
+                let r = &vm_arena.reservations[i];
                 let grow = match plans[i] {
                     Some(plan) => plan.at_end,
                     None if r.extent == 0 => round_up(rounded, unit)?,
@@ -39,34 +39,34 @@ impl PoolCore {
                 fits.then_some((i, Segment { base: r.base + r.extent, size: grow }))
             });
             let (i, range, into_hole) = match (hole, at_end) {
-                (Some((i, h, cost)), end) if end.is_none_or(|(j, e)| cost <= unmapped(&arena.reservations[j], e)) => (i, h, true),
+                (Some((i, h, cost)), end) if end.is_none_or(|(j, e)| cost <= unmapped(&vm_arena.reservations[j], e)) => (i, h, true),
                 (_, Some((i, end))) => (i, end, false),
                 (_, None) => {
                     // The newest range is full (or there is none): reserve a larger one.
-                    let Some(size) = vm.next_reservation(arena.reservations.last().map(|r| r.size), rounded) else {
+                    let Some(size) = vm.next_reservation(vm_arena.reservations.last().map(|r| r.size), rounded) else {
                         return Ok(false);
                     };
                     match self.device.reserve(size) {
-                        Ok(base) if base % unit == 0 => arena.reservations.push(Reservation::new(base, size)),
+                        Ok(base) if base % unit == 0 => vm_arena.reservations.push(Reservation::new(base, size)),
                         other => {
                             if let Ok(base) = other {
                                 let _ = self.device.unreserve(base, size);
                             }
                             // No more address space (or the device cannot reserve): plain
                             // segments from now on.
-                            arena.unavailable = true;
+                            vm_arena.unavailable = true;
                             return Ok(false);
                         }
                     }
                     let Some(grow) = round_up(rounded, unit) else { return Ok(false) };
                     (
-                        arena.reservations.len() - 1,
-                        Segment { base: arena.reservations[arena.reservations.len() - 1].base, size: grow },
+                        vm_arena.reservations.len() - 1,
+                        Segment { base: vm_arena.reservations[vm_arena.reservations.len() - 1].base, size: grow },
                         false,
                     )
                 }
             };
-            let r = &mut arena.reservations[i];
+            let r = &mut vm_arena.reservations[i];
             let mapped = self.map_range(r, range, unit, stream);
             let taken = mapped.is_ok() && if into_hole { strategy.map_hole(range) } else { strategy.grow_segment(r.base, range.size) };
             if taken {
@@ -82,7 +82,7 @@ impl PoolCore {
             }
             // A range reserved just now with nothing mapped goes back at once.
             if r.extent == 0 && r.is_unmapped() && self.device.unreserve(r.base, r.size).is_ok() {
-                arena.reservations.remove(i);
+                vm_arena.reservations.remove(i);
             }
             mapped.map(|()| false)
         })
@@ -149,16 +149,11 @@ impl PoolCore {
     /// mapped is unreserved. A mapping that fails to unmap stays mapped, as free space. Runs
     /// under the tier's strategy lock, device calls included: a growth could otherwise take
     /// memory as mapped while it is unmapped.
-    pub(super) fn unmap_spares(
-        &self,
-        vm: &Expandable,
-        strategy: &mut dyn Strategy,
-        stream: StreamId,
-        chosen: &[Spare],
-    ) -> (u64, Option<DeviceError>) {
-        vm.with_arena(stream, |arena| {
+    pub(super) fn unmap_spares(&self, strategy: &mut dyn Strategy, arena: &Arena, chosen: &[Spare]) -> (u64, Option<DeviceError>) {
+        let stream = arena.stream;
+        arena.with_vm(|vm_arena| {
             let (mut bytes, mut first_error) = (0, None);
-            arena.reservations.retain_mut(|r| {
+            vm_arena.reservations.retain_mut(|r| {
                 let end = r.base + r.extent;
                 // Another give-back may have unmapped a spare since it was chosen.
                 let mine: Vec<Segment> =

@@ -1,0 +1,302 @@
+use super::*;
+use crate::sizes::MIB;
+
+fn config(strategy: StrategyKind) -> PoolConfig {
+    PoolConfig { strategy, ..PoolConfig::default() }
+}
+
+#[test]
+fn replay_frees_before_allocs_at_the_same_time() {
+    // 0 and 1 overlap on [1, 2); 2 starts when 0 ends, so at most two are live at once.
+    let buffers = [TraceBuffer::new(0, 0, 2, 4 * MIB), TraceBuffer::new(1, 1, 3, 2 * MIB), TraceBuffer::new(2, 2, 4, 4 * MIB)];
+    let events = events_from_buffers(&buffers).unwrap();
+    assert_eq!(
+        events,
+        vec![
+            TraceEvent::Alloc { id: 0, size: 4 * MIB, stream: 0 },
+            TraceEvent::Alloc { id: 1, size: 2 * MIB, stream: 0 },
+            TraceEvent::Free { id: 0 },
+            TraceEvent::Alloc { id: 2, size: 4 * MIB, stream: 0 },
+            TraceEvent::Free { id: 1 },
+            TraceEvent::Free { id: 2 },
+        ]
+    );
+}
+
+#[test]
+fn replay_hand_made_trace_has_known_peaks() {
+    // Peak live: 4 + 2 MiB at time 1 and 2 + 4 MiB at time 2: 6 MiB.
+    let buffers = [TraceBuffer::new(0, 0, 2, 4 * MIB), TraceBuffer::new(1, 1, 3, 2 * MIB), TraceBuffer::new(2, 2, 4, 4 * MIB)];
+    let events = events_from_buffers(&buffers).unwrap();
+    for strategy in ALL_STRATEGIES {
+        let started = Instant::now();
+        let report = replay(&events, config(strategy)).unwrap();
+        let wall = started.elapsed().as_secs_f64();
+        assert_eq!(report.strategy, strategy.name());
+        assert_eq!(report.events, 6);
+        assert_eq!(report.lower_bound_bytes, 6 * MIB, "{strategy:?}");
+        // Sizes are multiples of every alignment, so no strategy pads them... except the
+        // buddy, which rounds to powers of two: 4 + 2 and 2 + 4 MiB stay exact there too.
+        assert_eq!(report.peak_allocated_bytes, 6 * MIB, "{strategy:?}");
+        assert!(report.peak_reserved_bytes >= report.lower_bound_bytes, "{report:?}");
+        assert!(report.device_allocs >= 1);
+        // The loop's time lies within the call's; events per second are events over it.
+        assert!(report.seconds > 0.0 && report.seconds <= wall, "{} s of {wall} s", report.seconds);
+        assert!((report.events_per_s * report.seconds - 6.0).abs() < 1e-6, "{report:?}");
+        assert!(report.events_per_s >= 6.0 / wall);
+    }
+}
+
+#[test]
+fn replay_csv_reads_streams_and_names_bad_lines() {
+    let text = "id,lower,upper,size,stream\n0,0,2,4096,0\n\n1,1,3,8192,1\n";
+    let buffers = read_trace_csv(text).unwrap();
+    assert_eq!(buffers, vec![TraceBuffer::new(0, 0, 2, 4096), TraceBuffer { stream: 1, ..TraceBuffer::new(1, 1, 3, 8192) }]);
+    let report = replay(&events_from_buffers(&buffers).unwrap(), PoolConfig::default()).unwrap();
+    assert_eq!(report.lower_bound_bytes, 4096 + 8192);
+
+    // Reordered columns are fine; a solved plan's offset column is ignored.
+    let reordered = read_trace_csv("size,id,upper,lower,offset\n100,7,5,1,0\n").unwrap();
+    assert_eq!(reordered, vec![TraceBuffer::new(7, 1, 5, 100)]);
+
+    for (text, line) in [
+        ("", 1),
+        ("id,lower,size\n", 1),
+        ("id,lower,upper,size,colour\n", 1),
+        ("id,lower,upper,size\n0,0,2,10\n1,0,x,10\n", 3),
+        ("id,lower,upper,size\n0,0,2,-10\n", 2),
+        ("id,lower,upper,size\n0,0,2,10\n0,1,3,10\n", 3),
+        ("id,lower,upper,size\n0,2,2,10\n", 2),
+        ("id,lower,upper,size\n0,0,2,0\n", 2),
+        ("id,lower,upper,size\n0,0,2\n", 2),
+    ] {
+        match read_trace_csv(text) {
+            Err(ReplayError::Parse { line: got, message }) => assert_eq!(got, line, "{text:?}: {message}"),
+            other => panic!("{text:?}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn replay_bad_trace_is_an_error_not_a_panic() {
+    let free_unknown = [TraceEvent::Alloc { id: 1, size: 512, stream: 0 }, TraceEvent::Free { id: 2 }];
+    assert!(matches!(replay(&free_unknown, PoolConfig::default()), Err(ReplayError::UnknownId { index: 1, id: 2 })));
+    let double_free = [TraceEvent::Alloc { id: 1, size: 512, stream: 0 }, TraceEvent::Free { id: 1 }, TraceEvent::Free { id: 1 }];
+    assert!(matches!(replay(&double_free, PoolConfig::default()), Err(ReplayError::UnknownId { index: 2, id: 1 })));
+    let twice = [TraceEvent::Alloc { id: 1, size: 512, stream: 0 }, TraceEvent::Alloc { id: 1, size: 512, stream: 0 }];
+    assert!(matches!(replay(&twice, PoolConfig::default()), Err(ReplayError::DuplicateId { index: 1, id: 1 })));
+    let zero = [TraceEvent::Alloc { id: 1, size: 0, stream: 0 }];
+    assert!(matches!(replay(&zero, PoolConfig::default()), Err(ReplayError::ZeroSize { index: 0, id: 1 })));
+    let err = events_from_buffers(&[TraceBuffer::new(3, 5, 5, 10)]).unwrap_err();
+    assert!(matches!(err, ReplayError::BadBuffer { id: 3, .. }), "{err}");
+    // An id may live again once freed (traces keyed by address do this).
+    let reused = [
+        TraceEvent::Alloc { id: 1, size: 512, stream: 0 },
+        TraceEvent::Free { id: 1 },
+        TraceEvent::Alloc { id: 1, size: 1024, stream: 0 },
+        TraceEvent::Free { id: 1 },
+    ];
+    assert_eq!(replay(&reused, PoolConfig::default()).unwrap().lower_bound_bytes, 1024);
+}
+
+#[test]
+fn replay_counts_the_segments_given_back() {
+    // 100 MiB freed, then 200 MiB: the pool gives the idle segment back before it grows past
+    // its peak; PyTorch's caching allocator keeps it.
+    let events = [
+        TraceEvent::Alloc { id: 1, size: 100 * MIB, stream: 0 },
+        TraceEvent::Free { id: 1 },
+        TraceEvent::Alloc { id: 2, size: 200 * MIB, stream: 0 },
+        TraceEvent::Free { id: 2 },
+    ];
+    let prepared = PreparedTrace::new(&events).unwrap();
+    let options = ReplayOptions { samples: 0, capacity: None, repeat: 1 };
+    let pool = replay_prepared(&prepared, &ReplayTarget::Pool(PoolConfig { expandable: false, ..PoolConfig::default() }), options).unwrap();
+    assert_eq!((pool.device_allocs, pool.device_frees, pool.peak_reserved_bytes), (2, 1, 200 * MIB));
+    let torch = replay_prepared(&prepared, &ReplayTarget::Peer(PeerConfig::named("torch").unwrap()), options).unwrap();
+    assert_eq!((torch.device_allocs, torch.device_frees, torch.peak_reserved_bytes), (2, 0, 300 * MIB));
+}
+
+#[test]
+fn replay_timeline_is_evenly_spaced_and_ends_at_the_end() {
+    // 1000 buffers of 1 MiB, at most two live: 2000 events.
+    let buffers: Vec<_> = (0..1000).map(|i| TraceBuffer::new(i, i, i + 2, MIB)).collect();
+    let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap();
+    assert_eq!((prepared.len(), prepared.lower_bound_bytes()), (2000, 2 * MIB));
+    for (samples, expected) in [(0, 0), (1, 1), (7, 7), (1000, 1000), (3000, 2000)] {
+        let report = replay_prepared(
+            &prepared,
+            &ReplayTarget::Pool(config(StrategyKind::BestFit)),
+            ReplayOptions { samples, capacity: None, repeat: 1 },
+        )
+        .unwrap();
+        let points: Vec<usize> = report.timeline.iter().map(|p| p.event).collect();
+        assert_eq!(points.len(), expected, "{samples} samples");
+        if let (Some(&first), Some(&last)) = (points.first(), points.last()) {
+            assert_eq!(last, 2000, "{samples} samples");
+            let stride = 2000usize.div_ceil(samples);
+            assert_eq!(first, stride.min(2000));
+            assert!(points.windows(2).all(|w| w[1] - w[0] == stride || w[1] == 2000), "{points:?}");
+        }
+        for p in &report.timeline {
+            assert!(p.allocated_bytes <= 2 * MIB && p.reserved_bytes >= p.allocated_bytes, "{p:?}");
+        }
+    }
+    // Mid-trace one or two buffers are live; at the end none is.
+    let report = replay_prepared(
+        &prepared,
+        &ReplayTarget::Pool(config(StrategyKind::BestFit)),
+        ReplayOptions { samples: 10, capacity: None, repeat: 1 },
+    )
+    .unwrap();
+    assert!(report.timeline[..9].iter().all(|p| p.allocated_bytes >= MIB), "{:?}", report.timeline);
+    assert_eq!(report.timeline[9].allocated_bytes, 0);
+    assert!((0.0..=1.0).contains(&report.fragmentation));
+}
+
+#[test]
+fn replay_runs_the_allocator_models_beside_the_pool() {
+    // A 1.5 MiB request: PyTorch reserves a 20 MiB segment, the pool a 2 MiB chunk.
+    let events = events_from_buffers(&[TraceBuffer::new(0, 0, 1, 3 * MIB / 2)]).unwrap();
+    let prepared = PreparedTrace::new(&events).unwrap();
+    let torch = replay_prepared(&prepared, &ReplayTarget::Peer(PeerConfig::named("torch").unwrap()), ReplayOptions::default()).unwrap();
+    assert_eq!((torch.strategy, torch.peak_reserved_bytes, torch.device_allocs, torch.approximate), ("torch", 20 * MIB, 1, false));
+    let default = replay_prepared(&prepared, &ReplayTarget::Pool(PoolConfig::default()), ReplayOptions::default()).unwrap();
+    assert_eq!(default.peak_reserved_bytes, 2 * MIB);
+    let driver = replay_prepared(&prepared, &ReplayTarget::Peer(PeerConfig::named("async").unwrap()), ReplayOptions::default()).unwrap();
+    assert!(driver.approximate);
+}
+
+#[test]
+fn a_capacity_limited_replay_stops_at_the_first_out_of_memory() {
+    // 30 MiB live, then 40 MiB: with 60 MiB of device memory the plain torch model fits both
+    // (its cached 30 MiB segment goes back and it retries); 90 MiB live at once fits nobody.
+    let buffers = [TraceBuffer::new(0, 0, 1, 30 * MIB), TraceBuffer::new(1, 1, 3, 40 * MIB), TraceBuffer::new(2, 2, 3, 50 * MIB)];
+    let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap();
+    let options = ReplayOptions { samples: 10, capacity: Some(60 * MIB), repeat: 1 };
+    for target in [ReplayTarget::Peer(PeerConfig::named("torch").unwrap()), ReplayTarget::Pool(PoolConfig::default())] {
+        let report = replay_prepared(&prepared, &target, options).unwrap();
+        let oom = report.out_of_memory.unwrap_or_else(|| panic!("{}: {report:?}", target.name()));
+        assert_eq!((oom.event, report.events), (3, 3), "{}: the third allocation fails", target.name());
+        assert_eq!(oom.report.requested, 50 * MIB);
+        assert!(report.peak_reserved_bytes <= 60 * MIB);
+        assert_eq!(report.timeline.last().unwrap().event, 3);
+    }
+    let roomy = ReplayOptions { samples: 10, capacity: Some(100 * MIB), repeat: 1 };
+    assert!(replay_prepared(&prepared, &ReplayTarget::Pool(PoolConfig::default()), roomy).unwrap().out_of_memory.is_none());
+}
+
+#[test]
+fn large_tensors_cost_the_default_pool_at_most_a_page_each() {
+    // Logits-like pairs (output and gradient) of a sequence length that changes every step.
+    let mut buffers = Vec::new();
+    for (step, mib) in [120u64, 80, 160, 100, 140, 90].into_iter().enumerate() {
+        let (t, size, id) = (step as u64 * 10, mib * MIB + 4096 * step as u64 + 1, step as u64 * 2);
+        buffers.push(TraceBuffer::new(id, t, t + 3, size));
+        buffers.push(TraceBuffer::new(id + 1, t + 1, t + 4, size));
+    }
+    let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap();
+    let bound = prepared.lower_bound_bytes();
+    let default = replay_prepared(&prepared, &ReplayTarget::Pool(PoolConfig::default()), ReplayOptions::default()).unwrap();
+    assert!(default.peak_allocated_bytes <= bound + 2 * 2 * MIB, "{default:?}");
+    assert!(default.peak_reserved_bytes <= bound + 2 * 2 * MIB, "{default:?}");
+    // A plain buddy rounds each to a power of two: 160 MiB + a bit takes 256 MiB.
+    let buddy = replay_prepared(&prepared, &ReplayTarget::Pool(config(StrategyKind::Buddy)), ReplayOptions::default()).unwrap();
+    assert!(buddy.peak_allocated_bytes >= 2 * 256 * MIB, "{buddy:?}");
+}
+
+fn shared_traces() -> Vec<(String, Vec<TraceEvent>)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces/static");
+    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let mut paths: Vec<_> =
+        entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "csv")).collect();
+    paths.sort();
+    paths
+        .into_iter()
+        .map(|path| {
+            let text = std::fs::read_to_string(&path).unwrap();
+            let buffers = read_trace_csv(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            (path.file_name().unwrap().to_string_lossy().into_owned(), events_from_buffers(&buffers).unwrap())
+        })
+        .collect()
+}
+
+#[vrampool_shared_traces::needs_shared_traces]
+#[test]
+fn replay_shared_instances_with_every_strategy() {
+    for (name, events) in shared_traces() {
+        for report in replay_all(&events, &PoolConfig::default()).unwrap() {
+            assert_eq!(report.events, events.len());
+            assert!(report.lower_bound_bytes > 0);
+            assert!(report.peak_reserved_bytes >= report.lower_bound_bytes, "{name}: {report:?}");
+            assert!(report.peak_reserved_bytes >= report.peak_allocated_bytes, "{name}: {report:?}");
+            eprintln!(
+                "{name:<32} {:<8} reserved/bound {:.3}  {:>12.0} events/s",
+                report.strategy,
+                report.peak_reserved_bytes as f64 / report.lower_bound_bytes as f64,
+                report.events_per_s
+            );
+        }
+    }
+}
+
+/// `cargo test --release -p vrampool-core replay_throughput -- --ignored --nocapture`
+#[test]
+#[ignore = "a measurement: run in release"]
+fn replay_throughput() {
+    let (_, events) = shared_traces().into_iter().find(|(n, _)| n == "somas-resnet50.csv").expect("somas-resnet50.csv");
+    // Repeat the trace so the loop runs long enough to time.
+    let mut long = Vec::new();
+    for round in 0..500u64 {
+        long.extend(events.iter().map(|e| match *e {
+            TraceEvent::Alloc { id, size, stream } => TraceEvent::Alloc { id: id + round * 1_000_000, size, stream },
+            TraceEvent::Free { id } => TraceEvent::Free { id: id + round * 1_000_000 },
+        }));
+    }
+    let prepared = PreparedTrace::new(&long).unwrap();
+    for strategy in ALL_STRATEGIES {
+        // With the plots' timeline and without: the sampling's cost shows as the difference.
+        let best = |samples| {
+            (0..3)
+                .map(|_| {
+                    replay_prepared(&prepared, &ReplayTarget::Pool(config(strategy)), ReplayOptions { samples, capacity: None, repeat: 1 })
+                        .unwrap()
+                        .events_per_s
+                })
+                .fold(0.0, f64::max)
+        };
+        let (sampled, bare) = (best(DEFAULT_SAMPLES), best(0));
+        eprintln!(
+            "{:<8} {:>6.2} M events/s with {DEFAULT_SAMPLES} samples, {:>6.2} M without, over {} events",
+            strategy.name(),
+            sampled / 1e6,
+            bare / 1e6,
+            long.len()
+        );
+    }
+}
+
+#[test]
+fn a_repeated_replay_counts_every_copy_in_the_memory_of_one() {
+    let buffers = [TraceBuffer::new(1, 0, 2, MIB), TraceBuffer::new(2, 1, 3, 3 * MIB)];
+    let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap();
+    let target = ReplayTarget::Pool(config(StrategyKind::Hybrid));
+    let times = |repeat| replay_prepared(&prepared, &target, ReplayOptions { samples: 10, capacity: None, repeat });
+    let (once, thrice) = (times(1).unwrap(), times(3).unwrap());
+    assert_eq!(thrice.events, 3 * once.events);
+    assert_eq!((thrice.peak_reserved_bytes, thrice.lower_bound_bytes), (once.peak_reserved_bytes, once.lower_bound_bytes));
+    assert_eq!(thrice.timeline.last().unwrap().allocated_bytes, 0, "every copy frees what it allocated");
+    assert!(matches!(times(u64::MAX), Err(ReplayError::Repeat { .. })));
+    assert!(matches!(times(0), Err(ReplayError::Repeat { .. })));
+}
+
+#[test]
+fn a_csv_error_quotes_at_most_a_hundred_bytes_of_its_input() {
+    let field = "9".repeat(1 << 20) + "x";
+    for text in
+        [format!("id,lower,upper,size\n1,0,1,{field}\n"), format!("id,lower,upper,{field}\n"), "id,lower,upper\u{e9},size\n".to_string()]
+    {
+        let message = read_trace_csv(&text).unwrap_err().to_string();
+        assert!(message.len() < 250, "{} bytes: {}", message.len(), &message[..250.min(message.len())]);
+    }
+}
