@@ -436,21 +436,31 @@ fn trims_racing_eight_busy_threads_lose_and_duplicate_no_block() {
     let dev = Arc::new(SimDevice::new(4 * GIB, SimMode::HostBacked));
     let pool = Arc::new(Pool::new(dev.clone() as Arc<dyn Device>, PoolConfig::default()).unwrap());
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // The workers start once the trimmer has trimmed, so that the two overlap however the
+    // scheduler runs them on a loaded machine.
+    let trimming = Arc::new(std::sync::Barrier::new(9));
     let trimmer = {
-        let (pool, done) = (Arc::clone(&pool), Arc::clone(&done));
+        let (pool, done, trimming) = (Arc::clone(&pool), Arc::clone(&done), Arc::clone(&trimming));
         std::thread::spawn(move || {
             let mut trims = 0u64;
-            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+            loop {
                 pool.trim().unwrap();
                 trims += 1;
+                if trims == 1 {
+                    trimming.wait();
+                }
+                if done.load(std::sync::atomic::Ordering::Relaxed) {
+                    break trims;
+                }
             }
-            trims
         })
     };
     let workers: Vec<_> = (0..8u64)
         .map(|t| {
             let pool = Arc::clone(&pool);
+            let trimming = Arc::clone(&trimming);
             std::thread::spawn(move || {
+                trimming.wait();
                 let mut rng = 0x2545_F491_4F6C_DD1D ^ (t + 1);
                 let mut live: Vec<(u64, u64, u64)> = Vec::new();
                 for i in 0..15_000u64 {
