@@ -1,8 +1,8 @@
 //! Slab allocator for small blocks: each slab holds objects of one size class, handed out and
-//! taken back in O(1); slabs are runs of any size carved out of segments by an internal best fit.
+//! taken back in O(1); slabs are runs of any size carved out of segments by an address-ordered first fit.
 
 use super::addr_map::AddrMap;
-use super::best_fit::BestFit;
+use super::first_fit::FirstFit;
 use super::{Block, BlockInfo, Segment, Strategy, Usage};
 use crate::sizes::{round_up, size_class_index, size_class_of, KIB, MIB, MIN_BLOCK};
 
@@ -24,7 +24,7 @@ impl Default for SlabConfig {
 /// one object, a run of exactly the class's size (jemalloc's runs, mimalloc's pages). A class
 /// with few objects then holds no more than they need: with slabs of two objects rounded to a
 /// power of two, the small tier of a 50 MiB training step held 16 MiB for 13 MiB of blocks (its
-/// 256 KiB, 768 KiB and 1 MiB classes each kept a half-empty slab), and the best fit that carves
+/// 256 KiB, 768 KiB and 1 MiB classes each kept a half-empty slab), and the first fit that carves
 /// the runs merges freed ones back into whole segments.
 const MIN_SLAB: u64 = 64 * KIB;
 
@@ -60,10 +60,9 @@ struct SlabRec {
 pub struct Slab {
     max_size: u64,
     segment_size: u64,
-    /// Carves slabs out of segments and serves requests above `max_size`. Design: reusing the
-    /// best fit gives slab space that any class can reuse and that merges back into whole
-    /// segments for release, with no second free-space structure.
-    space: BestFit,
+    /// Carves slabs out of segments and serves requests above `max_size`: space that any class
+    /// can reuse and that merges back into whole segments for release.
+    space: FirstFit,
     /// Indexed by `size_class_index`, up to the class of `max_size`.
     classes: Vec<Class>,
     /// Slab records and the indices of unused ones.
@@ -102,7 +101,7 @@ impl Slab {
         Self {
             max_size,
             segment_size,
-            space: BestFit::default(),
+            space: FirstFit::default(),
             classes,
             slabs: Vec::new(),
             spare: Vec::new(),
