@@ -10,6 +10,7 @@ mod bit_tree;
 mod buddy;
 #[cfg(test)]
 mod conformance;
+mod first_fit;
 mod slab;
 
 pub use best_fit::{BestFit, BestFitConfig};

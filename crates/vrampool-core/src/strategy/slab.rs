@@ -1,10 +1,10 @@
 //! Slab allocator for small blocks: each slab holds objects of one size class, handed out and
-//! taken back in O(1); slabs are carved out of segments by an internal buddy.
+//! taken back in O(1); slabs are runs of any size carved out of segments by an address-ordered first fit.
 
 use super::addr_map::AddrMap;
-use super::buddy::{Buddy, BuddyConfig};
+use super::first_fit::FirstFit;
 use super::{Block, BlockInfo, Segment, Strategy, Usage};
-use crate::sizes::{size_class_index, size_class_of, KIB, MIB, MIN_BLOCK};
+use crate::sizes::{round_up, size_class_index, size_class_of, KIB, MIB, MIN_BLOCK};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SlabConfig {
@@ -20,15 +20,13 @@ impl Default for SlabConfig {
     }
 }
 
-/// Design: a slab is the smallest power of two of at least 64 KiB that holds `MIN_OBJECTS` objects
-/// of its class, capped at the segment size (or, for a class larger than a segment, at the class
-/// rounded up to a power of two): small classes waste no more than one slab each, large ones
-/// still amortise carving over several objects, and powers of two let the buddy that carves
-/// slabs merge them back into whole segments.
+/// Design: a class of up to half this size has slabs of this size; a larger class has slabs of
+/// one object, a run of exactly the class's size (jemalloc's runs, mimalloc's pages). A class
+/// with few objects then holds no more than they need: with slabs of two objects rounded to a
+/// power of two, the small tier of a 50 MiB training step held 16 MiB for 13 MiB of blocks (its
+/// 256 KiB, 768 KiB and 1 MiB classes each kept a half-empty slab), and the first fit that carves
+/// the runs merges freed ones back into whole segments.
 const MIN_SLAB: u64 = 64 * KIB;
-// Two, not more: each class in use keeps up to one slab partly empty, and on real training
-// traces (dozens of classes between 64 KiB and 1 MiB) eight objects a slab reserved 2 MiB a class.
-const MIN_OBJECTS: u64 = 2;
 
 /// Segment sizes are kept in [64 KiB, 1 TiB].
 const MAX_SEGMENT: u64 = 1 << 40;
@@ -62,10 +60,9 @@ struct SlabRec {
 pub struct Slab {
     max_size: u64,
     segment_size: u64,
-    /// Carves slabs out of segments and serves requests above `max_size`. Design: reusing the
-    /// buddy gives slab space that any class can reuse and that merges back into whole segments
-    /// for release, with no second free-space structure.
-    space: Buddy,
+    /// Carves slabs out of segments and serves requests above `max_size`: space that any class
+    /// can reuse and that merges back into whole segments for release.
+    space: FirstFit,
     /// Indexed by `size_class_index`, up to the class of `max_size`.
     classes: Vec<Class>,
     /// Slab records and the indices of unused ones.
@@ -87,24 +84,16 @@ impl Default for Slab {
 
 impl Slab {
     /// `segment_size` is rounded up to a power of two in [64 KiB, 1 TiB]; `max_size` is clamped
-    /// to [512, 1 TiB]. A `max_size` above the segment size is honoured: slabs of the classes
-    /// above it get segments of their own size (a power of two).
+    /// to [512, 1 TiB]. A `max_size` above the segment size is honoured: a slab of a class above
+    /// it gets a segment of its own, rounded up to a multiple of the segment size.
     pub fn new(config: SlabConfig) -> Self {
         let segment_size = config.segment_size.clamp(MIN_SLAB, MAX_SEGMENT).next_power_of_two();
         let max_size = config.max_size.clamp(MIN_BLOCK, MAX_SEGMENT);
         let last = size_class_of(max_size);
-        let largest_slab = segment_size.max(last.next_power_of_two());
-        let space = Buddy::new(BuddyConfig {
-            min_order: MIN_SLAB.trailing_zeros(),
-            max_order: largest_slab.trailing_zeros(),
-            min_segment_order: segment_size.trailing_zeros(),
-            trim: false,
-        });
         let mut classes = Vec::new();
         let mut size = MIN_BLOCK;
         while size <= last {
-            let cap = segment_size.max(size.next_power_of_two());
-            let slab_size = (size * MIN_OBJECTS).next_power_of_two().clamp(MIN_SLAB, cap);
+            let slab_size = if size <= MIN_SLAB / 2 { MIN_SLAB } else { size };
             debug_assert_eq!(size_class_index(size), classes.len());
             classes.push(Class { size, slab_size, partial: Vec::new() });
             size = size_class_of(size + 1);
@@ -112,7 +101,7 @@ impl Slab {
         Self {
             max_size,
             segment_size,
-            space,
+            space: FirstFit::default(),
             classes,
             slabs: Vec::new(),
             spare: Vec::new(),
@@ -165,11 +154,11 @@ impl Strategy for Slab {
 
     fn segment_size_for(&self, size: u64) -> u64 {
         if size > self.max_size {
-            return self.space.segment_size_for(size);
+            return round_up(size, self.segment_size).unwrap_or(!(self.segment_size - 1));
         }
-        // The segment size, or the slab of a class larger than it.
+        // The segment size, or the slab of a class larger than it rounded up to segments.
         let slab_size = self.classes.get(size_class_index(size_class_of(size))).map_or(0, |c| c.slab_size);
-        self.space.segment_size_for(slab_size)
+        round_up(slab_size, self.segment_size).unwrap_or(self.segment_size)
     }
 
     fn add_segment(&mut self, segment: Segment) {
@@ -338,8 +327,8 @@ mod tests {
         assert_eq!(s.classes.len(), size_class_index(MIB) + 1);
         for (i, c) in s.classes.iter().enumerate() {
             assert_eq!(size_class_index(c.size), i);
-            assert!(c.slab_size.is_power_of_two() && c.slab_size >= MIN_SLAB && c.slab_size <= 2 * MIB);
-            assert!(c.slab_size / c.size >= MIN_OBJECTS.min(2 * MIB / c.size));
+            let expected = if c.size <= 32 * KIB { 64 * KIB } else { c.size };
+            assert_eq!(c.slab_size, expected, "class {}", c.size);
         }
         assert_eq!(s.segment_size_for(512), 2 * MIB);
         assert_eq!(s.segment_size_for(MIB), 2 * MIB);
@@ -362,6 +351,19 @@ mod tests {
         assert_eq!(s.free(a.addr), Some(1024));
         assert_eq!(s.allocate(700).unwrap().addr, a.addr, "freed slot reused");
         assert_eq!(s.usage().live_blocks, 3);
+    }
+
+    #[test]
+    fn classes_with_few_objects_hold_only_what_they_need() {
+        // Slabs of two objects rounded to a power of two would take 2 MiB for the 768 KiB class
+        // and 1 MiB for the 448 KiB one: 3 MiB for these three blocks.
+        let mut s = with_segment();
+        let blocks: Vec<_> = [768 * KIB, 768 * KIB, 448 * KIB].iter().map(|&size| s.allocate(size).unwrap()).collect();
+        assert_eq!(blocks.iter().map(|b| b.addr).collect::<Vec<_>>(), vec![0, 768 * KIB, 1536 * KIB]);
+        assert_eq!(s.usage().reserved, 2 * MIB);
+        assert!(s.allocate(128 * KIB).is_none(), "64 KiB left");
+        s.free(blocks[1].addr).unwrap();
+        assert_eq!(s.allocate(640 * KIB).unwrap().addr, 768 * KIB, "a freed run serves another class");
     }
 
     #[test]
@@ -407,23 +409,22 @@ mod tests {
         assert!(s.allocate(3 * MIB).is_none());
         s.add_segment(seg(0, 4 * MIB));
         let big = s.allocate(3 * MIB).unwrap();
-        assert_eq!(big, Block { addr: 0, size: 4 * MIB });
-        assert!(s.allocate(512).is_none(), "a dedicated segment is not carved");
+        assert_eq!(big, Block { addr: 0, size: 3 * MIB }, "a block of its own size, not a power of two");
+        let small = s.allocate(512).unwrap();
+        assert_eq!(small.addr, 3 * MIB, "the segment's rest holds slabs");
+        // 1 MiB less a 64 KiB slab left: the largest class whose one-object slab fits is 896 KiB.
+        assert_eq!(s.usage().largest_free, 896 * KIB);
         s.add_segment(seg(4 * MIB, 2 * MIB));
         let mid = s.allocate(MIB + 512).unwrap();
-        assert_eq!(mid, Block { addr: 4 * MIB, size: 2 * MIB });
-        assert_eq!(s.usage().allocated, 6 * MIB);
-        assert_eq!(s.usage().largest_free, 0);
+        assert_eq!(mid, Block { addr: 4 * MIB, size: MIB + 512 });
+        assert_eq!(s.usage().allocated, 4 * MIB + 1024);
         assert!(s.release_free_segments().is_empty());
-        assert_eq!(s.free(mid.addr), Some(2 * MIB));
+        assert_eq!(s.free(mid.addr), Some(MIB + 512));
         assert_eq!(s.usage().largest_free, 2 * MIB);
-        let small = s.allocate(512).unwrap();
-        // 1 MiB of slab space left: the largest class whose (two-object) slab fits in it is 512 KiB.
-        assert_eq!(s.usage().largest_free, 512 * KIB);
-        assert_eq!(s.release_free_segments(), vec![]);
-        s.free(small.addr).unwrap();
         assert_eq!(s.release_free_segments(), vec![seg(4 * MIB, 2 * MIB)]);
         s.free(big.addr).unwrap();
+        assert_eq!(s.release_free_segments(), vec![], "the slab keeps its segment");
+        s.free(small.addr).unwrap();
         assert_eq!(s.release_free_segments(), vec![seg(0, 4 * MIB)]);
     }
 
@@ -434,7 +435,7 @@ mod tests {
         let b = s.allocate(512).unwrap();
         let c = s.allocate(512).unwrap();
         s.free(b.addr).unwrap();
-        let d = s.allocate(64 * KIB).unwrap(); // 64 KiB class, 128 KiB slab
+        let d = s.allocate(64 * KIB).unwrap(); // 64 KiB class, a slab of one object
         let (segment, list) = &s.snapshot()[0];
         assert_eq!(*segment, seg(0, 2 * MIB));
         assert_eq!(
@@ -443,12 +444,12 @@ mod tests {
                 info(a.addr, 512, true),
                 info(512, 512, false),
                 info(c.addr, 512, true),
-                info(1536, 128 * KIB - 1536, false),
+                info(1536, 64 * KIB - 1536, false),
                 info(d.addr, 64 * KIB, true),
                 info(d.addr + 64 * KIB, 2 * MIB - d.addr - 64 * KIB, false),
             ]
         );
-        assert_eq!(d.addr, 128 * KIB);
+        assert_eq!(d.addr, 64 * KIB);
     }
 
     #[test]
@@ -456,21 +457,24 @@ mod tests {
         let mut s = Slab::new(SlabConfig { max_size: 64 * MIB, segment_size: 2 * MIB });
         assert_eq!(s.segment_size_for(512), 2 * MIB);
         assert_eq!(s.segment_size_for(MIB), 2 * MIB);
-        assert_eq!(s.segment_size_for(3 * MIB), 4 * MIB, "class 3 MiB, one object per 4 MiB slab");
-        assert_eq!(s.segment_size_for(40 * MIB), 64 * MIB);
+        assert_eq!(s.segment_size_for(3 * MIB), 4 * MIB, "class 3 MiB, a 3 MiB slab in whole segments");
+        assert_eq!(s.segment_size_for(40 * MIB), 40 * MIB);
         assert_eq!(s.segment_size_for(64 * MIB + 512), 66 * MIB, "above max_size: a dedicated segment");
-        s.add_segment(seg(0, 64 * MIB));
+        s.add_segment(seg(0, 40 * MIB));
         let a = s.allocate(40 * MIB).unwrap();
         assert_eq!(a, Block { addr: 0, size: 40 * MIB });
-        assert!(s.allocate(512).is_none(), "the 64 MiB slab holds one object");
+        assert!(s.allocate(512).is_none(), "the 40 MiB slab fills its segment");
         s.add_segment(seg(GIB, 4 * MIB));
         let b = s.allocate(3 * MIB - 512).unwrap();
         assert_eq!(b, Block { addr: GIB, size: 3 * MIB });
-        s.free(a.addr).unwrap();
         let c = s.allocate(512).unwrap();
-        assert_eq!(c.addr, 0, "the emptied big slab's space serves small slabs");
-        s.free(b.addr).unwrap();
-        s.free(c.addr).unwrap();
+        assert_eq!(c.addr, GIB + 3 * MIB, "the rest of the 3 MiB slab's segment serves small slabs");
+        s.free(a.addr).unwrap();
+        let d = s.allocate(MIB).unwrap();
+        assert_eq!(d.addr, 0, "the emptied big slab's space serves other classes");
+        for block in [b, c, d] {
+            s.free(block.addr).unwrap();
+        }
         assert_eq!(s.release_free_segments().len(), 2);
     }
 
