@@ -1,0 +1,118 @@
+//! Lowest floor first: the canonical placement of the exact search (see `exact/search.rs`) taken greedily,
+//! for parts too large to search.
+//!
+//! A buffer's *floor* is the highest top among the placed buffers that overlap it in time. The heuristic
+//! places, again and again, the unplaced buffer with the lowest floor (ties by an order's rank) at its floor,
+//! as a pile settles from the bottom up: each placement fills the lowest free band there is. On a decoding
+//! run, where best fit leaves the growing caches' old slots too small for their successors, this meets the
+//! lower bound; which order breaks ties best differs from graph to graph, so the planner tries several.
+//!
+//! The floor of a buffer is the highest point of the *skyline* (the top of the placed buffers at each
+//! moment) over its lifetime, a range maximum in a segment tree; floors only rise, so a heap keyed by floors
+//! read earlier yields the lowest one once its key is read again and found current. Each read costs O(log n),
+//! but a buffer is read again each time the pile has risen under it since its last read: on a training step
+//! of 35,000 buffers, 17 million reads with longest first. A run that cannot beat the arena it is given
+//! stops as soon as its projection (`projection.rs`: the skyline plus the bytes still to place, at every
+//! moment) shows it, rather than when its skyline passes that arena.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::time::Instant;
+
+mod projection;
+mod skyline;
+
+use crate::exact::{Order, Traits};
+use crate::instance::Instance;
+use projection::Projection;
+use skyline::Skyline;
+
+/// Placements between looks at the clock.
+const CLOCK_EVERY: u32 = 4_096;
+
+/// Offsets of `part`'s buffers (parallel to it), lowest floor first, ties by `order`; `None` as soon as the
+/// run's projection rises above `beat` (the plan could not beat that arena) or the deadline passes.
+pub(crate) fn lowest_floor_first(
+    inst: &Instance,
+    part: &[u32],
+    order: Order,
+    beat: u64,
+    deadline: Instant,
+) -> Option<Vec<u64>> {
+    let live = live(inst, part);
+    let rank = ranks(inst, part, &live, order);
+    let mut projection = Projection::new(&live);
+    let mut skyline = Skyline::new(inst.segments);
+    let mut heap: BinaryHeap<Reverse<(u64, u32, u32)>> =
+        (0..part.len() as u32).map(|p| Reverse((0, rank[p as usize], p))).collect();
+    let mut offsets = vec![0u64; part.len()];
+    let mut clock = 0u32;
+    while let Some(Reverse((key, r, p))) = heap.pop() {
+        clock += 1;
+        if clock % CLOCK_EVERY == 0 && Instant::now() >= deadline {
+            return None;
+        }
+        let i = part[p as usize] as usize;
+        let floor = skyline.highest(inst.lo[i], inst.hi[i]);
+        // Keys are floors read earlier, so never above the floors now: a buffer whose floor (and rank) is
+        // below the least key left is the lowest, stale key or not.
+        let lowest = floor == key || heap.peek().is_none_or(|Reverse((k, kr, _))| (floor, r) < (*k, *kr));
+        if !lowest {
+            heap.push(Reverse((floor, r, p)));
+            continue;
+        }
+        let top = floor + inst.size[i];
+        projection.place(inst.lo[i], inst.hi[i], top, inst.size[i]);
+        if projection.height() > beat {
+            return None;
+        }
+        offsets[p as usize] = floor;
+        skyline.raise(inst.lo[i], inst.hi[i], top);
+    }
+    Some(offsets)
+}
+
+/// The bytes of `part` live on each segment.
+fn live(inst: &Instance, part: &[u32]) -> Vec<u64> {
+    let mut delta = vec![0i128; inst.segments + 1];
+    for &i in part {
+        delta[inst.lo[i as usize] as usize] += inst.size[i as usize] as i128;
+        delta[inst.hi[i as usize] as usize] -= inst.size[i as usize] as i128;
+    }
+    let mut bytes = 0i128;
+    delta[..inst.segments]
+        .iter()
+        .map(|d| {
+            bytes += d;
+            bytes as u64
+        })
+        .collect()
+}
+
+/// Each buffer's rank (position in `part`'s order) under `order`; its T key is the most bytes of the part live
+/// (`live`, per segment) at a moment of its lifetime.
+fn ranks(inst: &Instance, part: &[u32], live: &[u64], order: Order) -> Vec<u32> {
+    let mut loads = Skyline::new(inst.segments);
+    for (segment, &bytes) in live.iter().enumerate() {
+        loads.raise(segment as u32, segment as u32 + 1, bytes);
+    }
+    let mut by: Vec<u32> = (0..part.len() as u32).collect();
+    order.sort(&mut by, |p| {
+        let i = part[p] as usize;
+        Traits {
+            size: inst.size[i],
+            length: inst.length[i],
+            lo: inst.lo[i],
+            hi: inst.hi[i],
+            tight: loads.highest(inst.lo[i], inst.hi[i]),
+        }
+    });
+    let mut rank = vec![0u32; part.len()];
+    for (r, &p) in by.iter().enumerate() {
+        rank[p as usize] = r as u32;
+    }
+    rank
+}
+
+#[cfg(test)]
+mod tests;

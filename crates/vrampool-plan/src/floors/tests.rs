@@ -1,0 +1,133 @@
+use super::*;
+use crate::{random_instance, validate, Buffer};
+use std::time::Duration;
+
+fn whole(buffers: &[Buffer]) -> (Instance, Vec<u32>) {
+    (Instance::new(buffers, 1).unwrap(), (0..buffers.len() as u32).collect())
+}
+
+fn far() -> Instant {
+    Instant::now() + Duration::from_secs(60)
+}
+
+#[test]
+fn the_skyline_reads_what_was_raised() {
+    // Random raises and reads against a plain array, on timelines of every length up to 40.
+    let mut state = 12_345u64;
+    let mut below = |m: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % m
+    };
+    for n in 1..40u64 {
+        let mut skyline = Skyline::new(n as usize);
+        let mut plain = vec![0u64; n as usize];
+        for _ in 0..200 {
+            let lo = below(n);
+            let hi = lo + 1 + below(n - lo);
+            let value = below(1_000);
+            skyline.raise(lo as u32, hi as u32, value);
+            plain[lo as usize..hi as usize].iter_mut().for_each(|v| *v = (*v).max(value));
+            let lo = below(n);
+            let hi = lo + 1 + below(n - lo);
+            let want = plain[lo as usize..hi as usize].iter().copied().max().unwrap();
+            assert_eq!(skyline.highest(lo as u32, hi as u32), want, "n={n} {lo}..{hi}");
+        }
+    }
+}
+
+/// Lowest floor first the slow way: every floor read afresh at every step.
+fn plainly(inst: &Instance, part: &[u32], order: Order) -> Vec<u64> {
+    let rank = ranks(inst, part, &live(inst, part), order);
+    let mut top = vec![0u64; inst.segments];
+    let mut offsets = vec![None; part.len()];
+    while let Some((floor, _, p)) = (0..part.len())
+        .filter(|&p| offsets[p].is_none())
+        .map(|p| {
+            let i = part[p] as usize;
+            let floor = top[inst.lo[i] as usize..inst.hi[i] as usize].iter().copied().max().unwrap_or(0);
+            (floor, rank[p], p)
+        })
+        .min()
+    {
+        let i = part[p] as usize;
+        top[inst.lo[i] as usize..inst.hi[i] as usize].iter_mut().for_each(|t| *t = floor + inst.size[i]);
+        offsets[p] = Some(floor);
+    }
+    offsets.into_iter().map(|o| o.unwrap()).collect()
+}
+
+#[test]
+fn the_heap_places_as_reading_every_floor_afresh_would() {
+    for seed in 0..20 {
+        let buffers = random_instance(120, seed);
+        let (inst, part) = whole(&buffers);
+        for order in [Order::Time, Order::Wat, Order::Taw, Order::Twa, Order::Area] {
+            let fast = lowest_floor_first(&inst, &part, order, u64::MAX, far()).unwrap();
+            assert_eq!(fast, plainly(&inst, &part, order), "seed {seed} {order:?}");
+            validate(&buffers, &fast, 1).unwrap();
+        }
+    }
+}
+
+#[test]
+fn it_gives_up_above_the_arena_to_beat_or_at_the_deadline() {
+    let buffers = random_instance(2_000, 3);
+    let (inst, part) = whole(&buffers);
+    let plan = lowest_floor_first(&inst, &part, Order::Wat, u64::MAX, far()).unwrap();
+    let arena = validate(&buffers, &plan, 1).unwrap();
+    assert_eq!(lowest_floor_first(&inst, &part, Order::Wat, arena, far()), Some(plan));
+    assert_eq!(lowest_floor_first(&inst, &part, Order::Wat, arena - 1, far()), None);
+    assert_eq!(lowest_floor_first(&inst, &part, Order::Wat, u64::MAX, Instant::now()), None);
+}
+
+#[test]
+fn a_growing_cache_leaves_no_hole_behind() {
+    // A cache of 4 bytes grown to 5, then 6, with a temporary beside each copy: best fit by start leaves
+    // each old slot too small for the next; lowest floor first puts the next above and the one after it
+    // back at 0, at the bound.
+    let buffers = [
+        Buffer::new(0, 0, 3, 4),
+        Buffer::new(1, 2, 5, 5),
+        Buffer::new(2, 4, 7, 6),
+        Buffer::new(3, 1, 2, 5),
+        Buffer::new(4, 5, 6, 5),
+    ];
+    let (inst, part) = whole(&buffers);
+    for order in [Order::Wat, Order::Twa, Order::Time] {
+        let offsets = lowest_floor_first(&inst, &part, order, u64::MAX, far()).unwrap();
+        assert_eq!(validate(&buffers, &offsets, 1).unwrap(), crate::lower_bound(&buffers), "{order:?}");
+    }
+}
+
+#[test]
+fn the_projection_is_the_skyline_plus_what_is_left_and_never_above_the_run_s_end() {
+    // Lowest floor first the plain way, with the projection read after every placement against the skyline
+    // plus the bytes left at every moment, and against where the run ends.
+    for seed in 0..30 {
+        let buffers = random_instance(80, seed);
+        let (inst, part) = whole(&buffers);
+        let live = live(&inst, &part);
+        let mut projection = Projection::new(&live);
+        let (mut top, mut left) = (vec![0u64; inst.segments], live.clone());
+        let mut unplaced: Vec<usize> = (0..inst.len()).collect();
+        let mut heights = Vec::new();
+        while let Some(k) = (0..unplaced.len())
+            .min_by_key(|&k| top[inst.lo[unplaced[k]] as usize..inst.hi[unplaced[k]] as usize].iter().max().copied())
+        {
+            let i = unplaced.swap_remove(k);
+            let (lo, hi) = (inst.lo[i] as usize, inst.hi[i] as usize);
+            let floor = top[lo..hi].iter().copied().max().unwrap();
+            top[lo..hi].iter_mut().for_each(|t| *t = floor + inst.size[i]);
+            left[lo..hi].iter_mut().for_each(|l| *l -= inst.size[i]);
+            projection.place(lo as u32, hi as u32, floor + inst.size[i], inst.size[i]);
+            let plain = top.iter().zip(&left).map(|(t, l)| t + l).max().unwrap();
+            assert_eq!(projection.height(), plain, "seed {seed}");
+            heights.push(plain);
+        }
+        let end = top.iter().copied().max().unwrap();
+        assert_eq!(heights.last(), Some(&end), "seed {seed}: nothing left, the projection is the arena");
+        assert!(heights.iter().all(|&h| h <= end), "seed {seed}: a projection above the end");
+    }
+}
