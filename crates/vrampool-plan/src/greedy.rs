@@ -3,6 +3,8 @@
 //! it in time, or on top of them when no gap is large enough. They differ in the order, and XLA's heap
 //! simulator keeps the better of two orders.
 
+use std::time::Instant;
+
 use crate::instance::Instance;
 use crate::placed_index::PlacedIndex;
 use crate::{Buffer, PlanError};
@@ -22,28 +24,44 @@ pub fn greedy_by_size(buffers: &[Buffer], alignment: u64) -> Result<Vec<u64>, Pl
 /// larger size); the plan with the smaller arena is returned.
 pub fn best_fit_decreasing(buffers: &[Buffer], alignment: u64) -> Result<Vec<u64>, PlanError> {
     let inst = Instance::new(buffers, alignment)?;
+    Ok(best_fit_decreasing_until(&inst, None).expect("no deadline"))
+}
+
+/// [`best_fit_decreasing`] that gives up at `deadline`: the better of the orders finished by then, or `None`
+/// if neither was.
+pub(crate) fn best_fit_decreasing_until(inst: &Instance, deadline: Option<Instant>) -> Option<Vec<u64>> {
     let by = |key: &dyn Fn(usize) -> (u64, u64)| {
         let mut order: Vec<u32> = (0..inst.len() as u32).collect();
         // Larger keys first; ties by earlier start, then input order (the sort is stable).
         order.sort_by_key(|&i| (std::cmp::Reverse(key(i as usize)), inst.lo[i as usize]));
         order
     };
-    let spatial = place_in_order(&inst, &by(&|i| (inst.size[i], inst.span(i) as u64)));
-    let temporal = place_in_order(&inst, &by(&|i| (inst.span(i) as u64, inst.size[i])));
     let arena = |offsets: &[u64]| offsets.iter().zip(&inst.size).map(|(o, s)| o + s).max().unwrap_or(0);
-    Ok(if arena(&temporal) < arena(&spatial) { temporal } else { spatial })
+    let spatial = place_in_order_until(inst, &by(&|i| (inst.size[i], inst.span(i) as u64)), deadline)?;
+    let Some(temporal) = place_in_order_until(inst, &by(&|i| (inst.span(i) as u64, inst.size[i])), deadline) else {
+        return Some(spatial);
+    };
+    Some(if arena(&temporal) < arena(&spatial) { temporal } else { spatial })
 }
 
 /// Places buffers in `order`, each at the start of the smallest gap that holds it between the placed buffers
 /// overlapping it in time (the lowest gap on ties), or above all of them.
 fn place_in_order(inst: &Instance, order: &[u32]) -> Vec<u64> {
+    place_in_order_until(inst, order, None).expect("no deadline")
+}
+
+/// [`place_in_order`], or `None` once `deadline` has passed (looked at every 1,024 buffers).
+fn place_in_order_until(inst: &Instance, order: &[u32], deadline: Option<Instant>) -> Option<Vec<u64>> {
     let mut offsets = vec![0u64; inst.len()];
     let mut index = PlacedIndex::new(inst.segments);
     let mut spans = Vec::new();
-    for &i in order {
+    for (n, &i) in order.iter().enumerate() {
+        if n % 1024 == 1023 && deadline.is_some_and(|d| Instant::now() >= d) {
+            return None;
+        }
         offsets[i as usize] = best_fit(inst, &mut index, i, &mut spans);
     }
-    offsets
+    Some(offsets)
 }
 
 /// Buffer `i`'s offset by best fit among the buffers in `index`, where it is then recorded (`spans` is
@@ -144,6 +162,16 @@ mod tests {
             assert!(offsets.iter().all(|o| o % 64 == 0), "{offsets:?}");
             assert_eq!(validate(&buffers, &offsets, 64).unwrap(), 256);
         }
+    }
+
+    #[test]
+    fn best_fit_decreasing_gives_up_at_its_deadline_and_is_unchanged_without_one() {
+        let buffers = crate::random_instance(5_000, 7);
+        let inst = Instance::new(&buffers, 1).unwrap();
+        let passed = Instant::now();
+        assert_eq!(best_fit_decreasing_until(&inst, Some(passed)), None);
+        let far = Instant::now() + std::time::Duration::from_secs(3600);
+        assert_eq!(best_fit_decreasing_until(&inst, Some(far)), Some(best_fit_decreasing(&buffers, 1).unwrap()));
     }
 
     #[test]

@@ -5,6 +5,8 @@ use std::time::{Duration, Instant};
 use crate::bound::lower_bound_of;
 use crate::buffer::round_up;
 use crate::exact::{exact_decide, Verdict};
+use crate::greedy::best_fit_decreasing_until;
+use crate::instance::Instance;
 use crate::{best_fit_decreasing, exact_search, greedy_by_size, validate, Buffer, PlanError};
 
 /// Which offset assignment to run.
@@ -115,7 +117,8 @@ pub fn plan(buffers: &[Buffer], options: &PlanOptions) -> Result<Plan, PlanError
             if greedy_arena <= lower_bound {
                 (greedy, lower_bound)
             } else {
-                let seed = better_heuristic(buffers, alignment, greedy, greedy_arena)?;
+                let seed =
+                    better_heuristic(buffers, alignment, greedy, greedy_arena, start.checked_add(options.budget / 2))?;
                 let budget = options.budget.saturating_sub(start.elapsed() + check);
                 let outcome = exact_search(buffers, alignment, budget, Some(&seed))?;
                 (outcome.offsets, outcome.bound_bytes)
@@ -161,7 +164,9 @@ pub fn decide(buffers: &[Buffer], capacity: u64, options: &PlanOptions) -> Resul
     let greedy_arena = arena(&greedy)?;
     let seed = match options.algorithm {
         Algorithm::BestFit => best_fit_decreasing(buffers, alignment)?,
-        Algorithm::Auto if greedy_arena > capacity => better_heuristic(buffers, alignment, greedy, greedy_arena)?,
+        Algorithm::Auto if greedy_arena > capacity => {
+            better_heuristic(buffers, alignment, greedy, greedy_arena, start.checked_add(options.budget / 2))?
+        }
         _ => greedy,
     };
     let offsets = if arena(&seed)? <= capacity {
@@ -178,14 +183,17 @@ pub fn decide(buffers: &[Buffer], capacity: u64, options: &PlanOptions) -> Resul
     Ok(Decision::Fits(finish(buffers, offsets, lower_bound, lower_bound, options, start)?))
 }
 
-/// Best fit's plan where it beats greedy by size's.
+/// Best fit's plan where it beats greedy by size's. Best fit is only the search's seed, so it gets half the
+/// budget: on the largest graphs its two orders alone can take longer than the whole budget.
 fn better_heuristic(
     buffers: &[Buffer],
     alignment: u64,
     greedy: Vec<u64>,
     greedy_arena: u64,
+    deadline: Option<Instant>,
 ) -> Result<Vec<u64>, PlanError> {
-    let best_fit = best_fit_decreasing(buffers, alignment)?;
+    let inst = Instance::new(buffers, alignment)?;
+    let Some(best_fit) = best_fit_decreasing_until(&inst, deadline) else { return Ok(greedy) };
     Ok(if validate(buffers, &best_fit, alignment)? < greedy_arena { best_fit } else { greedy })
 }
 
