@@ -13,7 +13,7 @@
 //! its share of the time and doubles while well ahead. Buffers left when the sweep's time is up are placed by
 //! best fit among those placed, so a sweep always ends with a plan, on time.
 //!
-//! Before the sweeps, lowest floor first (`floors.rs`) runs once per tie-break and direction of time while it
+//! Before the sweeps, lowest floor first (`floors/`) runs once per tie-break and direction of time while it
 //! beats the best so far, each run stopping as soon as it cannot: on most graphs it ends within a few
 //! thousandths of the bound, where the windows would begin a step above. Best fit in order of start (what a
 //! dynamic allocator replaying the run would do) comes after the first run, by start, the cheapest good one:
