@@ -191,6 +191,27 @@ fn run<S: Strategy>(strategy: S, ops: &[Op]) {
     assert_eq!(model.strategy.usage(), Usage::default());
 }
 
+/// A free of an address that is no live block (inside one, foreign, out of range, or freed already) is
+/// refused and changes nothing, in every strategy.
+#[test]
+fn invalid_frees_change_nothing_in_every_strategy() {
+    let strategies: [Box<dyn Strategy>; 3] = [Box::new(BestFit::default()), Box::new(Buddy::default()), Box::new(Slab::default())];
+    for mut s in strategies {
+        s.add_segment(Segment { base: 0, size: 2 * MIB });
+        let a = s.allocate(4 * KIB).unwrap();
+        let _b = s.allocate(4 * KIB).unwrap();
+        let before = (s.snapshot(), s.usage());
+        for addr in [a.addr + 512, 8 * KIB, 64 * KIB, 2 * MIB, u64::MAX, 1] {
+            assert_eq!(s.free(addr), None);
+        }
+        assert_eq!((s.snapshot(), s.usage()), before);
+        assert_eq!(s.free(a.addr), Some(4 * KIB));
+        let before = (s.snapshot(), s.usage());
+        assert_eq!(s.free(a.addr), None);
+        assert_eq!((s.snapshot(), s.usage()), before);
+    }
+}
+
 proptest! {
     // XorShift: the default ChaCha generator is a fifth of the run time in a debug build.
     #![proptest_config(ProptestConfig {

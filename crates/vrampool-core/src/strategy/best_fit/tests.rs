@@ -203,23 +203,6 @@ fn adjacent_segments_never_merge_and_are_released() {
 }
 
 #[test]
-fn invalid_frees_change_nothing() {
-    let mut b = BestFit::default();
-    b.add_segment(seg(0, 2 * MIB));
-    let x = b.allocate(4 * KIB).unwrap();
-    let _y = b.allocate(4 * KIB).unwrap();
-    let before = (b.snapshot(), b.usage());
-    for addr in [x.addr + 512, 8 * KIB, 2 * MIB, u64::MAX, 1] {
-        assert_eq!(b.free(addr), None);
-    }
-    assert_eq!((b.snapshot(), b.usage()), before);
-    assert_eq!(b.free(x.addr), Some(4 * KIB));
-    let before = (b.snapshot(), b.usage());
-    assert_eq!(b.free(x.addr), None);
-    assert_eq!((b.snapshot(), b.usage()), before);
-}
-
-#[test]
 fn extreme_sizes_do_not_panic() {
     let mut b = BestFit::default();
     b.add_segment(seg(0, 2 * MIB));
