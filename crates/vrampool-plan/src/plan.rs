@@ -227,6 +227,18 @@ mod tests {
         PlanOptions { algorithm, ..PlanOptions::default() }
     }
 
+    /// Both heuristics need 13 bytes; 11 (the lower bound) is possible. Found by a random search.
+    fn missed_by_the_heuristics() -> [Buffer; 6] {
+        [
+            Buffer::new(0, 5, 6, 5),
+            Buffer::new(1, 0, 3, 5),
+            Buffer::new(2, 4, 8, 4),
+            Buffer::new(3, 4, 6, 2),
+            Buffer::new(4, 2, 5, 2),
+            Buffer::new(5, 1, 3, 2),
+        ]
+    }
+
     #[test]
     fn every_algorithm_plans_a_small_instance_at_the_lower_bound() {
         // Lower bound 12 (time 3: 4 + 8); a ladder that any sensible planner stacks tightly.
@@ -260,15 +272,7 @@ mod tests {
 
     #[test]
     fn exact_and_auto_beat_the_heuristics_where_they_miss() {
-        // Both heuristics need 13 bytes; 11 (the lower bound) is possible. Found by a random search.
-        let buffers = [
-            Buffer::new(0, 5, 6, 5),
-            Buffer::new(1, 0, 3, 5),
-            Buffer::new(2, 4, 8, 4),
-            Buffer::new(3, 4, 6, 2),
-            Buffer::new(4, 2, 5, 2),
-            Buffer::new(5, 1, 3, 2),
-        ];
+        let buffers = missed_by_the_heuristics();
         let arena = |algorithm| plan(&buffers, &options(algorithm)).unwrap();
         assert_eq!(arena(Algorithm::GreedyBySize).arena_bytes, 13);
         assert_eq!(arena(Algorithm::BestFit).arena_bytes, 13);
@@ -327,15 +331,7 @@ mod tests {
 
     #[test]
     fn decide_needs_the_search_where_the_heuristics_miss() {
-        // Both heuristics need 13 bytes; 11 fits (see exact_and_auto_beat_the_heuristics_where_they_miss).
-        let buffers = [
-            Buffer::new(0, 5, 6, 5),
-            Buffer::new(1, 0, 3, 5),
-            Buffer::new(2, 4, 8, 4),
-            Buffer::new(3, 4, 6, 2),
-            Buffer::new(4, 2, 5, 2),
-            Buffer::new(5, 1, 3, 2),
-        ];
+        let buffers = missed_by_the_heuristics();
         for algorithm in [Algorithm::Exact, Algorithm::Auto] {
             let decision = decide(&buffers, 11, &options(algorithm)).unwrap();
             assert!(matches!(decision, Decision::Fits(ref p) if p.arena_bytes == 11), "{algorithm}: {decision:?}");
