@@ -198,6 +198,19 @@ fn room(length: u64, chunk: u64) -> u64 {
     length.div_ceil(chunk) * chunk
 }
 
+/// Replaces a key and a value cache of `capacity` rows of `row_bytes` by larger ones (allocated, copied into,
+/// the old freed) once `length` rows no longer fit, rounded up to a multiple of `chunk` rows.
+fn grow_cache(tape: &mut Tape, cache: &mut [usize; 2], capacity: &mut u64, length: u64, chunk: u64, row_bytes: u64) {
+    if length > *capacity {
+        *capacity = room(length, chunk);
+        let grown = [(); 2].map(|_| tape.make(*capacity * row_bytes));
+        for b in *cache {
+            tape.free(b);
+        }
+        *cache = grown;
+    }
+}
+
 /// Decoding a batch: per layer one key and one value cache for the whole batch, replaced by a larger one
 /// (allocated, copied into, the old freed) whenever the sequences outgrow it.
 fn decoding(tape: &mut Tape, model: &Model, target: usize, rng: &mut SplitMix64) {
@@ -214,14 +227,7 @@ fn decoding(tape: &mut Tape, model: &Model, target: usize, rng: &mut SplitMix64)
         let mut x = tape.make(batch * model.row);
         for (cache, capacity) in caches.iter_mut() {
             let mut grow = |tape: &mut Tape, k: usize, v: usize| {
-                if length > *capacity {
-                    *capacity = room(length, chunk);
-                    let grown = [(); 2].map(|_| tape.make(batch * *capacity * model.kv_row));
-                    for b in [cache[0], cache[1]] {
-                        tape.free(b);
-                    }
-                    *cache = grown;
-                }
+                grow_cache(tape, cache, capacity, length, chunk, batch * model.kv_row);
                 tape.free(k);
                 tape.free(v);
             };
@@ -270,14 +276,7 @@ fn serving(tape: &mut Tape, model: &Model, target: usize, rng: &mut SplitMix64) 
             let mut grow = |tape: &mut Tape, k: usize, v: usize| {
                 for s in active.iter_mut() {
                     let (cache, capacity) = &mut s.caches[layer];
-                    if s.length + 1 > *capacity {
-                        *capacity = room(s.length + 1, chunk);
-                        let grown = [(); 2].map(|_| tape.make(*capacity * model.kv_row));
-                        for b in *cache {
-                            tape.free(b);
-                        }
-                        *cache = grown;
-                    }
+                    grow_cache(tape, cache, capacity, s.length + 1, chunk, model.kv_row);
                 }
                 tape.free(k);
                 tape.free(v);
