@@ -3,14 +3,24 @@
 
 use crate::arena::Arena;
 use crate::config::{PoolConfig, Scrub};
-use crate::sizes::{class_size, MIN_BLOCK};
+use crate::sizes::{class_size, classes_up_to, MIN_BLOCK};
+
+/// The number of classes thread caches hold: the first tier's, up to `small_max` and to what that
+/// tier caches at all (`PoolConfig::first_tier_cached_max`).
+pub fn thread_classes(config: &PoolConfig) -> usize {
+    classes_up_to(config.small_max.min(config.first_tier_cached_max()))
+}
 
 /// The class a block of `size` bytes from `tier` is cached under, if any: its size must be
 /// exactly a class, and one that this tier hands out (a class just above `small_max` is the slab's
-/// for some requests and best-fit's for others; only best-fit's blocks are cached).
+/// for some requests and best-fit's for others; only best-fit's blocks are cached), and the first
+/// tier caches only up to `PoolConfig::first_tier_cached_max`.
 #[inline(always)]
 pub fn cache_class(config: &PoolConfig, arena: &Arena, thread_classes: usize, size: u64, tier: u8) -> Option<usize> {
     let index = arena.magazines.class_of_block(size)?;
+    if tier == 0 && size > config.first_tier_cached_max() {
+        return None;
+    }
     // The thread-cache classes are at most `small_max`: the first tier's in every strategy.
     let ours = if index < thread_classes { tier == 0 } else { config.tier_of(size) == tier };
     ours.then_some(index)
@@ -80,7 +90,7 @@ impl ThreadClass {
 mod tests {
     use super::*;
     use crate::device::StreamId;
-    use crate::sizes::{classes_up_to, KIB};
+    use crate::sizes::{KIB, MIB};
     use crate::strategy::StrategyKind;
 
     /// The table stands for `padded`, `tier_of`, `block_size_for` and `cache_class` on every
@@ -103,7 +113,7 @@ mod tests {
         ];
         for config in configs {
             let arena = crate::pool::new_arena(&config, StreamId(0));
-            let thread_classes = classes_up_to(config.small_max);
+            let thread_classes = thread_classes(&config);
             let table = thread_class_table(&config, &arena, thread_classes);
             assert_eq!(table.len() as u64, class_size(thread_classes - 1) / MIN_BLOCK, "{config:?}");
             let mut cached = 0;
@@ -124,6 +134,26 @@ mod tests {
     }
 
     #[test]
+    fn a_slab_caches_only_the_classes_of_its_shared_slabs() {
+        for (strategy, runs_cached) in
+            [(StrategyKind::Hybrid, false), (StrategyKind::Slab, false), (StrategyKind::BestFit, true), (StrategyKind::Buddy, true)]
+        {
+            let config = PoolConfig { strategy, ..PoolConfig::default() };
+            let arena = crate::pool::new_arena(&config, StreamId(0));
+            let classes = thread_classes(&config);
+            let cached = |size| cache_class(&config, &arena, classes, size, 0).is_some();
+            assert!(cached(32 * KIB), "{strategy:?}");
+            assert_eq!(cached(40 * KIB), runs_cached, "{strategy:?}: the smallest run");
+            assert_eq!(cached(MIB), runs_cached, "{strategy:?}");
+            assert_eq!(class_size(classes - 1), if runs_cached { MIB } else { 32 * KIB }, "{strategy:?}: the thread caches' classes");
+        }
+        // The hybrid's other tiers cache as before.
+        let config = PoolConfig::default();
+        let arena = crate::pool::new_arena(&config, StreamId(0));
+        assert!(cache_class(&config, &arena, thread_classes(&config), 4 * MIB, 1).is_some());
+    }
+
+    #[test]
     fn options_that_watch_every_call_turn_the_table_off() {
         let configs = [
             PoolConfig { scrub: Scrub::OnFree, ..PoolConfig::default() },
@@ -133,7 +163,7 @@ mod tests {
         ];
         for config in configs {
             let arena = crate::pool::new_arena(&config, StreamId(0));
-            assert!(thread_class_table(&config, &arena, classes_up_to(config.small_max)).is_empty(), "{config:?}");
+            assert!(thread_class_table(&config, &arena, thread_classes(&config)).is_empty(), "{config:?}");
         }
     }
 }

@@ -10,7 +10,7 @@
 
 use crate::error::PoolError;
 use crate::sizes::{round_up, size_class_of, GIB, KIB, MIB, MIN_BLOCK};
-use crate::strategy::StrategyKind;
+use crate::strategy::{StrategyKind, SHARED_SLAB_MAX};
 
 /// Zero-filling of blocks, so that one user's data never reaches the next (shared GPUs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -141,6 +141,20 @@ impl PoolConfig {
             (StrategyKind::Buddy, _) => rounded.next_power_of_two(),
             (StrategyKind::Hybrid, 2) => round_up(rounded, self.large_unit()).unwrap_or(u64::MAX),
             _ => rounded,
+        }
+    }
+
+    /// The largest block of the first tier that is cached when freed: every one, unless the first
+    /// tier is a slab, whose runs (classes above `SHARED_SLAB_MAX`) and larger blocks go back to it at
+    /// once. Design: a cached run keeps its place while the slab carves other classes' runs
+    /// elsewhere, so the small tier's segments fragment; given back, the run merges in the first
+    /// fit, and the next run of any size is carved lowest address first, which keeps live runs
+    /// packed into the lowest segments. The tier's lock is what that costs a run's pair.
+    #[inline(always)]
+    pub fn first_tier_cached_max(&self) -> u64 {
+        match self.strategy {
+            StrategyKind::Slab | StrategyKind::Hybrid => SHARED_SLAB_MAX,
+            StrategyKind::BestFit | StrategyKind::Buddy => u64::MAX,
         }
     }
 

@@ -76,11 +76,13 @@ fn small_blocks_come_back_through_the_lock_free_fast_path() {
 
 #[test]
 fn blocks_of_a_class_size_come_back_without_a_lock_in_every_tier() {
-    // Hybrid: 512 B (slab), 4 MiB (best-fit), 64 MiB (buddy); and the single strategies.
+    // Hybrid: 512 B (slab), 4 MiB (best-fit), 64 MiB (buddy); and the single strategies, of which
+    // the slab caches only its shared slabs' classes (see the next test).
     for strategy in ALL {
         let (pool, _) = pool_on(GIB, strategy);
         let mut last = 0;
-        for (k, size) in [512, 4 * MIB, 64 * MIB].into_iter().enumerate() {
+        let sizes: &[u64] = if strategy == StrategyKind::Slab { &[512] } else { &[512, 4 * MIB, 64 * MIB] };
+        for (k, &size) in sizes.iter().enumerate() {
             let a = pool.allocate(size, S0).unwrap();
             pool.free(a, None, None).unwrap();
             let b = pool.allocate(size, S0).unwrap();
@@ -94,6 +96,33 @@ fn blocks_of_a_class_size_come_back_without_a_lock_in_every_tier() {
         assert_eq!(state, Some(BlockState::Cached), "{strategy:?}");
         pool.trim().unwrap();
         assert_eq!(pool.stats().reserved_bytes.current, 0, "{strategy:?}: a trim gives cached blocks back too");
+    }
+}
+
+#[test]
+fn a_freed_slab_run_goes_back_at_once_and_the_next_run_is_carved_lowest_address_first() {
+    for strategy in [StrategyKind::Hybrid, StrategyKind::Slab] {
+        let (pool, dev) = pool_on(GIB, strategy);
+        // Two 1 MiB runs fill a 2 MiB segment; a third starts a second segment, half free.
+        let low = pool.allocate(MIB, S0).unwrap();
+        let _beside = pool.allocate(MIB, S0).unwrap();
+        let _high = pool.allocate(MIB, S0).unwrap();
+        assert_eq!(dev.counters().alloc_calls, 2, "{strategy:?}");
+        pool.free(low, None, None).unwrap();
+        // A run of another class takes the freed run's place, not the second segment's free half:
+        // a cached run would keep its place while the slab carved the new one above it.
+        let next = pool.allocate(768 * KIB, S0).unwrap();
+        assert_eq!(next, low, "{strategy:?}");
+        // A run of the freed one's class is carved again too, not served from a cache.
+        pool.free(next, None, None).unwrap();
+        let again = pool.allocate(MIB, S0).unwrap();
+        assert_eq!((again, pool.stats().fast_path_hits), (low, 0), "{strategy:?}");
+        // The shared slabs' classes are still cached.
+        let small = pool.allocate(32 * KIB, S0).unwrap();
+        pool.free(small, None, None).unwrap();
+        assert_eq!(pool.allocate(32 * KIB, S0).unwrap(), small);
+        assert_eq!(pool.stats().fast_path_hits, 1, "{strategy:?}");
+        assert_eq!(dev.counters().alloc_calls, 2, "{strategy:?}: nothing grew");
     }
 }
 

@@ -23,7 +23,7 @@ use foldhash::fast::FixedState;
 use parking_lot::Mutex;
 
 use crate::arena::Arena;
-use crate::cache_class::{cache_class, class_tag, thread_class_table, ThreadClass};
+use crate::cache_class::{cache_class, class_tag, thread_class_table, thread_classes, ThreadClass};
 use crate::config::{Limit, PoolConfig, Scrub};
 use crate::device::{Device, EventId, StreamId};
 use crate::error::{DeviceError, InvalidFreeReason, OomReport, PoolError, Result};
@@ -31,7 +31,7 @@ use crate::event_log::{EventKind, EventLog, LogEvent};
 use crate::expandable::{pieces, Expandable, Reservation, PIECES_PER_HIGH_WATER};
 use crate::fast_gate::FastGate;
 use crate::live_table::{LiveBlock, LiveTable, Removal};
-use crate::sizes::{class_size, classes_up_to, round_up, MAX_REQUEST, MIN_BLOCK};
+use crate::sizes::{class_size, round_up, MAX_REQUEST, MIN_BLOCK};
 use crate::stats::{Counters, Fast, Stats};
 use crate::strategy::{BestFit, BestFitConfig, Block, BlockInfo, Buddy, BuddyConfig, Segment, Slab, SlabConfig, Strategy, StrategyKind};
 use crate::thread_cache::{self, CacheOfThread, CacheOwner, PoolCache, PoolHandle, HOME_STREAM};
@@ -135,8 +135,8 @@ pub struct PoolCore {
     /// The default stream's arena, reached without a map lookup.
     default_arena: Arena,
     /// Thread caches hold the classes below this index: the first tier's blocks of at most
-    /// `small_max` bytes. Larger cached blocks go to the magazines only (a trim or a growth
-    /// empties both at once).
+    /// `small_max` bytes that it caches (`cache_class::thread_classes`). Larger cached blocks go to
+    /// the magazines only (a trim or a growth empties both at once).
     thread_classes: usize,
     /// For the fastest path, per 512-byte granule of request size: the thread-cache class of the
     /// requests in it, if any (see `thread_class_table`).
@@ -167,7 +167,7 @@ impl Pool {
         let device_total = device.mem_info()?.total;
         let cap = cap_for(config.limit, device_total);
         let default_arena = new_arena(&config, StreamId(0));
-        let thread_classes = classes_up_to(config.small_max);
+        let thread_classes = thread_classes(&config);
         let thread_class_of = thread_class_table(&config, &default_arena, thread_classes);
         let vm = Expandable::new(&config, device.as_ref(), device_total);
         let log = config.record_events.then(EventLog::new);

@@ -15,7 +15,7 @@ mod slab;
 
 pub use best_fit::{BestFit, BestFitConfig};
 pub use buddy::{Buddy, BuddyConfig};
-pub use slab::{Slab, SlabConfig};
+pub use slab::{Slab, SlabConfig, SHARED_SLAB_MAX};
 
 /// A block handed out by a strategy: its address and its real size (the request rounded up to
 /// what the strategy gives out, e.g. a size class or a power of two).

@@ -28,6 +28,10 @@ impl Default for SlabConfig {
 /// the runs merges freed ones back into whole segments.
 const MIN_SLAB: u64 = 64 * KIB;
 
+/// The largest class that shares its slabs (several objects to a 64 KiB slab); every larger block
+/// is a run of its own, carved from the first fit.
+pub const SHARED_SLAB_MAX: u64 = MIN_SLAB / 2;
+
 /// Segment sizes are kept in [64 KiB, 1 TiB].
 const MAX_SEGMENT: u64 = 1 << 40;
 
@@ -93,7 +97,7 @@ impl Slab {
         let mut classes = Vec::new();
         let mut size = MIN_BLOCK;
         while size <= last {
-            let slab_size = if size <= MIN_SLAB / 2 { MIN_SLAB } else { size };
+            let slab_size = if size <= SHARED_SLAB_MAX { MIN_SLAB } else { size };
             debug_assert_eq!(size_class_index(size), classes.len());
             classes.push(Class { size, slab_size, partial: Vec::new() });
             size = size_class_of(size + 1);
