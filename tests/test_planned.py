@@ -148,9 +148,11 @@ def test_keyed_training_loop_plans_per_batch_shape(name: str) -> None:
     assert len(final["plans"]) == 2
     assert final["arena_bytes"] == max(p["arena_bytes"] for p in final["plans"])
     assert all(p["arena_bytes"] >= p["lower_bound_bytes"] for p in final["plans"])
-    # The arena is one more block beside what the first, recorded iterations left cached: on
-    # loops this small (a few MiB) that costs at most one 2 MiB segment over the plain pool.
-    assert driver.pool.stats()["reserved_bytes.all.peak"] <= dynamic_peak_reserved(driver.trace) + SEGMENT
+    # The arena is one more block beside what the first, recorded iterations left cached: it
+    # costs at most the largest arena, in whole 2 MiB segments, over the plain pool (on these
+    # loops the plain pool peaks at 6 MiB and the planned one at 10 MiB, arenas of 2-4.3 MiB).
+    arena_segments = -(-max(p["arena_bytes"] for p in final["plans"]) // SEGMENT) * SEGMENT
+    assert driver.pool.stats()["reserved_bytes.all.peak"] <= dynamic_peak_reserved(driver.trace) + arena_segments
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
