@@ -1,10 +1,11 @@
 //! Device calls of trace replays on the simulated device, `default` beside the models of
 //! PyTorch's caching allocator:
-//! `cargo run --release -p vrampool-benches --example replay_calls -- TRACE.csv... [--repeat N] [--conf TEXT]`.
+//! `cargo run --release -p vrampool-benches --example replay_calls -- TRACE.csv... [--repeat N] [--trim-each-pass] [--conf TEXT]`.
 //! A trace is the `id,lower,upper,size[,stream]` CSV (`vrampool capture --output t.csv`, or
 //! `vrampool.capture.read(path).write("t.csv")`). Prints each row's peak reserved over the lower
 //! bound, device allocations (segments, or map calls) and device frees (frees, or unmaps);
-//! `--repeat` replays the trace that many times back to back on one pool; `--conf` applies
+//! `--repeat` replays the trace that many times back to back on one pool; `--trim-each-pass`
+//! gives every cached byte back between them (`empty_cache` at each step's end); `--conf` applies
 //! `VRAMPOOL_CONF` text over `default`.
 use vrampool_core::peers::PeerConfig;
 use vrampool_core::replay::{events_from_buffers, read_trace_csv, replay_prepared, PreparedTrace, ReplayOptions, ReplayTarget};
@@ -12,16 +13,17 @@ use vrampool_core::PoolConfig;
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let (mut traces, mut repeat, mut conf) = (Vec::new(), 1, String::new());
+    let (mut traces, mut repeat, mut conf, mut trim_each_pass) = (Vec::new(), 1, String::new(), false);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--repeat" => repeat = args.next().and_then(|n| n.parse().ok()).unwrap_or_else(|| fail("--repeat takes a number")),
+            "--trim-each-pass" => trim_each_pass = true,
             "--conf" => conf = args.next().unwrap_or_else(|| fail("--conf takes key:value text")),
             _ => traces.push(arg),
         }
     }
     if traces.is_empty() {
-        fail("usage: replay_calls TRACE.csv... [--repeat N] [--conf TEXT]");
+        fail("usage: replay_calls TRACE.csv... [--repeat N] [--trim-each-pass] [--conf TEXT]");
     }
     let mut config = PoolConfig::default();
     config.apply_text(&conf).unwrap_or_else(|e| fail(&e.to_string()));
@@ -38,7 +40,7 @@ fn main() {
         let prepared = PreparedTrace::new(&events).unwrap_or_else(|e| fail(&format!("{path}: {e}")));
         let name = std::path::Path::new(&path).file_stem().map_or(path.clone(), |s| s.to_string_lossy().into_owned());
         for (row, target) in &targets {
-            let options = ReplayOptions { samples: 0, capacity: None, repeat };
+            let options = ReplayOptions { samples: 0, capacity: None, repeat, trim_each_pass };
             let r = replay_prepared(&prepared, target, options).unwrap_or_else(|e| fail(&format!("{path}: {e}")));
             let ratio = r.peak_reserved_bytes as f64 / r.lower_bound_bytes as f64;
             let bound = r.lower_bound_bytes >> 20;

@@ -97,11 +97,14 @@ pub struct ReplayOptions {
     pub capacity: Option<u64>,
     /// Copies of the trace replayed back to back (at least 1).
     pub repeat: u64,
+    /// Between copies, every cached byte goes back (`trim` of the pool, the models'
+    /// `empty_cache`), as `torch.cuda.empty_cache()` at the end of each training step would.
+    pub trim_each_pass: bool,
 }
 
 impl Default for ReplayOptions {
     fn default() -> Self {
-        Self { samples: DEFAULT_SAMPLES, capacity: None, repeat: 1 }
+        Self { samples: DEFAULT_SAMPLES, capacity: None, repeat: 1, trim_each_pass: false }
     }
 }
 
@@ -345,6 +348,8 @@ trait Replayed {
     fn now(&self) -> (u64, u64, f64);
     /// Peak reserved and allocated bytes, device allocations and device frees.
     fn totals(&self) -> (u64, u64, u64, u64);
+    /// Gives every cached byte back to the device.
+    fn trim(&mut self) -> Result<(), PoolError>;
 }
 
 impl Replayed for Pool {
@@ -367,6 +372,11 @@ impl Replayed for Pool {
         let stats = self.stats();
         (stats.reserved_bytes.peak, stats.allocated_bytes.peak, stats.num_device_alloc, stats.num_device_free)
     }
+
+    fn trim(&mut self) -> Result<(), PoolError> {
+        let core: &PoolCore = self;
+        core.trim().map(|_| ())
+    }
 }
 
 impl Replayed for Box<dyn PeerModel> {
@@ -386,6 +396,11 @@ impl Replayed for Box<dyn PeerModel> {
     fn totals(&self) -> (u64, u64, u64, u64) {
         let f = self.figures();
         (f.peak_reserved, f.peak_allocated, f.device_allocs, f.device_frees)
+    }
+
+    fn trim(&mut self) -> Result<(), PoolError> {
+        (**self).empty_cache();
+        Ok(())
     }
 }
 
@@ -420,7 +435,7 @@ pub fn replay_prepared(prepared: &PreparedTrace, target: &ReplayTarget, options:
 /// for events per second) in the memory of one copy: each starts once the one before has freed
 /// everything.
 fn run<R: Replayed>(prepared: &PreparedTrace, target: &mut R, options: ReplayOptions) -> Result<ReplayReport, ReplayError> {
-    let ReplayOptions { samples, repeat, .. } = options;
+    let ReplayOptions { samples, repeat, trim_each_pass, .. } = options;
     let events = usize::try_from(repeat)
         .ok()
         .and_then(|times| prepared.ops.len().checked_mul(times))
@@ -442,6 +457,9 @@ fn run<R: Replayed>(prepared: &PreparedTrace, target: &mut R, options: ReplayOpt
     let mut done = events;
     let start = Instant::now();
     for (index, &(slot, size, stream)) in prepared.ops.iter().cycle().take(events).enumerate() {
+        if trim_each_pass && index > 0 && index % prepared.ops.len() == 0 {
+            target.trim().map_err(|source| ReplayError::Pool { index, source })?;
+        }
         let result = if size > 0 {
             target.allocate(size, stream).map(|addr| addrs[slot as usize] = addr)
         } else {

@@ -203,7 +203,7 @@ fn replay_figures_of_a_known_trace() {
     let bare = replay_prepared(
         &PreparedTrace::new(&events).unwrap(),
         &ReplayTarget::Pool(config),
-        ReplayOptions { samples: 0, capacity: None, repeat: 1 },
+        ReplayOptions { samples: 0, capacity: None, repeat: 1, trim_each_pass: false },
     )
     .unwrap();
     assert!(bare.timeline.is_empty() && bare.fragmentation == 0.0 && bare.peak_reserved_bytes == 8 * MIB);

@@ -541,6 +541,25 @@ fn growth_gives_back_only_what_it_needs_until_the_pool_drifts() {
 }
 
 #[test]
+fn after_a_trim_growths_give_back_against_what_the_pool_holds() {
+    let dev = Arc::new(SimDevice::new(4 * GIB, SimMode::AddressOnly));
+    let pool = Pool::new(dev.clone() as Arc<dyn Device>, PoolConfig { expandable: false, ..PoolConfig::default() }).unwrap();
+    let first = pool.allocate(200 * MIB, S0).unwrap();
+    pool.free(first, None, None).unwrap();
+    assert_eq!(pool.trim().unwrap(), 200 * MIB);
+    // 100 MiB of the large tier, cached; then 30 MiB of the middle tier passes the 100 MiB the
+    // pool holds since the trim: the idle segment goes back. Measured against the 200 MiB mark
+    // of before the trim, nothing would, and 130 MiB would stay reserved.
+    let large = pool.allocate(100 * MIB, S0).unwrap();
+    pool.free(large, None, None).unwrap();
+    let mid = pool.allocate(30 * MIB, S0).unwrap();
+    let stats = pool.stats();
+    assert_eq!((stats.reserved_bytes.current, stats.reserved_bytes.peak), (30 * MIB, 200 * MIB));
+    assert_eq!(dev.counters().free_calls, 2);
+    pool.free(mid, None, None).unwrap();
+}
+
+#[test]
 fn growth_keeps_segments_that_hold_live_blocks() {
     let dev = Arc::new(SimDevice::new(4 * GIB, SimMode::HostBacked));
     let pool = Pool::new(dev.clone() as Arc<dyn Device>, PoolConfig { expandable: false, ..PoolConfig::default() }).unwrap();

@@ -113,7 +113,7 @@ fn replay_trace<'py>(
         return Err(value_error("capacity must be at least 1 byte"));
     }
     let buffers = trace_buffers(rows);
-    let options = ReplayOptions { samples, capacity, repeat };
+    let options = ReplayOptions { samples, capacity, repeat, trim_each_pass: false };
     let reports: Vec<ReplayReport> = py
         .detach(|| {
             let prepared = PreparedTrace::new(&replay::events_from_buffers(&buffers)?)?;

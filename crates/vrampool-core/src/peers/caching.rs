@@ -608,6 +608,11 @@ impl PeerModel for Caching {
     fn fragmentation(&self) -> f64 {
         self.blocks.fragmentation()
     }
+
+    /// `emptyCache`: `release_cached_blocks`.
+    fn empty_cache(&mut self) {
+        self.release_cached_blocks();
+    }
 }
 
 #[cfg(test)]

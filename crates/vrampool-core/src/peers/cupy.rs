@@ -117,6 +117,10 @@ impl PeerModel for Cupy {
     fn fragmentation(&self) -> f64 {
         self.blocks.fragmentation()
     }
+
+    fn empty_cache(&mut self) {
+        self.free_all_blocks();
+    }
 }
 
 #[cfg(test)]

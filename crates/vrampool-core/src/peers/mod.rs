@@ -88,6 +88,8 @@ pub trait PeerModel: Send {
     fn figures(&self) -> Figures;
     /// 1 - largest free block / all free bytes (0 when nothing is free).
     fn fragmentation(&self) -> f64;
+    /// What the allocator's own "give back the cache" call returns to the device.
+    fn empty_cache(&mut self);
 }
 
 /// A modelled allocator and its options.

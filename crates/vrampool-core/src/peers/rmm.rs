@@ -171,6 +171,9 @@ impl PeerModel for Rmm {
     fn fragmentation(&self) -> f64 {
         self.blocks.fragmentation()
     }
+
+    /// Nothing: the pool keeps what it took from upstream until it is destroyed.
+    fn empty_cache(&mut self) {}
 }
 
 #[cfg(test)]

@@ -140,7 +140,7 @@ impl PoolCore {
             let after = self.committed.load(Relaxed).saturating_add(growth);
             let stats = self.stats();
             let live_peak = stats.allocated_bytes.current + rounded > stats.allocated_bytes.peak;
-            let over = after.saturating_sub(self.committed_high.load(Relaxed));
+            let over = after.saturating_sub(self.give_back_mark.load(Relaxed));
             if over > 0 {
                 let base = self.committed_at_live_peak.load(Relaxed);
                 let drifted = !live_peak && after > base + base / DRIFT_DIVISOR;

@@ -4,10 +4,17 @@ use super::*;
 
 impl PoolCore {
     /// Returns every wholly free segment to the device (`torch.cuda.empty_cache`); returns the
-    /// bytes given back.
+    /// bytes given back. Growths after it give back as a new pool's would, measured against
+    /// what stays reserved rather than the pool's old high-water mark.
     pub fn trim(&self) -> Result<u64> {
         self.ensure_open()?;
-        self.release_free()
+        let released = self.release_free();
+        // Design: below the old mark a growth gives nothing back, so after a trim at a step's
+        // end each tier would regrow beside the others' idle memory and the next step reserve
+        // more than the first (simulated, trimmed after each pass: gpt x8 1.035x of the bound
+        // against 1.019x with the mark taken afresh).
+        self.give_back_mark.store(self.committed.load(Relaxed), Relaxed);
+        released
     }
 
     /// Alias of `trim`, under PyTorch's name.
@@ -43,6 +50,7 @@ impl PoolCore {
             return Err(DeviceError::OutOfMemory.into());
         }
         self.committed_high.fetch_max(before + bytes, Relaxed);
+        self.give_back_mark.fetch_max(before + bytes, Relaxed);
         Ok(())
     }
 

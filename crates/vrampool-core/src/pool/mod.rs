@@ -124,9 +124,12 @@ pub struct PoolCore {
     cap: AtomicU64,
     /// Segment bytes held or being requested: checked against `cap` before each device call.
     committed: AtomicU64,
-    /// The most `committed` has ever been (not reset by `reset_peak_stats`): with `reclaim`, a
-    /// growth that stays below it gives nothing back first.
+    /// The most `committed` has ever been (not reset by `reset_peak_stats`): what the pieces of
+    /// an expandable growth are sized by.
     committed_high: AtomicU64,
+    /// The most `committed` has been since the last `trim`: with `reclaim`, a growth that stays
+    /// below it gives nothing back first.
+    give_back_mark: AtomicU64,
     /// `committed` after the last growth made at a new peak of allocated bytes: what the pool
     /// needed the last time live memory set a record (see `DRIFT_DIVISOR`).
     committed_at_live_peak: AtomicU64,
@@ -188,6 +191,7 @@ impl Pool {
             cap: AtomicU64::new(cap),
             committed: AtomicU64::new(0),
             committed_high: AtomicU64::new(0),
+            give_back_mark: AtomicU64::new(0),
             committed_at_live_peak: AtomicU64::new(0),
             vm,
             default_arena,

@@ -110,7 +110,7 @@ fn replay_counts_the_segments_given_back() {
         TraceEvent::Free { id: 2 },
     ];
     let prepared = PreparedTrace::new(&events).unwrap();
-    let options = ReplayOptions { samples: 0, capacity: None, repeat: 1 };
+    let options = ReplayOptions { samples: 0, capacity: None, repeat: 1, trim_each_pass: false };
     let pool = replay_prepared(&prepared, &ReplayTarget::Pool(PoolConfig { expandable: false, ..PoolConfig::default() }), options).unwrap();
     assert_eq!((pool.device_allocs, pool.device_frees, pool.peak_reserved_bytes), (2, 1, 200 * MIB));
     let torch = replay_prepared(&prepared, &ReplayTarget::Peer(PeerConfig::named("torch").unwrap()), options).unwrap();
@@ -127,7 +127,7 @@ fn replay_timeline_is_evenly_spaced_and_ends_at_the_end() {
         let report = replay_prepared(
             &prepared,
             &ReplayTarget::Pool(config(StrategyKind::BestFit)),
-            ReplayOptions { samples, capacity: None, repeat: 1 },
+            ReplayOptions { samples, capacity: None, repeat: 1, trim_each_pass: false },
         )
         .unwrap();
         let points: Vec<usize> = report.timeline.iter().map(|p| p.event).collect();
@@ -146,7 +146,7 @@ fn replay_timeline_is_evenly_spaced_and_ends_at_the_end() {
     let report = replay_prepared(
         &prepared,
         &ReplayTarget::Pool(config(StrategyKind::BestFit)),
-        ReplayOptions { samples: 10, capacity: None, repeat: 1 },
+        ReplayOptions { samples: 10, capacity: None, repeat: 1, trim_each_pass: false },
     )
     .unwrap();
     assert!(report.timeline[..9].iter().all(|p| p.allocated_bytes >= MIB), "{:?}", report.timeline);
@@ -173,7 +173,7 @@ fn a_capacity_limited_replay_stops_at_the_first_out_of_memory() {
     // (its cached 30 MiB segment goes back and it retries); 90 MiB live at once fits nobody.
     let buffers = [TraceBuffer::new(0, 0, 1, 30 * MIB), TraceBuffer::new(1, 1, 3, 40 * MIB), TraceBuffer::new(2, 2, 3, 50 * MIB)];
     let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap();
-    let options = ReplayOptions { samples: 10, capacity: Some(60 * MIB), repeat: 1 };
+    let options = ReplayOptions { samples: 10, capacity: Some(60 * MIB), repeat: 1, trim_each_pass: false };
     for target in [ReplayTarget::Peer(PeerConfig::named("torch").unwrap()), ReplayTarget::Pool(PoolConfig::default())] {
         let report = replay_prepared(&prepared, &target, options).unwrap();
         let oom = report.out_of_memory.unwrap_or_else(|| panic!("{}: {report:?}", target.name()));
@@ -182,7 +182,7 @@ fn a_capacity_limited_replay_stops_at_the_first_out_of_memory() {
         assert!(report.peak_reserved_bytes <= 60 * MIB);
         assert_eq!(report.timeline.last().unwrap().event, 3);
     }
-    let roomy = ReplayOptions { samples: 10, capacity: Some(100 * MIB), repeat: 1 };
+    let roomy = ReplayOptions { samples: 10, capacity: Some(100 * MIB), repeat: 1, trim_each_pass: false };
     assert!(replay_prepared(&prepared, &ReplayTarget::Pool(PoolConfig::default()), roomy).unwrap().out_of_memory.is_none());
 }
 
@@ -259,9 +259,13 @@ fn replay_throughput() {
         let best = |samples| {
             (0..3)
                 .map(|_| {
-                    replay_prepared(&prepared, &ReplayTarget::Pool(config(strategy)), ReplayOptions { samples, capacity: None, repeat: 1 })
-                        .unwrap()
-                        .events_per_s
+                    replay_prepared(
+                        &prepared,
+                        &ReplayTarget::Pool(config(strategy)),
+                        ReplayOptions { samples, capacity: None, repeat: 1, trim_each_pass: false },
+                    )
+                    .unwrap()
+                    .events_per_s
                 })
                 .fold(0.0, f64::max)
         };
@@ -281,13 +285,40 @@ fn a_repeated_replay_counts_every_copy_in_the_memory_of_one() {
     let buffers = [TraceBuffer::new(1, 0, 2, MIB), TraceBuffer::new(2, 1, 3, 3 * MIB)];
     let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap();
     let target = ReplayTarget::Pool(config(StrategyKind::Hybrid));
-    let times = |repeat| replay_prepared(&prepared, &target, ReplayOptions { samples: 10, capacity: None, repeat });
+    let times = |repeat| replay_prepared(&prepared, &target, ReplayOptions { samples: 10, capacity: None, repeat, trim_each_pass: false });
     let (once, thrice) = (times(1).unwrap(), times(3).unwrap());
     assert_eq!(thrice.events, 3 * once.events);
     assert_eq!((thrice.peak_reserved_bytes, thrice.lower_bound_bytes), (once.peak_reserved_bytes, once.lower_bound_bytes));
     assert_eq!(thrice.timeline.last().unwrap().allocated_bytes, 0, "every copy frees what it allocated");
     assert!(matches!(times(u64::MAX), Err(ReplayError::Repeat { .. })));
     assert!(matches!(times(0), Err(ReplayError::Repeat { .. })));
+}
+
+#[test]
+fn a_trim_between_passes_gives_back_what_each_pass_left_cached() {
+    // One after another: 200 MiB and 100 MiB (the large tier), 30 MiB (the middle tier) and
+    // 1 MiB (the slab tier).
+    let buffers = [
+        TraceBuffer::new(0, 0, 1, 200 * MIB),
+        TraceBuffer::new(1, 1, 2, 100 * MIB),
+        TraceBuffer::new(2, 2, 3, 30 * MIB),
+        TraceBuffer::new(3, 3, 4, MIB),
+    ];
+    let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap();
+    let run = |target: &ReplayTarget, repeat, trim_each_pass| {
+        let r = replay_prepared(&prepared, target, ReplayOptions { samples: 0, capacity: None, repeat, trim_each_pass }).unwrap();
+        (r.peak_reserved_bytes / MIB, r.device_allocs, r.device_frees)
+    };
+    // The pool: the 100 MiB growth gives the idle 200 MiB segment back; the 100, 30 and 2 MiB
+    // segments stay cached at the end of a pass, and each trim gives them back.
+    let pool = ReplayTarget::Pool(PoolConfig { expandable: false, ..PoolConfig::default() });
+    assert_eq!(run(&pool, 1, false), (200, 4, 1));
+    assert_eq!(run(&pool, 3, true), (200, 3 * 4, 3 + 2 * 3), "each pass grows as the first");
+    // PyTorch's model serves the three large requests from one 200 MiB segment and the 1 MiB
+    // one from a 2 MiB segment; it keeps both untrimmed and gives both back at each `empty_cache`.
+    let torch = ReplayTarget::Peer(PeerConfig::named("torch").unwrap());
+    assert_eq!(run(&torch, 3, false), (202, 2, 0));
+    assert_eq!(run(&torch, 3, true), (202, 3 * 2, 2 * 2));
 }
 
 #[test]
