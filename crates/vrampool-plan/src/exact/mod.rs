@@ -6,6 +6,7 @@
 
 mod component;
 mod minimise;
+mod portfolio;
 mod probe;
 #[cfg(test)]
 mod restarts;

@@ -1,0 +1,163 @@
+//! The runs a large part gets before the window sweeps (`windows.rs`): lowest floor first (`floors/`) with each
+//! tie-break, and best fit in order of start (what a dynamic allocator replaying the run would do) with a few
+//! first phases, each in both directions of time (a plan of the mirrored part is one of the part). A run stops
+//! as soon as it cannot beat the best plan so far, so the losing ones cost little.
+//!
+//! Best fit by start is the best plan there is in the budget where the floors pack badly (serving with
+//! continuous batching), and a first phase placed before the rest changes it much: the longest-lived buffers
+//! first stack before the short ones fragment the bytes under them (KV caches grown by concatenation, a
+//! pipelined step's saved activations), the largest first keep their slots clear of the small ones. Which
+//! split wins, and in which direction of time, differs from graph to graph and none wins on most, so the runs
+//! take turns: a floor run, then a split forwards and backwards, and so on.
+
+use std::time::Instant;
+
+use super::component::Order;
+use crate::floors::lowest_floor_first;
+use crate::greedy::best_fit;
+use crate::instance::Instance;
+use crate::placed_index::PlacedIndex;
+
+/// Which buffers best fit by start places before the rest, each phase in order of start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum First {
+    /// None: every buffer in order of start.
+    Nothing,
+    /// The buffers whose lifetimes are longer than those of all but this percentage of the buffers.
+    Longest(usize),
+    /// The buffers larger than all but this percentage of the buffers.
+    Largest(usize),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Run {
+    Floors(Order),
+    Fit(First),
+}
+
+/// The runs in turn, each with whether time runs backwards: the cheapest good ones first (lowest floor first
+/// by start comes close to the bound on most graphs; best fit by start costs about one pass of the
+/// heuristics).
+const RUNS: [(Run, bool); 22] = {
+    use First::*;
+    use Run::*;
+    [
+        (Floors(Order::Time), false),
+        (Fit(Nothing), false),
+        (Fit(Nothing), true),
+        (Floors(Order::Time), true),
+        (Fit(Longest(50)), false),
+        (Fit(Longest(50)), true),
+        (Floors(Order::Wat), false),
+        (Fit(Largest(20)), false),
+        (Fit(Largest(20)), true),
+        (Floors(Order::Wat), true),
+        (Fit(Longest(20)), false),
+        (Fit(Longest(20)), true),
+        (Floors(Order::Taw), false),
+        (Fit(Largest(5)), false),
+        (Fit(Largest(5)), true),
+        (Floors(Order::Taw), true),
+        (Fit(Longest(5)), false),
+        (Fit(Longest(5)), true),
+        (Floors(Order::Area), false),
+        (Floors(Order::Area), true),
+        (Floors(Order::Twa), false),
+        (Floors(Order::Twa), true),
+    ]
+};
+
+/// Buffers placed between looks at the clock.
+const CLOCK_EVERY: usize = 1_024;
+
+/// A plan of a part: (instance index, offset) per buffer, and its arena.
+pub(crate) type Placed = (Vec<(u32, u64)>, u64);
+
+/// The best plan of `order` (the part, sorted by start) the runs find before `deadline` that beats `ceiling`,
+/// stopping early at one that meets `target`; and the seconds best fit took per buffer, once measured.
+pub(crate) fn best_of_runs(
+    inst: &Instance,
+    order: &[u32],
+    target: u64,
+    ceiling: u64,
+    deadline: Instant,
+) -> (Option<Placed>, Option<f64>) {
+    let mirrored = inst.mirrored();
+    let (mut best, mut fit_seconds): (Option<Placed>, Option<f64>) = (None, None);
+    for (run, backwards) in RUNS {
+        let beat = best.as_ref().map_or(ceiling, |b| b.1).saturating_sub(1);
+        if beat < target || Instant::now() >= deadline {
+            break;
+        }
+        let timeline = if backwards { &mirrored } else { inst };
+        let plan = match run {
+            Run::Floors(tie_break) => lowest_floor_first(timeline, order, tie_break, beat, deadline)
+                .map(|offsets| order.iter().copied().zip(offsets).collect::<Vec<_>>()),
+            Run::Fit(first) => {
+                let began = Instant::now();
+                let (plan, placed) = fit_before(timeline, &fit_order(timeline, order, first), beat, deadline);
+                if placed > 0 {
+                    fit_seconds.get_or_insert(began.elapsed().as_secs_f64() / placed as f64);
+                }
+                plan
+            }
+        };
+        if let Some(plan) = plan {
+            let arena = plan.iter().map(|&(i, o)| o + inst.size[i as usize]).max().unwrap_or(0);
+            best = Some((plan, arena));
+        }
+    }
+    (best, fit_seconds)
+}
+
+/// The part's buffers in the order best fit by start takes them on `timeline`: those of `first`, then the rest,
+/// each in order of start.
+pub(crate) fn fit_order(timeline: &Instance, part: &[u32], first: First) -> Vec<u32> {
+    let cut = |key: &dyn Fn(usize) -> u64, percent: usize| {
+        let mut keys: Vec<u64> = part.iter().map(|&i| key(i as usize)).collect();
+        keys.sort_unstable();
+        keys.get(keys.len() * (100 - percent.min(100)) / 100).copied().unwrap_or(u64::MAX)
+    };
+    let span = |i: usize| timeline.span(i) as u64;
+    let size = |i: usize| timeline.size[i];
+    let later: Box<dyn Fn(usize) -> bool> = match first {
+        First::Nothing => Box::new(|_| false),
+        First::Longest(percent) => {
+            let cut = cut(&span, percent);
+            Box::new(move |i| span(i) <= cut)
+        }
+        First::Largest(percent) => {
+            let cut = cut(&size, percent);
+            Box::new(move |i| size(i) <= cut)
+        }
+    };
+    let mut order = part.to_vec();
+    order.sort_by_cached_key(|&i| (later(i as usize), timeline.lo[i as usize], i));
+    order
+}
+
+/// `order` placed by best fit, if done before `deadline` with no buffer's top above `beat`; and how many
+/// buffers were placed.
+pub(crate) fn fit_before(
+    inst: &Instance,
+    order: &[u32],
+    beat: u64,
+    deadline: Instant,
+) -> (Option<Vec<(u32, u64)>>, usize) {
+    let (mut placed, mut spans) = (PlacedIndex::new(inst.segments), Vec::new());
+    let mut offsets = Vec::with_capacity(order.len());
+    for (k, &i) in order.iter().enumerate() {
+        if k % CLOCK_EVERY == 0 && Instant::now() >= deadline {
+            return (None, k);
+        }
+        let offset = best_fit(inst, &mut placed, i, &mut spans);
+        if offset + inst.size[i as usize] > beat {
+            return (None, k + 1);
+        }
+        offsets.push((i, offset));
+    }
+    (Some(offsets), order.len())
+}
+
+#[cfg(test)]
+mod tests;
