@@ -7,8 +7,8 @@
 //! continuous batching), and a first phase placed before the rest changes it much: the longest-lived buffers
 //! first stack before the short ones fragment the bytes under them (KV caches grown by concatenation, a
 //! pipelined step's saved activations), the largest first keep their slots clear of the small ones. Which
-//! split wins, and in which direction of time, differs from graph to graph and none wins on most, so the runs
-//! take turns: a floor run, then a split forwards and backwards, and so on.
+//! split wins, and in which direction of time, differs from graph to graph and none wins on most, so each kind
+//! of run tries its variants in turn, and the two kinds share the time (`next_kind`).
 
 use std::time::Instant;
 
@@ -35,33 +35,70 @@ enum Run {
     Fit(First),
 }
 
-/// The runs in turn, each with whether time runs backwards: the cheapest good ones first (lowest floor first
-/// by start comes close to the bound on most graphs; best fit by start costs about one pass of the
-/// heuristics), then best fit's splits, backwards first (they win more often that way), between the other
-/// tie-breaks of lowest floor first. Those run forwards only: a buffer's floor, the highest top over its
-/// lifetime, is the same with time backwards, and so are their ranks, so the run backwards would be the same.
-const RUNS: [(Run, bool); 16] = {
+/// Lowest floor first's runs, each with whether time runs backwards: by start first, the cheapest good one
+/// (it comes close to the bound on most graphs). The other tie-breaks run forwards only: a buffer's floor, the
+/// highest top over its lifetime, is the same with time backwards, and so are their ranks, so the run
+/// backwards would be the same.
+const FLOOR_RUNS: [(Run, bool); 6] = [
+    (Run::Floors(Order::Time), false),
+    (Run::Floors(Order::Time), true),
+    (Run::Floors(Order::Wat), false),
+    (Run::Floors(Order::Taw), false),
+    (Run::Floors(Order::Area), false),
+    (Run::Floors(Order::Twa), false),
+];
+
+/// Best fit by start's runs: without a first phase first, the allocator's replay, then the splits, backwards
+/// first (they win more often that way).
+const FIT_RUNS: [(Run, bool); 10] = {
     use First::*;
-    use Run::*;
+    use Run::Fit;
     [
-        (Floors(Order::Time), false),
         (Fit(Nothing), false),
         (Fit(Nothing), true),
-        (Floors(Order::Time), true),
         (Fit(Longest(50)), true),
         (Fit(Largest(5)), true),
-        (Floors(Order::Wat), false),
         (Fit(Largest(20)), true),
         (Fit(Largest(20)), false),
-        (Floors(Order::Taw), false),
         (Fit(Longest(20)), false),
         (Fit(Longest(5)), true),
-        (Floors(Order::Area), false),
         (Fit(Largest(5)), false),
         (Fit(Longest(20)), true),
-        (Floors(Order::Twa), false),
     ]
 };
+
+/// One kind of run: its runs in turn, where it has got to, the time it has taken and the best arena it found.
+struct Queue {
+    runs: &'static [(Run, bool)],
+    next: usize,
+    seconds: f64,
+    best: u64,
+}
+
+impl Queue {
+    fn new(runs: &'static [(Run, bool)]) -> Queue {
+        Queue { runs, next: 0, seconds: 0.0, best: u64::MAX }
+    }
+
+    fn done(&self) -> bool {
+        self.next == self.runs.len()
+    }
+}
+
+/// The kind that runs next: the kinds share the time, and the one that found the better plan gets two thirds
+/// of it (which kind wins differs from graph to graph, and by far: on serving graphs no floor run beats best
+/// fit, on the random instance no best fit comes near the floors); lowest floor first on a tie.
+fn next_kind(floors: &Queue, fits: &Queue) -> Option<usize> {
+    match (floors.done(), fits.done()) {
+        (true, true) => None,
+        (true, false) => Some(1),
+        (false, true) => Some(0),
+        (false, false) => {
+            let weight = |own: &Queue, other: &Queue| if own.best < other.best { 1.0 } else { 2.0 };
+            Some(usize::from(fits.seconds * weight(fits, floors) < floors.seconds * weight(floors, fits)))
+        }
+    }
+}
 
 /// Buffers placed between looks at the clock.
 const CLOCK_EVERY: usize = 1_024;
@@ -80,17 +117,21 @@ pub(crate) fn best_of_runs(
 ) -> (Option<Placed>, Option<f64>) {
     let mirrored = inst.mirrored();
     let (mut best, mut fit_seconds): (Option<Placed>, Option<f64>) = (None, None);
-    for (run, backwards) in RUNS {
+    let mut kinds = [Queue::new(&FLOOR_RUNS), Queue::new(&FIT_RUNS)];
+    while let Some(kind) = next_kind(&kinds[0], &kinds[1]) {
         let beat = best.as_ref().map_or(ceiling, |b| b.1).saturating_sub(1);
         if beat < target || Instant::now() >= deadline {
             break;
         }
+        let queue = &mut kinds[kind];
+        let (run, backwards) = queue.runs[queue.next];
+        queue.next += 1;
+        let began = Instant::now();
         let timeline = if backwards { &mirrored } else { inst };
         let plan = match run {
             Run::Floors(tie_break) => lowest_floor_first(timeline, order, tie_break, beat, deadline)
                 .map(|offsets| order.iter().copied().zip(offsets).collect::<Vec<_>>()),
             Run::Fit(first) => {
-                let began = Instant::now();
                 let (plan, placed) = fit_before(timeline, &fit_order(timeline, order, first), beat, deadline);
                 if placed > 0 {
                     fit_seconds.get_or_insert(began.elapsed().as_secs_f64() / placed as f64);
@@ -98,8 +139,10 @@ pub(crate) fn best_of_runs(
                 plan
             }
         };
+        queue.seconds += began.elapsed().as_secs_f64();
         if let Some(plan) = plan {
             let arena = plan.iter().map(|&(i, o)| o + inst.size[i as usize]).max().unwrap_or(0);
+            queue.best = arena;
             best = Some((plan, arena));
         }
     }

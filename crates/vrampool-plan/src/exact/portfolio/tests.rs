@@ -83,8 +83,9 @@ fn the_runs_keep_the_best_plan_of_them_all() {
     let (mirrored, order) = (inst.mirrored(), by_start(&inst));
     let far = Instant::now() + Duration::from_secs(120);
     // Every run to its end, on its own.
-    let arenas: Vec<u64> = RUNS
+    let arenas: Vec<u64> = FLOOR_RUNS
         .iter()
+        .chain(&FIT_RUNS)
         .map(|&(run, backwards)| {
             let timeline = if backwards { &mirrored } else { &inst };
             let plan: Vec<(u32, u64)> = match run {
@@ -109,4 +110,23 @@ fn the_runs_keep_the_best_plan_of_them_all() {
     assert!(arenas[0] > least, "{arenas:?}");
     let (first, _) = best_of_runs(&inst, &order, arenas[0], u64::MAX, far);
     assert_eq!(first.map(|b| b.1), Some(arenas[0]));
+}
+
+#[test]
+fn the_kind_that_found_the_better_plan_gets_two_thirds_of_the_time() {
+    let queue = |runs: &'static [(Run, bool)], next, seconds, best| Queue { runs, next, seconds, best };
+    let (floors, fits) = (&FLOOR_RUNS[..], &FIT_RUNS[..]);
+    // Nothing run yet, or nothing found: lowest floor first, then whichever has had less time.
+    assert_eq!(next_kind(&queue(floors, 0, 0.0, u64::MAX), &queue(fits, 0, 0.0, u64::MAX)), Some(0));
+    assert_eq!(next_kind(&queue(floors, 1, 0.5, u64::MAX), &queue(fits, 0, 0.0, u64::MAX)), Some(1));
+    assert_eq!(next_kind(&queue(floors, 1, 0.5, u64::MAX), &queue(fits, 1, 0.6, u64::MAX)), Some(0));
+    // The leader runs until it has had twice the other's time.
+    assert_eq!(next_kind(&queue(floors, 2, 1.9, 100), &queue(fits, 1, 1.0, 110)), Some(0));
+    assert_eq!(next_kind(&queue(floors, 2, 2.1, 100), &queue(fits, 1, 1.0, 110)), Some(1));
+    assert_eq!(next_kind(&queue(floors, 1, 1.0, 110), &queue(fits, 2, 1.9, 100)), Some(1));
+    assert_eq!(next_kind(&queue(floors, 1, 1.0, 110), &queue(fits, 2, 2.1, 100)), Some(0));
+    // A kind whose runs are all done leaves the time to the other.
+    assert_eq!(next_kind(&queue(floors, floors.len(), 0.1, 100), &queue(fits, 1, 3.0, 110)), Some(1));
+    assert_eq!(next_kind(&queue(floors, 1, 3.0, 110), &queue(fits, fits.len(), 0.1, 100)), Some(0));
+    assert_eq!(next_kind(&queue(floors, floors.len(), 0.0, 0), &queue(fits, fits.len(), 0.0, 0)), None);
 }
