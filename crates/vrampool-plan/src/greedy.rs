@@ -13,10 +13,14 @@ use crate::{Buffer, PlanError};
 /// smallest gap among the placed buffers that overlap it in time (lowest such gap on ties), else on top.
 /// Returns offsets parallel to `buffers`, multiples of `alignment`.
 pub fn greedy_by_size(buffers: &[Buffer], alignment: u64) -> Result<Vec<u64>, PlanError> {
-    let inst = Instance::new(buffers, alignment)?;
+    Ok(greedy_by_size_of(&Instance::new(buffers, alignment)?))
+}
+
+/// [`greedy_by_size`] on the checked instance.
+pub(crate) fn greedy_by_size_of(inst: &Instance) -> Vec<u64> {
     let mut order: Vec<u32> = (0..inst.len() as u32).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(inst.size[i as usize]));
-    Ok(place_in_order(&inst, &order))
+    place_in_order(inst, &order)
 }
 
 /// XLA's heap simulator (`GlobalDecreasingSizeBestFitHeap` as chosen by `ChooseBestHeapAlgorithm`): best fit

@@ -2,6 +2,7 @@
 //! onto compressed time, where segment `k` is the span between the `k`-th and `k+1`-th distinct time value.
 //! Buffer `i` is live on segments `lo[i]..hi[i]`, and two buffers overlap in time iff those ranges intersect.
 
+use crate::bound::lower_bound_of;
 use crate::buffer::{check_buffers, round_up};
 use crate::{Buffer, PlanError};
 
@@ -46,6 +47,11 @@ impl Instance {
             hi: self.lo.iter().map(|&lo| last - lo).collect(),
             segments: self.segments,
         }
+    }
+
+    /// The most bytes live at once: no plan needs less.
+    pub fn lower_bound(&self) -> u64 {
+        lower_bound_of((0..self.len()).map(|i| (self.lo[i] as u64, self.hi[i] as u64, self.size[i])))
     }
 
     /// Lifetime length in segments (the heuristics' tie-break).

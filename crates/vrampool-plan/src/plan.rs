@@ -2,12 +2,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::bound::lower_bound_of;
-use crate::buffer::round_up;
-use crate::exact::{exact_decide, Verdict};
-use crate::greedy::best_fit_decreasing_until;
+use crate::exact::{exact_decide, search_instance, Verdict};
+use crate::greedy::{best_fit_decreasing_until, greedy_by_size_of};
 use crate::instance::Instance;
-use crate::{best_fit_decreasing, exact_search, greedy_by_size, validate, Buffer, PlanError};
+use crate::{validate, Buffer, PlanError};
 
 /// Which offset assignment to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -93,34 +91,38 @@ pub struct Plan {
 pub fn plan(buffers: &[Buffer], options: &PlanOptions) -> Result<Plan, PlanError> {
     let start = Instant::now();
     let alignment = options.alignment;
-    crate::buffer::check_buffers(buffers, alignment)?;
-    // check_buffers has shown the rounding cannot overflow.
-    let lower_bound =
-        lower_bound_of(buffers.iter().map(|b| (b.lower, b.upper, round_up(b.size, alignment).unwrap_or(u64::MAX))));
+    // The working form, checked once, for every algorithm that runs.
+    let inst = Instance::new(buffers, alignment)?;
+    let lower_bound = inst.lower_bound();
     let arena = |offsets: &[u64]| validate(buffers, offsets, alignment);
+    let deadline = |budget: Duration| start.checked_add(budget).unwrap_or(start + Duration::from_secs(365 * 86_400));
 
     let (offsets, bound) = match options.algorithm {
-        Algorithm::GreedyBySize => (greedy_by_size(buffers, alignment)?, lower_bound),
-        Algorithm::BestFit => (best_fit_decreasing(buffers, alignment)?, lower_bound),
+        Algorithm::GreedyBySize => (greedy_by_size_of(&inst), lower_bound),
+        Algorithm::BestFit => (best_fit_decreasing_until(&inst, None).expect("no deadline"), lower_bound),
         Algorithm::Exact => {
-            let outcome = exact_search(buffers, alignment, options.budget, None)?;
+            let outcome = search_instance(&inst, deadline(options.budget), None);
             (outcome.offsets, outcome.bound_bytes)
         }
         Algorithm::Auto => {
             // Cheapest first; stop as soon as a plan meets the lower bound.
-            let greedy = greedy_by_size(buffers, alignment)?;
+            let greedy = greedy_by_size_of(&inst);
             let checking = Instant::now();
             let greedy_arena = arena(&greedy)?;
-            // The heuristics' time counts against the budget, and so do the check of the plan at the end and
-            // the search's own checks of its input: twice the time of this check.
-            let check = 2 * checking.elapsed();
+            // The heuristics' time counts against the budget, and so does the check of the plan at the end.
+            let check = checking.elapsed();
             if greedy_arena <= lower_bound {
                 (greedy, lower_bound)
             } else {
-                let seed =
-                    better_heuristic(buffers, alignment, greedy, greedy_arena, start.checked_add(options.budget / 2))?;
-                let budget = options.budget.saturating_sub(start.elapsed() + check);
-                let outcome = exact_search(buffers, alignment, budget, Some(&seed))?;
+                let seed = better_heuristic(
+                    &inst,
+                    buffers,
+                    alignment,
+                    greedy,
+                    greedy_arena,
+                    start.checked_add(options.budget / 2),
+                )?;
+                let outcome = search_instance(&inst, deadline(options.budget.saturating_sub(check)), Some(&seed));
                 (outcome.offsets, outcome.bound_bytes)
             }
         }
@@ -146,33 +148,31 @@ pub enum Decision {
 pub fn decide(buffers: &[Buffer], capacity: u64, options: &PlanOptions) -> Result<Decision, PlanError> {
     let start = Instant::now();
     let alignment = options.alignment;
-    crate::buffer::check_buffers(buffers, alignment)?;
+    let inst = Instance::new(buffers, alignment)?;
     if capacity == 0 {
         return Err(PlanError::ZeroCapacity);
     }
-    // check_buffers has shown the rounding cannot overflow.
-    let aligned = |b: &Buffer| round_up(b.size, alignment).unwrap_or(u64::MAX);
-    if let Some(largest) = buffers.iter().max_by_key(|b| aligned(b)).filter(|b| aligned(b) > capacity) {
-        return Err(PlanError::CapacityBelowBuffer { id: largest.id, size: aligned(largest), capacity });
+    if let Some(largest) = (0..inst.len()).max_by_key(|&i| inst.size[i]).filter(|&i| inst.size[i] > capacity) {
+        return Err(PlanError::CapacityBelowBuffer { id: buffers[largest].id, size: inst.size[largest], capacity });
     }
-    let lower_bound = lower_bound_of(buffers.iter().map(|b| (b.lower, b.upper, aligned(b))));
+    let lower_bound = inst.lower_bound();
     if lower_bound > capacity {
         return Ok(Decision::Infeasible);
     }
     let arena = |offsets: &[u64]| validate(buffers, offsets, alignment);
-    let greedy = greedy_by_size(buffers, alignment)?;
+    let greedy = greedy_by_size_of(&inst);
     let greedy_arena = arena(&greedy)?;
     let seed = match options.algorithm {
-        Algorithm::BestFit => best_fit_decreasing(buffers, alignment)?,
+        Algorithm::BestFit => best_fit_decreasing_until(&inst, None).expect("no deadline"),
         Algorithm::Auto if greedy_arena > capacity => {
-            better_heuristic(buffers, alignment, greedy, greedy_arena, start.checked_add(options.budget / 2))?
+            better_heuristic(&inst, buffers, alignment, greedy, greedy_arena, start.checked_add(options.budget / 2))?
         }
         _ => greedy,
     };
     let offsets = if arena(&seed)? <= capacity {
         seed
     } else if matches!(options.algorithm, Algorithm::Exact | Algorithm::Auto) {
-        match exact_decide(buffers, alignment, capacity, options.budget.saturating_sub(start.elapsed()), &seed)? {
+        match exact_decide(&inst, capacity, options.budget.saturating_sub(start.elapsed()), &seed) {
             Verdict::Fits(offsets) => offsets,
             Verdict::Infeasible => return Ok(Decision::Infeasible),
             Verdict::Unknown => return Ok(Decision::Unknown),
@@ -186,14 +186,14 @@ pub fn decide(buffers: &[Buffer], capacity: u64, options: &PlanOptions) -> Resul
 /// Best fit's plan where it beats greedy by size's. Best fit is only the search's seed, so it gets half the
 /// budget: on the largest graphs its two orders alone can take longer than the whole budget.
 fn better_heuristic(
+    inst: &Instance,
     buffers: &[Buffer],
     alignment: u64,
     greedy: Vec<u64>,
     greedy_arena: u64,
     deadline: Option<Instant>,
 ) -> Result<Vec<u64>, PlanError> {
-    let inst = Instance::new(buffers, alignment)?;
-    let Some(best_fit) = best_fit_decreasing_until(&inst, deadline) else { return Ok(greedy) };
+    let Some(best_fit) = best_fit_decreasing_until(inst, deadline) else { return Ok(greedy) };
     Ok(if validate(buffers, &best_fit, alignment)? < greedy_arena { best_fit } else { greedy })
 }
 

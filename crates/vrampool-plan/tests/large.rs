@@ -25,7 +25,7 @@ fn a_decoding_graph_packs_its_growing_caches_far_better_than_greedy() {
     let p = auto(&buffers, Duration::from_secs(3));
     let ratio = |arena: u64| arena as f64 / p.lower_bound_bytes as f64;
     assert!(ratio(greedy) > 1.5, "greedy by size at {:.3} of the bound", ratio(greedy));
-    // Best fit in order of start reaches 1.052 here; lowest floor first, run right after it, the bound.
+    // Best fit in order of start reaches 1.052 here; lowest floor first, the first run, the bound.
     let (planned, greedy) = (ratio(p.arena_bytes), ratio(greedy));
     assert!(planned <= 1.005, "planned at {planned:.4} of the bound, greedy at {greedy:.3}");
 }

@@ -6,6 +6,7 @@
 
 mod component;
 mod minimise;
+mod portfolio;
 mod probe;
 #[cfg(test)]
 mod restarts;
@@ -14,9 +15,9 @@ mod windows;
 
 use std::time::{Duration, Instant};
 
-use crate::bound::lower_bound_of;
+use crate::greedy::greedy_by_size_of;
 use crate::instance::Instance;
-use crate::{greedy_by_size, validate, Buffer, PlanError};
+use crate::{validate, Buffer, PlanError};
 use component::Component;
 pub(crate) use component::{Order, Traits};
 use minimise::minimise;
@@ -62,25 +63,30 @@ pub fn exact_search(
     if let Some(seed) = seed {
         validate(buffers, seed, alignment)?;
     }
-    let target = lower_bound_of((0..inst.len()).map(|i| (inst.lo[i] as u64, inst.hi[i] as u64, inst.size[i])));
+    Ok(search_instance(&inst, deadline, seed))
+}
+
+/// [`exact_search`] on the checked instance, until `deadline`, from a seed known to be valid.
+pub(crate) fn search_instance(inst: &Instance, deadline: Instant, seed: Option<&[u64]>) -> ExactOutcome {
+    let target = inst.lower_bound();
     let part_arena = |part: &[u32], plan: &[u64]| part.iter().map(|&i| plan[i as usize] + inst.size[i as usize]).max();
     let needy = |part: &[u32]| seed.is_none_or(|s| part_arena(part, s).unwrap_or(0) > target);
 
     let mut nodes = 0;
     let searched = on_search_thread(|| {
-        each_part(&inst, needy, deadline, |part, part_deadline| {
+        each_part(inst, needy, deadline, |part, part_deadline| {
             let seeded = seed.map(|s| part_arena(part, s).unwrap_or(0));
             if part.len() > WINDOWS_ABOVE {
                 // The seed's plan stays where the windows do no better.
                 let ceiling = seeded.unwrap_or(u64::MAX);
-                let (placed, arena) = windows::sweeps(&inst, part, target, ceiling, part_deadline, &mut nodes)?;
+                let (placed, arena) = windows::sweeps(inst, part, target, ceiling, part_deadline, &mut nodes)?;
                 let (members, local): (Vec<u32>, Vec<u64>) = placed.into_iter().unzip();
                 return Some((members, (Some((arena, local)), target)));
             }
-            if !searchable(&inst, part) {
+            if !searchable(inst, part) {
                 return None;
             }
-            let comp = Component::new(&inst, part);
+            let comp = Component::new(inst, part);
             let incumbent = seed.map(|s| (seeded.unwrap_or(0), local(&comp, s)));
             let found = minimise(&comp, target, incumbent, part_deadline, &mut nodes);
             Some((comp.members, (found.plan, found.bound)))
@@ -91,8 +97,8 @@ pub fn exact_search(
     // Parts left unsearched keep the seed's plan, or greedy by size's.
     let fallback = match seed {
         Some(seed) => seed.to_vec(),
-        None if searched.len() < component::split(&inst).len() || searched.iter().any(|p| p.1 .0.is_none()) => {
-            greedy_by_size(buffers, alignment)?
+        None if searched.len() < component::split(inst).len() || searched.iter().any(|p| p.1 .0.is_none()) => {
+            greedy_by_size_of(inst)
         }
         None => Vec::new(),
     };
@@ -108,7 +114,7 @@ pub fn exact_search(
         bound = bound.max(*part_bound);
     }
     let arena = (0..inst.len()).map(|i| offsets[i] + inst.size[i]).max().unwrap_or(0);
-    Ok(ExactOutcome { offsets, optimal: arena <= bound, bound_bytes: bound.min(arena), nodes })
+    ExactOutcome { offsets, optimal: arena <= bound, bound_bytes: bound.min(arena), nodes }
 }
 
 /// The exact search's answer at a fixed capacity.
@@ -122,24 +128,18 @@ pub(crate) enum Verdict {
     Unknown,
 }
 
-/// Whether the buffers fit in `capacity` bytes, within `budget`; `seed` is a valid plan to keep where its
-/// parts already fit. The parts that need the search take turns, each with a share of the time left, until
-/// all fit, one is proven not to, or the time is up; a part's round robin goes on where it stopped.
-pub(crate) fn exact_decide(
-    buffers: &[Buffer],
-    alignment: u64,
-    capacity: u64,
-    budget: Duration,
-    seed: &[u64],
-) -> Result<Verdict, PlanError> {
+/// Whether the instance's buffers fit in `capacity` bytes, within `budget`; `seed` is a valid plan to keep
+/// where its parts already fit. The parts that need the search take turns, each with a share of the time
+/// left, until all fit, one is proven not to, or the time is up; a part's round robin goes on where it
+/// stopped.
+pub(crate) fn exact_decide(inst: &Instance, capacity: u64, budget: Duration, seed: &[u64]) -> Verdict {
     let deadline = deadline_after(budget);
-    let inst = Instance::new(buffers, alignment)?;
-    let (large, parts): (Vec<Vec<u32>>, Vec<Vec<u32>>) = component::split(&inst)
+    let (large, parts): (Vec<Vec<u32>>, Vec<Vec<u32>>) = component::split(inst)
         .into_iter()
         .filter(|part| part.iter().map(|&i| seed[i as usize] + inst.size[i as usize]).max().unwrap_or(0) > capacity)
         .partition(|part| part.len() > WINDOWS_ABOVE);
-    if parts.iter().any(|part| !searchable(&inst, part)) {
-        return Ok(Verdict::Unknown);
+    if parts.iter().any(|part| !searchable(inst, part)) {
+        return Verdict::Unknown;
     }
     let verdict = on_search_thread(|| {
         let (mut offsets, mut nodes) = (seed.to_vec(), 0);
@@ -151,7 +151,7 @@ pub(crate) fn exact_decide(
             let left = (large.len() - k + usize::from(!parts.is_empty())) as u32;
             let part_deadline = now + deadline.saturating_duration_since(now) / left;
             let beat = capacity.saturating_add(1);
-            let Some((placed, _)) = windows::sweeps(&inst, part, capacity, beat, part_deadline, &mut nodes) else {
+            let Some((placed, _)) = windows::sweeps(inst, part, capacity, beat, part_deadline, &mut nodes) else {
                 return Verdict::Unknown;
             };
             for (i, offset) in placed {
@@ -160,7 +160,7 @@ pub(crate) fn exact_decide(
         }
         let mut open: Vec<(Component, Vec<Ranking>, Prober)> = Vec::with_capacity(parts.len());
         for part in &parts {
-            let comp = Component::new(&inst, part);
+            let comp = Component::new(inst, part);
             if comp.load() > capacity {
                 return Verdict::Infeasible;
             }
@@ -188,7 +188,7 @@ pub(crate) fn exact_decide(
         }
         Verdict::Fits(offsets)
     });
-    Ok(verdict.unwrap_or(Verdict::Unknown))
+    verdict.unwrap_or(Verdict::Unknown)
 }
 
 /// Whether the search takes on a part (see `MAX_BUFFERS` and `MAX_ENTRIES`).

@@ -1,0 +1,202 @@
+//! The runs a large part gets before the window sweeps (`windows.rs`): lowest floor first (`floors/`) with each
+//! tie-break, and best fit in order of start (what a dynamic allocator replaying the run would do) with a few
+//! first phases, each in both directions of time (a plan of the mirrored part is one of the part). A run stops
+//! as soon as it cannot beat the best plan so far, so the losing ones cost little.
+//!
+//! Best fit by start is the best plan there is in the budget where the floors pack badly (serving with
+//! continuous batching), and a first phase placed before the rest changes it much: the longest-lived buffers
+//! first stack before the short ones fragment the bytes under them (KV caches grown by concatenation, a
+//! pipelined step's saved activations), the largest first keep their slots clear of the small ones. Which
+//! split wins, and in which direction of time, differs from graph to graph and none wins on most, so each kind
+//! of run tries its variants in turn, and the two kinds share the time (`next_kind`).
+
+use std::time::Instant;
+
+use super::component::Order;
+use crate::floors::lowest_floor_first;
+use crate::greedy::best_fit;
+use crate::instance::Instance;
+use crate::placed_index::PlacedIndex;
+
+/// Which buffers best fit by start places before the rest, each phase in order of start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum First {
+    /// None: every buffer in order of start.
+    Nothing,
+    /// The buffers whose lifetimes are longer than those of all but this percentage of the buffers.
+    Longest(usize),
+    /// The buffers larger than all but this percentage of the buffers.
+    Largest(usize),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Run {
+    Floors(Order),
+    Fit(First),
+}
+
+/// Lowest floor first's runs, each with whether time runs backwards: by start first, the cheapest good one
+/// (it comes close to the bound on most graphs). The other tie-breaks run forwards only: a buffer's floor, the
+/// highest top over its lifetime, is the same with time backwards, and so are their ranks, so the run
+/// backwards would be the same.
+const FLOOR_RUNS: [(Run, bool); 6] = [
+    (Run::Floors(Order::Time), false),
+    (Run::Floors(Order::Time), true),
+    (Run::Floors(Order::Wat), false),
+    (Run::Floors(Order::Taw), false),
+    (Run::Floors(Order::Area), false),
+    (Run::Floors(Order::Twa), false),
+];
+
+/// Best fit by start's runs: without a first phase first, the allocator's replay, then the splits, backwards
+/// first (they win more often that way).
+const FIT_RUNS: [(Run, bool); 10] = {
+    use First::*;
+    use Run::Fit;
+    [
+        (Fit(Nothing), false),
+        (Fit(Nothing), true),
+        (Fit(Longest(50)), true),
+        (Fit(Largest(5)), true),
+        (Fit(Largest(20)), true),
+        (Fit(Largest(20)), false),
+        (Fit(Longest(20)), false),
+        (Fit(Longest(5)), true),
+        (Fit(Largest(5)), false),
+        (Fit(Longest(20)), true),
+    ]
+};
+
+/// One kind of run: its runs in turn, where it has got to, the time it has taken and the best arena it found.
+struct Queue {
+    runs: &'static [(Run, bool)],
+    next: usize,
+    seconds: f64,
+    best: u64,
+}
+
+impl Queue {
+    fn new(runs: &'static [(Run, bool)]) -> Queue {
+        Queue { runs, next: 0, seconds: 0.0, best: u64::MAX }
+    }
+
+    fn done(&self) -> bool {
+        self.next == self.runs.len()
+    }
+}
+
+/// The kind that runs next: the kinds share the time, and the one that found the better plan gets two thirds
+/// of it (which kind wins differs from graph to graph, and by far: on serving graphs no floor run beats best
+/// fit, on the random instance no best fit comes near the floors); lowest floor first on a tie.
+fn next_kind(floors: &Queue, fits: &Queue) -> Option<usize> {
+    match (floors.done(), fits.done()) {
+        (true, true) => None,
+        (true, false) => Some(1),
+        (false, true) => Some(0),
+        (false, false) => {
+            let weight = |own: &Queue, other: &Queue| if own.best < other.best { 1.0 } else { 2.0 };
+            Some(usize::from(fits.seconds * weight(fits, floors) < floors.seconds * weight(floors, fits)))
+        }
+    }
+}
+
+/// Buffers placed between looks at the clock.
+const CLOCK_EVERY: usize = 1_024;
+
+/// A plan of a part: (instance index, offset) per buffer, and its arena.
+pub(crate) type Placed = (Vec<(u32, u64)>, u64);
+
+/// The best plan of `order` (the part, sorted by start) the runs find before `deadline` that beats `ceiling`,
+/// stopping early at one that meets `target`; and the seconds best fit took per buffer, once measured.
+pub(crate) fn best_of_runs(
+    inst: &Instance,
+    order: &[u32],
+    target: u64,
+    ceiling: u64,
+    deadline: Instant,
+) -> (Option<Placed>, Option<f64>) {
+    let mirrored = inst.mirrored();
+    let (mut best, mut fit_seconds): (Option<Placed>, Option<f64>) = (None, None);
+    let mut kinds = [Queue::new(&FLOOR_RUNS), Queue::new(&FIT_RUNS)];
+    while let Some(kind) = next_kind(&kinds[0], &kinds[1]) {
+        let beat = best.as_ref().map_or(ceiling, |b| b.1).saturating_sub(1);
+        if beat < target || Instant::now() >= deadline {
+            break;
+        }
+        let queue = &mut kinds[kind];
+        let (run, backwards) = queue.runs[queue.next];
+        queue.next += 1;
+        let began = Instant::now();
+        let timeline = if backwards { &mirrored } else { inst };
+        let plan = match run {
+            Run::Floors(tie_break) => lowest_floor_first(timeline, order, tie_break, beat, deadline)
+                .map(|offsets| order.iter().copied().zip(offsets).collect::<Vec<_>>()),
+            Run::Fit(first) => {
+                let (plan, placed) = fit_before(timeline, &fit_order(timeline, order, first), beat, deadline);
+                if placed > 0 {
+                    fit_seconds.get_or_insert(began.elapsed().as_secs_f64() / placed as f64);
+                }
+                plan
+            }
+        };
+        queue.seconds += began.elapsed().as_secs_f64();
+        if let Some(plan) = plan {
+            let arena = plan.iter().map(|&(i, o)| o + inst.size[i as usize]).max().unwrap_or(0);
+            queue.best = arena;
+            best = Some((plan, arena));
+        }
+    }
+    (best, fit_seconds)
+}
+
+/// The part's buffers in the order best fit by start takes them on `timeline`: those of `first`, then the rest,
+/// each in order of start.
+pub(crate) fn fit_order(timeline: &Instance, part: &[u32], first: First) -> Vec<u32> {
+    let cut = |key: &dyn Fn(usize) -> u64, percent: usize| {
+        let mut keys: Vec<u64> = part.iter().map(|&i| key(i as usize)).collect();
+        keys.sort_unstable();
+        keys.get(keys.len() * (100 - percent.min(100)) / 100).copied().unwrap_or(u64::MAX)
+    };
+    let span = |i: usize| timeline.span(i) as u64;
+    let size = |i: usize| timeline.size[i];
+    let later: Box<dyn Fn(usize) -> bool> = match first {
+        First::Nothing => Box::new(|_| false),
+        First::Longest(percent) => {
+            let cut = cut(&span, percent);
+            Box::new(move |i| span(i) <= cut)
+        }
+        First::Largest(percent) => {
+            let cut = cut(&size, percent);
+            Box::new(move |i| size(i) <= cut)
+        }
+    };
+    let mut order = part.to_vec();
+    order.sort_by_cached_key(|&i| (later(i as usize), timeline.lo[i as usize], i));
+    order
+}
+
+/// `order` placed by best fit, if done before `deadline` with no buffer's top above `beat`; and how many
+/// buffers were placed.
+pub(crate) fn fit_before(
+    inst: &Instance,
+    order: &[u32],
+    beat: u64,
+    deadline: Instant,
+) -> (Option<Vec<(u32, u64)>>, usize) {
+    let (mut placed, mut spans) = (PlacedIndex::new(inst.segments), Vec::new());
+    let mut offsets = Vec::with_capacity(order.len());
+    for (k, &i) in order.iter().enumerate() {
+        if k % CLOCK_EVERY == 0 && Instant::now() >= deadline {
+            return (None, k);
+        }
+        let offset = best_fit(inst, &mut placed, i, &mut spans);
+        if offset + inst.size[i as usize] > beat {
+            return (None, k + 1);
+        }
+        offsets.push((i, offset));
+    }
+    (Some(offsets), order.len())
+}
+
+#[cfg(test)]
+mod tests;

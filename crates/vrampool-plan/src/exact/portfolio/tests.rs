@@ -1,0 +1,132 @@
+use std::time::Duration;
+
+use super::*;
+use crate::{random_instance, validate, Buffer};
+
+fn by_start(inst: &Instance) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..inst.len() as u32).collect();
+    order.sort_unstable_by_key(|&i| (inst.lo[i as usize], i));
+    order
+}
+
+/// The plan's arena, checked by the validator.
+fn checked(buffers: &[Buffer], plan: &[(u32, u64)]) -> u64 {
+    let mut offsets = vec![u64::MAX; buffers.len()];
+    plan.iter().for_each(|&(i, o)| offsets[i as usize] = o);
+    assert!(offsets.iter().all(|&o| o != u64::MAX), "every buffer placed once");
+    validate(buffers, &offsets, 1).unwrap()
+}
+
+#[test]
+fn best_fit_by_start_gives_way_to_the_deadline_and_to_the_arena_to_beat() {
+    let buffers = random_instance(3_000, 9);
+    let inst = Instance::new(&buffers, 1).unwrap();
+    let order = by_start(&inst);
+    assert_eq!(fit_before(&inst, &order, u64::MAX, Instant::now()), (None, 0));
+    let far = Instant::now() + Duration::from_secs(60);
+    let (plan, placed) = fit_before(&inst, &order, u64::MAX, far);
+    let plan = plan.unwrap();
+    assert_eq!(placed, order.len());
+    let arena = checked(&buffers, &plan);
+    assert_eq!(plan.iter().map(|&(i, o)| o + inst.size[i as usize]).max(), Some(arena));
+    assert_eq!(fit_before(&inst, &order, arena, far).0, Some(plan));
+    let (none, stopped) = fit_before(&inst, &order, arena - 1, far);
+    assert_eq!(none, None);
+    assert!(stopped >= 1 && stopped <= order.len());
+}
+
+#[test]
+fn a_first_phase_comes_first_and_each_phase_goes_by_start() {
+    let buffers = random_instance(2_000, 3);
+    let inst = Instance::new(&buffers, 1).unwrap();
+    let mirrored = inst.mirrored();
+    let part: Vec<u32> = (0..inst.len() as u32).rev().collect();
+    let firsts = [First::Nothing, First::Longest(50), First::Longest(5), First::Largest(20), First::Largest(5)];
+    for timeline in [&inst, &mirrored] {
+        for first in firsts {
+            let order = fit_order(timeline, &part, first);
+            let mut sorted = order.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (0..inst.len() as u32).collect::<Vec<_>>(), "{first:?}: a permutation");
+            let key = |i: u32| match first {
+                First::Nothing => 0,
+                First::Longest(_) => timeline.span(i as usize) as u64,
+                First::Largest(_) => timeline.size[i as usize],
+            };
+            let percent = match first {
+                First::Nothing => 0,
+                First::Longest(p) | First::Largest(p) => p,
+            };
+            // The first phase: the buffers whose key is above the key of rank n (100 - percent) / 100.
+            let mut keys: Vec<u64> = part.iter().map(|&i| key(i)).collect();
+            keys.sort_unstable();
+            let cut = keys[(keys.len() * (100 - percent) / 100).min(keys.len() - 1)];
+            let head = if percent == 0 { 0 } else { part.iter().filter(|&&i| key(i) > cut).count() };
+            assert!(head <= part.len() * percent / 100, "{first:?}: {head} first");
+            assert!(percent == 0 || head > 0, "{first:?}: a first phase");
+            let (early, late) = order.split_at(head);
+            assert!(early.iter().all(|&i| late.iter().all(|&j| key(i) > key(j))), "{first:?}");
+            for phase in [early, late] {
+                assert!(
+                    phase.windows(2).all(|w| timeline.lo[w[0] as usize] <= timeline.lo[w[1] as usize]),
+                    "{first:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_runs_keep_the_best_plan_of_them_all() {
+    let buffers = random_instance(3_000, 11);
+    let inst = Instance::new(&buffers, 1).unwrap();
+    let (mirrored, order) = (inst.mirrored(), by_start(&inst));
+    let far = Instant::now() + Duration::from_secs(120);
+    // Every run to its end, on its own.
+    let arenas: Vec<u64> = FLOOR_RUNS
+        .iter()
+        .chain(&FIT_RUNS)
+        .map(|&(run, backwards)| {
+            let timeline = if backwards { &mirrored } else { &inst };
+            let plan: Vec<(u32, u64)> = match run {
+                Run::Floors(tie_break) => order
+                    .iter()
+                    .copied()
+                    .zip(lowest_floor_first(timeline, &order, tie_break, u64::MAX, far).unwrap())
+                    .collect(),
+                Run::Fit(first) => fit_before(timeline, &fit_order(timeline, &order, first), u64::MAX, far).0.unwrap(),
+            };
+            checked(&buffers, &plan)
+        })
+        .collect();
+    let least = *arenas.iter().min().unwrap();
+    let (best, fit_seconds) = best_of_runs(&inst, &order, 0, u64::MAX, far);
+    let (plan, arena) = best.unwrap();
+    assert_eq!((checked(&buffers, &plan), arena), (least, least));
+    assert!(fit_seconds.is_some_and(|s| s > 0.0));
+    // Only a plan that beats the ceiling is kept; one that meets the target ends the runs.
+    assert_eq!(best_of_runs(&inst, &order, 0, least, far).0, None);
+    assert_eq!(best_of_runs(&inst, &order, 0, least + 1, far).0.map(|b| b.1), Some(least));
+    assert!(arenas[0] > least, "{arenas:?}");
+    let (first, _) = best_of_runs(&inst, &order, arenas[0], u64::MAX, far);
+    assert_eq!(first.map(|b| b.1), Some(arenas[0]));
+}
+
+#[test]
+fn the_kind_that_found_the_better_plan_gets_two_thirds_of_the_time() {
+    let queue = |runs: &'static [(Run, bool)], next, seconds, best| Queue { runs, next, seconds, best };
+    let (floors, fits) = (&FLOOR_RUNS[..], &FIT_RUNS[..]);
+    // Nothing run yet, or nothing found: lowest floor first, then whichever has had less time.
+    assert_eq!(next_kind(&queue(floors, 0, 0.0, u64::MAX), &queue(fits, 0, 0.0, u64::MAX)), Some(0));
+    assert_eq!(next_kind(&queue(floors, 1, 0.5, u64::MAX), &queue(fits, 0, 0.0, u64::MAX)), Some(1));
+    assert_eq!(next_kind(&queue(floors, 1, 0.5, u64::MAX), &queue(fits, 1, 0.6, u64::MAX)), Some(0));
+    // The leader runs until it has had twice the other's time.
+    assert_eq!(next_kind(&queue(floors, 2, 1.9, 100), &queue(fits, 1, 1.0, 110)), Some(0));
+    assert_eq!(next_kind(&queue(floors, 2, 2.1, 100), &queue(fits, 1, 1.0, 110)), Some(1));
+    assert_eq!(next_kind(&queue(floors, 1, 1.0, 110), &queue(fits, 2, 1.9, 100)), Some(1));
+    assert_eq!(next_kind(&queue(floors, 1, 1.0, 110), &queue(fits, 2, 2.1, 100)), Some(0));
+    // A kind whose runs are all done leaves the time to the other.
+    assert_eq!(next_kind(&queue(floors, floors.len(), 0.1, 100), &queue(fits, 1, 3.0, 110)), Some(1));
+    assert_eq!(next_kind(&queue(floors, 1, 3.0, 110), &queue(fits, fits.len(), 0.1, 100)), Some(0));
+    assert_eq!(next_kind(&queue(floors, floors.len(), 0.0, 0), &queue(fits, fits.len(), 0.0, 0)), None);
+}
