@@ -7,6 +7,7 @@
 //! allocation of a run of one object, which the pool does not cache), and coalescing keeps them
 //! to a few per segment.
 
+use std::collections::hash_map::Entry;
 use std::collections::BTreeMap;
 
 use super::addr_map::AddrMap;
@@ -47,10 +48,6 @@ impl FirstFit {
         self.reserved += s.size;
     }
 
-    fn segment_of(&self, addr: u64) -> Option<(u64, u64)> {
-        self.segments.range(..=addr).next_back().filter(|(&b, &s)| addr < b + s).map(|(&b, &s)| (b, s))
-    }
-
     /// The lowest free range of at least `size` bytes gives its first `size` bytes.
     pub fn allocate(&mut self, size: u64, kind: RunKind) -> Option<Block> {
         let (&end, base) = self.free.iter_mut().find(|(&end, base)| end - **base >= size)?;
@@ -68,9 +65,13 @@ impl FirstFit {
     /// Frees the run at `addr`, merging it with free neighbours in its segment; None, changing
     /// nothing, when no run of `kind` starts there.
     pub fn free(&mut self, addr: u64, kind: RunKind) -> Option<u64> {
-        let &(size, _) = self.live.get(&addr).filter(|&&(_, k)| k == kind)?;
-        let (seg, seg_size) = self.segment_of(addr)?;
-        self.live.remove(&addr);
+        let Entry::Occupied(run) = self.live.entry(addr) else { return None };
+        let &(size, k) = run.get();
+        if k != kind {
+            return None;
+        }
+        let (&seg, &seg_size) = self.segments.range(..=addr).next_back().filter(|(&b, &s)| addr < b + s)?;
+        run.remove();
         self.allocated -= size;
         let end = addr + size;
         // Free ranges lie within one segment each: a range ending at `addr` is this segment's

@@ -199,11 +199,12 @@ impl Strategy for Slab {
     }
 
     fn free(&mut self, addr: u64) -> Option<u64> {
-        let Some(s) = self.objects.remove(&addr) else {
-            let size = self.space.free(addr, RunKind::Block)?;
+        // Runs first: their frees all come here, while most objects' stop in the pool's caches.
+        if let Some(size) = self.space.free(addr, RunKind::Block) {
             self.allocated -= size;
             return Some(size);
-        };
+        }
+        let s = self.objects.remove(&addr)?;
         let slab = &mut self.slabs[s as usize];
         let ci = slab.class as usize;
         let class_size = self.classes[ci].size;
