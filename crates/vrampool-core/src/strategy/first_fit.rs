@@ -87,6 +87,15 @@ impl FirstFit {
         Some(size)
     }
 
+    /// Whether the block run at `addr`, freed now, is what `allocate` of its size would give
+    /// next: no free range below it holds that size, and none ends at it in its segment (the
+    /// merged range would start lower).
+    pub fn placed_next(&self, addr: u64) -> bool {
+        let Some(&(size, RunKind::Block)) = self.live.get(&addr) else { return false };
+        let at_segment_base = || self.segments.contains_key(&addr);
+        !self.free.range(..=addr).any(|(&end, &base)| end - base >= size || (end == addr && !at_segment_base()))
+    }
+
     /// Whether the segment at `base` holds no run.
     fn is_free(&self, base: u64, size: u64) -> bool {
         self.free.get(&(base + size)) == Some(&base)
@@ -201,6 +210,30 @@ mod tests {
         assert_eq!(f.free.len(), 2);
         assert_eq!(f.allocate(2 * MIB, RunKind::Block).unwrap().addr, 0);
         assert_eq!(f.snapshot()[1], (seg(2 * MIB, 2 * MIB), vec![BlockInfo { addr: 2 * MIB, size: 2 * MIB, allocated: false }]));
+    }
+
+    #[test]
+    fn a_run_is_placed_next_when_no_lower_range_would_take_its_size() {
+        let mut f = two_segments();
+        let [a, b, e, c, d] = [MIB, 512 * KIB, 512 * KIB, MIB, MIB].map(|size| f.allocate(size, RunKind::Block).unwrap().addr);
+        assert_eq!([a, b, e, c, d], [0, MIB, 1536 * KIB, 2 * MIB, 3 * MIB]);
+        assert!(f.placed_next(a), "the lowest run");
+        // A free range below it too small for its size, ending at its segment's base.
+        f.free(e, RunKind::Block).unwrap();
+        assert!(f.placed_next(c));
+        // A free range ending at the run in its segment: the merged range would start lower.
+        f.free(c, RunKind::Block).unwrap();
+        assert!(!f.placed_next(d));
+        assert!(f.placed_next(b), "the free ranges are all above it");
+        // Below it now, a free range that holds its size.
+        f.free(a, RunKind::Block).unwrap();
+        assert!(!f.placed_next(b));
+        for addr in [a, b + 512] {
+            assert!(!f.placed_next(addr), "no live run there");
+        }
+        let slab = f.allocate(512 * KIB, RunKind::Slab).unwrap();
+        assert_eq!(slab.addr, 0);
+        assert!(!f.placed_next(slab.addr), "a slab is never a cached run");
     }
 
     #[test]

@@ -234,6 +234,10 @@ impl Strategy for Slab {
         Some(class_size)
     }
 
+    fn placed_next(&self, addr: u64) -> bool {
+        self.space.placed_next(addr)
+    }
+
     fn free_segments(&self) -> Vec<Segment> {
         self.space.free_segments()
     }
