@@ -33,6 +33,10 @@ impl KeptRun {
 
     /// The kept run of any class, emptying the slot.
     pub fn take(&self) -> Option<u64> {
+        // A plain load first: no locked swap on the tier's every operation when nothing is kept.
+        if self.0.load(Ordering::Relaxed) == EMPTY {
+            return None;
+        }
         let word = self.0.swap(EMPTY, Ordering::Acquire);
         (word != EMPTY).then_some(word - word % MIN_BLOCK)
     }
