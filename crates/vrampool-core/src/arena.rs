@@ -15,6 +15,7 @@ use parking_lot::Mutex;
 
 use crate::device::StreamId;
 use crate::expandable::VmArena;
+use crate::kept_run::KeptRun;
 use crate::magazine::Magazines;
 use crate::strategy::Strategy;
 
@@ -30,6 +31,9 @@ pub struct Arena {
     /// Per tier: the magazines may hold some of its large blocks (set after a push, cleared by
     /// the drain that files them back), so that a tier with none skips the scan.
     large_cached: Box<[AtomicBool]>,
+    /// The first tier's kept run (see `PoolConfig::first_tier_cached_max`). One slot is enough:
+    /// the tier files it back before it places or frees anything else.
+    pub kept_run: KeptRun,
     /// The expandable segments of the tier `Expandable::tier` names (none unless the pool has
     /// expandable segments).
     vm: Mutex<VmArena>,
@@ -43,6 +47,7 @@ impl Arena {
             tiers: tiers.into_iter().map(Mutex::new).collect(),
             magazines: Magazines::new(CACHED_MAX),
             large_cached,
+            kept_run: KeptRun::default(),
             vm: Mutex::default(),
         }
     }

@@ -13,14 +13,12 @@ pub fn thread_classes(config: &PoolConfig) -> usize {
 
 /// The class a block of `size` bytes from `tier` is cached under, if any: its size must be
 /// exactly a class, and one that this tier hands out (a class just above `small_max` is the slab's
-/// for some requests and best-fit's for others; only best-fit's blocks are cached), and the first
-/// tier caches only up to `PoolConfig::first_tier_cached_max`.
+/// for some requests and best-fit's for others; only best-fit's blocks are cached). The first
+/// tier's blocks above `PoolConfig::first_tier_cached_max` are cached only when their strategy
+/// would place the next request of their size there anyway (`Strategy::placed_next`).
 #[inline(always)]
 pub fn cache_class(config: &PoolConfig, arena: &Arena, thread_classes: usize, size: u64, tier: u8) -> Option<usize> {
     let index = arena.magazines.class_of_block(size)?;
-    if tier == 0 && size > config.first_tier_cached_max() {
-        return None;
-    }
     // The thread-cache classes are at most `small_max`: the first tier's in every strategy.
     let ours = if index < thread_classes { tier == 0 } else { config.tier_of(size) == tier };
     ours.then_some(index)
@@ -134,18 +132,22 @@ mod tests {
     }
 
     #[test]
-    fn a_slab_caches_only_the_classes_of_its_shared_slabs() {
-        for (strategy, runs_cached) in
+    fn a_slab_keeps_its_runs_out_of_the_thread_caches() {
+        for (strategy, runs_in_thread_caches) in
             [(StrategyKind::Hybrid, false), (StrategyKind::Slab, false), (StrategyKind::BestFit, true), (StrategyKind::Buddy, true)]
         {
             let config = PoolConfig { strategy, ..PoolConfig::default() };
             let arena = crate::pool::new_arena(&config, StreamId(0));
             let classes = thread_classes(&config);
-            let cached = |size| cache_class(&config, &arena, classes, size, 0).is_some();
-            assert!(cached(32 * KIB), "{strategy:?}");
-            assert_eq!(cached(40 * KIB), runs_cached, "{strategy:?}: the smallest run");
-            assert_eq!(cached(MIB), runs_cached, "{strategy:?}");
-            assert_eq!(class_size(classes - 1), if runs_cached { MIB } else { 32 * KIB }, "{strategy:?}: the thread caches' classes");
+            let class = |size| cache_class(&config, &arena, classes, size, 0);
+            assert!(class(32 * KIB).is_some_and(|i| i < classes), "{strategy:?}");
+            // A run has its class (a kept run is taken by it), but no thread cache holds it.
+            for run in [40 * KIB, MIB] {
+                assert_eq!(class(run).map(|i| i < classes), Some(runs_in_thread_caches), "{strategy:?}: {run}");
+            }
+            assert_eq!(config.first_tier_cached_max() < MIB, !runs_in_thread_caches, "{strategy:?}");
+            let largest = if runs_in_thread_caches { MIB } else { 32 * KIB };
+            assert_eq!(class_size(classes - 1), largest, "{strategy:?}: the thread caches' classes");
         }
         // The hybrid's other tiers cache as before.
         let config = PoolConfig::default();

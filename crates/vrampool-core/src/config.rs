@@ -144,12 +144,15 @@ impl PoolConfig {
         }
     }
 
-    /// The largest block of the first tier that is cached when freed: every one, unless the first
-    /// tier is a slab, whose runs (classes above `SHARED_SLAB_MAX`) and larger blocks go back to it at
-    /// once. Design: a cached run keeps its place while the slab carves other classes' runs
-    /// elsewhere, so the small tier's segments fragment; given back, the run merges in the first
-    /// fit, and the next run of any size is carved lowest address first, which keeps live runs
-    /// packed into the lowest segments. The tier's lock is what that costs a run's pair.
+    /// The largest block of the first tier that is cached whenever it is freed: every one, unless
+    /// the first tier is a slab, whose runs (classes above `SHARED_SLAB_MAX`) are cached only when
+    /// the slab's first fit would place the next run of their size at the same address
+    /// (`Strategy::placed_next`), and go back to it before the tier places or frees anything else.
+    /// Design: a run cached anywhere else keeps its place while the slab carves other classes'
+    /// runs elsewhere, so the small tier's segments fragment; given back, the run merges in the
+    /// first fit, and the next run of any size is carved lowest address first, which keeps live
+    /// runs packed into the lowest segments. The kept run changes no placement, and spares the
+    /// next allocation of its class the tier's lock.
     #[inline(always)]
     pub fn first_tier_cached_max(&self) -> u64 {
         match self.strategy {

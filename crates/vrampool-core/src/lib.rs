@@ -25,6 +25,7 @@ mod expandable;
 pub mod failures;
 mod fast_gate;
 mod fork;
+mod kept_run;
 mod live_table;
 mod magazine;
 pub mod peers;

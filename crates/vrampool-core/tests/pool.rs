@@ -127,6 +127,37 @@ fn a_freed_slab_run_goes_back_at_once_and_the_next_run_is_carved_lowest_address_
 }
 
 #[test]
+fn a_freed_run_where_the_next_run_of_its_class_goes_comes_back_without_the_lock() {
+    for strategy in [StrategyKind::Hybrid, StrategyKind::Slab] {
+        let (pool, dev) = pool_on(GIB, strategy);
+        let a = pool.allocate(64 * KIB, S0).unwrap();
+        pool.free(a, None, None).unwrap();
+        assert_eq!(pool.allocate(64 * KIB, S0).unwrap(), a, "{strategy:?}");
+        assert_eq!(pool.stats().fast_path_hits, 1, "{strategy:?}: the kept run");
+        // Kept again, it goes back before the tier places another class: a 40 KiB run takes its place.
+        pool.free(a, None, None).unwrap();
+        assert_eq!(pool.allocate(40 * KIB, S0).unwrap(), a, "{strategy:?}");
+        // And before the tier frees anything: the kept 64 KiB run above merges with the freed
+        // 40 KiB one, and the next 64 KiB run is carved at the lowest address.
+        let above = pool.allocate(64 * KIB, S0).unwrap();
+        assert_eq!(above, a + 40 * KIB, "{strategy:?}");
+        pool.free(above, None, None).unwrap();
+        pool.free(a, None, None).unwrap();
+        assert_eq!(pool.allocate(64 * KIB, S0).unwrap(), a, "{strategy:?}");
+        // A run freed above a free range that holds its size is not kept: the next run goes lower.
+        let second = pool.allocate(64 * KIB, S0).unwrap();
+        pool.free(a, None, None).unwrap();
+        pool.free(second, None, None).unwrap();
+        assert_eq!(pool.allocate(64 * KIB, S0).unwrap(), a, "{strategy:?}");
+        assert_eq!(pool.stats().fast_path_hits, 1, "{strategy:?}: no hit but the first");
+        // A trim gives back the segment of a kept run.
+        pool.free(a, None, None).unwrap();
+        pool.trim().unwrap();
+        assert_eq!((pool.stats().reserved_bytes.current, dev.counters().used), (0, 0), "{strategy:?}");
+    }
+}
+
+#[test]
 fn cached_large_blocks_go_back_to_their_strategy_before_it_places_another_request() {
     for reclaim in [true, false] {
         let dev = Arc::new(SimDevice::new(GIB, SimMode::AddressOnly));

@@ -36,7 +36,12 @@ impl PoolCore {
                     return Ok(self.record_live(addr, block));
                 }
             }
-            if let Some(addr) = self.arena(stream).magazines.pop(index) {
+            let arena = self.arena(stream);
+            let cached = match tier == 0 && block_size > self.config.first_tier_cached_max() {
+                true => arena.kept_run.take_of(index),
+                false => arena.magazines.pop(index),
+            };
+            if let Some(addr) = cached {
                 return Ok(self.hand_out(addr, block, true));
             }
         }
@@ -206,6 +211,13 @@ impl PoolCore {
     /// block's class; every other request is placed with all the tier's free memory merged (small
     /// blocks stay cached: the slab places each class on its own). Called under the tier's lock.
     pub(super) fn allocate_filed(&self, arena: &Arena, tier: u8, strategy: &mut dyn Strategy, rounded: u64) -> Option<Block> {
+        self.file_back_kept_run(arena, tier, strategy);
+        self.file_back_large_cached(arena, tier, strategy);
+        strategy.allocate(rounded)
+    }
+
+    /// Files back into `strategy` the tier's large blocks cached in the arena's magazines.
+    pub(super) fn file_back_large_cached(&self, arena: &Arena, tier: u8, strategy: &mut dyn Strategy) {
         if arena.take_large_cached(tier) {
             arena.magazines.drain(
                 |index| index >= self.thread_classes && self.class_tier(index) == tier,
@@ -215,7 +227,6 @@ impl PoolCore {
                 },
             );
         }
-        strategy.allocate(rounded)
     }
 
     /// Counts a block handed out from a thread cache.
@@ -300,7 +311,8 @@ impl PoolCore {
             None => counts.iter().for_each(|&(which, n)| self.counters.fast.bump_shared(which, n)),
         }
         let arena = self.arena(StreamId(block.stream));
-        if let Some(index) = class {
+        let kept_if_placed_next = block.tier == 0 && block.size > self.config.first_tier_cached_max();
+        if let Some(index) = class.filter(|_| !kept_if_placed_next) {
             if arena.magazines.push(index, addr) {
                 if index >= self.thread_classes {
                     arena.note_large_cached(block.tier);
@@ -308,8 +320,25 @@ impl PoolCore {
                 return;
             }
         }
-        let freed = self.file_back(&mut **arena.tiers[block.tier as usize].lock(), addr);
+        let mut strategy = arena.tiers[block.tier as usize].lock();
+        self.file_back_kept_run(&arena, block.tier, &mut **strategy);
+        if let Some(index) = class.filter(|_| kept_if_placed_next && strategy.placed_next(addr)) {
+            arena.kept_run.keep(addr, index);
+            return;
+        }
+        let freed = self.file_back(&mut **strategy, addr);
         debug_assert_eq!(freed, Some(block.size), "a live block must go back to the strategy that made it");
+    }
+
+    /// Files back the first tier's kept run (see `PoolConfig::first_tier_cached_max`) before that
+    /// tier places or frees anything: a run is kept only while it is where the next run of its
+    /// size goes, which any other change to the tier may undo. Called under the tier's lock.
+    #[inline(always)]
+    pub(super) fn file_back_kept_run(&self, arena: &Arena, tier: u8, strategy: &mut dyn Strategy) {
+        if let Some(addr) = (tier == 0).then(|| arena.kept_run.take()).flatten() {
+            let freed = self.file_back(strategy, addr);
+            debug_assert!(freed.is_some(), "a kept run belongs to the first tier");
+        }
     }
 
     /// Frees a block that no one uses (cached, or just freed) in its strategy, which may split or

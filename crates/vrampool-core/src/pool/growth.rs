@@ -133,7 +133,9 @@ impl PoolCore {
             let stream = arena.stream;
             for (index, tier) in arena.tiers.iter().enumerate() {
                 let tier_index = index as u8;
-                let strategy = tier.lock();
+                let mut strategy = tier.lock();
+                // A kept run's segment may be otherwise free: the run goes back first.
+                self.file_back_kept_run(arena, tier_index, &mut **strategy);
                 spares.extend(strategy.free_segments().into_iter().map(|range| Spare {
                     stream,
                     tier: tier_index,
@@ -172,6 +174,7 @@ impl PoolCore {
         let blocks = thread_cache::take_all(&self.thread_caches.lock());
         self.adopt(blocks);
         self.for_each_arena(|arena| {
+            self.file_back_kept_run(arena, 0, &mut **arena.tiers[0].lock());
             arena.magazines.drain(
                 |_| true,
                 |index, addr| {

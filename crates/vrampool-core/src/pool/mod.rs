@@ -249,7 +249,10 @@ impl CacheOwner for PoolCore {
     fn adopt(&self, blocks: Vec<(u64, u64)>) {
         for (stream, addr) in blocks {
             // Thread caches hold only the first tier's blocks (`thread_classes`).
-            let freed = self.file_back(&mut **self.arena(StreamId(stream)).tiers[0].lock(), addr);
+            let arena = self.arena(StreamId(stream));
+            let mut strategy = arena.tiers[0].lock();
+            self.file_back_kept_run(&arena, 0, &mut **strategy);
+            let freed = self.file_back(&mut **strategy, addr);
             debug_assert!(freed.is_some(), "a cached block belongs to its arena's first tier");
         }
     }

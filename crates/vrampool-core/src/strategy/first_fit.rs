@@ -7,17 +7,31 @@
 //! allocation of a run of one object, which the pool does not cache), and coalescing keeps them
 //! to a few per segment.
 
+use std::collections::hash_map::Entry;
 use std::collections::BTreeMap;
 
 use super::addr_map::AddrMap;
 use super::{Block, BlockInfo, Segment, Usage};
 
+/// What a run is to its caller: a block handed out whole, or a slab it cuts up itself. A free
+/// names the kind, and a run of the other kind is refused: the slab needs no map of its own to
+/// tell its blocks from its slabs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunKind {
+    Block,
+    Slab,
+}
+
 #[derive(Default)]
 pub struct FirstFit {
-    /// Base -> size, of segments, free ranges and live runs.
+    /// Base -> size, of segments.
     segments: BTreeMap<u64, u64>,
+    /// End -> base, of free ranges. Design: keyed by end, a carve off a range's front and a freed
+    /// run merged into the range above it change a value in place, where keys by base would
+    /// remove one entry and insert another.
     free: BTreeMap<u64, u64>,
-    live: AddrMap<u64>,
+    /// Base -> size and kind, of live runs.
+    live: AddrMap<(u64, RunKind)>,
     reserved: u64,
     allocated: u64,
 }
@@ -30,59 +44,75 @@ impl FirstFit {
             return;
         }
         self.segments.insert(s.base, s.size);
-        self.free.insert(s.base, s.size);
+        self.free.insert(end, s.base);
         self.reserved += s.size;
     }
 
-    fn segment_of(&self, addr: u64) -> Option<(u64, u64)> {
-        self.segments.range(..=addr).next_back().filter(|(&b, &s)| addr < b + s).map(|(&b, &s)| (b, s))
-    }
-
     /// The lowest free range of at least `size` bytes gives its first `size` bytes.
-    pub fn allocate(&mut self, size: u64) -> Option<Block> {
-        let (&addr, &len) = self.free.iter().find(|(_, &len)| len >= size)?;
-        self.free.remove(&addr);
-        if len > size {
-            self.free.insert(addr + size, len - size);
+    pub fn allocate(&mut self, size: u64, kind: RunKind) -> Option<Block> {
+        let (&end, base) = self.free.iter_mut().find(|(&end, base)| end - **base >= size)?;
+        let addr = *base;
+        if end - addr == size {
+            self.free.remove(&end);
+        } else {
+            *base += size;
         }
-        self.live.insert(addr, size);
+        self.live.insert(addr, (size, kind));
         self.allocated += size;
         Some(Block { addr, size })
     }
 
     /// Frees the run at `addr`, merging it with free neighbours in its segment; None, changing
-    /// nothing, when no run starts there.
-    pub fn free(&mut self, addr: u64) -> Option<u64> {
-        let size = *self.live.get(&addr)?;
-        let (seg, _) = self.segment_of(addr)?;
-        self.live.remove(&addr);
+    /// nothing, when no run of `kind` starts there.
+    pub fn free(&mut self, addr: u64, kind: RunKind) -> Option<u64> {
+        let Entry::Occupied(run) = self.live.entry(addr) else { return None };
+        let &(size, k) = run.get();
+        if k != kind {
+            return None;
+        }
+        let (&seg, &seg_size) = self.segments.range(..=addr).next_back().filter(|(&b, &s)| addr < b + s)?;
+        run.remove();
         self.allocated -= size;
-        let (mut lo, mut len) = (addr, size);
-        if let Some((&p, &plen)) = self.free.range(seg..addr).next_back().filter(|(&p, &plen)| p + plen == addr) {
-            self.free.remove(&p);
-            lo = p;
-            len += plen;
+        let end = addr + size;
+        // Free ranges lie within one segment each: a range ending at `addr` is this segment's
+        // unless `addr` is its base, and one starting at `end` unless `end` is its end.
+        let base = if addr == seg { None } else { self.free.remove(&addr) }.unwrap_or(addr);
+        if end != seg + seg_size {
+            if let Some((_, above)) = self.free.range_mut(end + 1..).next().filter(|(_, above)| **above == end) {
+                *above = base;
+                return Some(size);
+            }
         }
-        if let Some(nlen) = self.free.get(&(addr + size)).copied().filter(|_| self.segment_of(addr + size).map(|s| s.0) == Some(seg)) {
-            self.free.remove(&(addr + size));
-            len += nlen;
-        }
-        self.free.insert(lo, len);
+        self.free.insert(end, base);
         Some(size)
+    }
+
+    /// Whether the block run at `addr`, freed now, is what `allocate` of its size would give
+    /// next: no free range below it holds that size, and none ends at it in its segment (the
+    /// merged range would start lower).
+    pub fn placed_next(&self, addr: u64) -> bool {
+        let Some(&(size, RunKind::Block)) = self.live.get(&addr) else { return false };
+        let at_segment_base = || self.segments.contains_key(&addr);
+        !self.free.range(..=addr).any(|(&end, &base)| end - base >= size || (end == addr && !at_segment_base()))
+    }
+
+    /// Whether the segment at `base` holds no run.
+    fn is_free(&self, base: u64, size: u64) -> bool {
+        self.free.get(&(base + size)) == Some(&base)
     }
 
     /// Segments holding no run.
     pub fn free_segments(&self) -> Vec<Segment> {
-        self.segments.iter().filter(|(b, s)| self.free.get(b) == Some(s)).map(|(&base, &size)| Segment { base, size }).collect()
+        self.segments.iter().filter(|(&b, &s)| self.is_free(b, s)).map(|(&base, &size)| Segment { base, size }).collect()
     }
 
     /// Drops those of `segments` that are held and wholly free, and returns them.
     pub fn release_segments(&mut self, segments: &[Segment]) -> Vec<Segment> {
         let mut out = Vec::new();
         for s in segments {
-            if self.segments.get(&s.base) == Some(&s.size) && self.free.get(&s.base) == Some(&s.size) {
+            if self.segments.get(&s.base) == Some(&s.size) && self.is_free(s.base, s.size) {
                 self.segments.remove(&s.base);
-                self.free.remove(&s.base);
+                self.free.remove(&(s.base + s.size));
                 self.reserved -= s.size;
                 out.push(*s);
             }
@@ -95,21 +125,25 @@ impl FirstFit {
         Usage {
             reserved: self.reserved,
             allocated: self.allocated,
-            largest_free: self.free.values().copied().max().unwrap_or(0),
+            largest_free: self.free.iter().map(|(&end, &base)| end - base).max().unwrap_or(0),
             segments: self.segments.len() as u64,
             live_blocks: self.live.len() as u64,
         }
     }
 
     pub fn snapshot(&self) -> Vec<(Segment, Vec<BlockInfo>)> {
-        let mut live: Vec<(u64, u64)> = self.live.iter().map(|(&addr, &size)| (addr, size)).collect();
+        let mut live: Vec<(u64, u64)> = self.live.iter().map(|(&addr, &(size, _))| (addr, size)).collect();
         live.sort_unstable();
         self.segments
             .iter()
             .map(|(&base, &size)| {
                 let within = live.partition_point(|&(a, _)| a < base)..live.partition_point(|&(a, _)| a < base + size);
                 let mut list: Vec<BlockInfo> = live[within].iter().map(|&(addr, size)| BlockInfo { addr, size, allocated: true }).collect();
-                list.extend(self.free.range(base..base + size).map(|(&addr, &size)| BlockInfo { addr, size, allocated: false }));
+                list.extend(self.free.range(base + 1..=base + size).map(|(&end, &addr)| BlockInfo {
+                    addr,
+                    size: end - addr,
+                    allocated: false,
+                }));
                 list.sort_by_key(|b| b.addr);
                 (Segment { base, size }, list)
             })
@@ -136,33 +170,70 @@ mod tests {
     #[test]
     fn the_lowest_range_that_holds_a_run_takes_it() {
         let mut f = two_segments();
-        let a = f.allocate(MIB).unwrap();
-        let _b = f.allocate(MIB).unwrap();
-        let _c = f.allocate(1536 * KIB).unwrap();
-        let d = f.allocate(512 * KIB).unwrap();
+        let a = f.allocate(MIB, RunKind::Block).unwrap();
+        let _b = f.allocate(MIB, RunKind::Block).unwrap();
+        let _c = f.allocate(1536 * KIB, RunKind::Block).unwrap();
+        let d = f.allocate(512 * KIB, RunKind::Block).unwrap();
         assert_eq!((a.addr, d.addr), (0, 3584 * KIB));
-        f.free(a.addr).unwrap();
-        f.free(d.addr).unwrap();
+        f.free(a.addr, RunKind::Block).unwrap();
+        f.free(d.addr, RunKind::Block).unwrap();
         // A best fit would take the 512 KiB range at the top.
-        assert_eq!(f.allocate(256 * KIB).unwrap(), Block { addr: 0, size: 256 * KIB });
-        assert_eq!(f.allocate(768 * KIB).unwrap().addr, 256 * KIB);
-        assert_eq!(f.allocate(512 * KIB).unwrap().addr, 3584 * KIB);
-        assert_eq!(f.allocate(512), None);
+        assert_eq!(f.allocate(256 * KIB, RunKind::Block).unwrap(), Block { addr: 0, size: 256 * KIB });
+        assert_eq!(f.allocate(768 * KIB, RunKind::Block).unwrap().addr, 256 * KIB);
+        assert_eq!(f.allocate(512 * KIB, RunKind::Block).unwrap().addr, 3584 * KIB);
+        assert_eq!(f.allocate(512, RunKind::Block), None);
         assert_eq!(f.usage(), Usage { reserved: 4 * MIB, allocated: 4 * MIB, largest_free: 0, segments: 2, live_blocks: 5 });
     }
 
     #[test]
     fn frees_merge_within_a_segment_only() {
         let mut f = two_segments();
-        assert_eq!(f.allocate(3 * MIB), None, "adjacent segments stay apart");
-        let runs: Vec<Block> = (0..8).map(|_| f.allocate(512 * KIB).unwrap()).collect();
-        for r in &runs {
-            f.free(r.addr).unwrap();
+        assert_eq!(f.allocate(3 * MIB, RunKind::Block), None, "adjacent segments stay apart");
+        // In address order, each run meets a free range below it; in reverse, one above it.
+        for reverse in [false, true] {
+            let mut runs: Vec<Block> = (0..8).map(|_| f.allocate(512 * KIB, RunKind::Block).unwrap()).collect();
+            if reverse {
+                runs.reverse();
+            }
+            for r in &runs {
+                f.free(r.addr, RunKind::Block).unwrap();
+            }
+            assert_eq!(f.free.len(), 2, "one free range a segment");
+            assert_eq!(f.free_segments(), vec![seg(0, 2 * MIB), seg(2 * MIB, 2 * MIB)]);
         }
-        assert_eq!(f.free.len(), 2, "one free range a segment");
-        assert_eq!(f.free_segments(), vec![seg(0, 2 * MIB), seg(2 * MIB, 2 * MIB)]);
-        assert_eq!(f.allocate(2 * MIB).unwrap().addr, 0);
+        // Freed between two free ranges, a run joins them into one.
+        let runs: Vec<Block> = (0..3).map(|_| f.allocate(512 * KIB, RunKind::Block).unwrap()).collect();
+        f.free(runs[0].addr, RunKind::Block).unwrap();
+        f.free(runs[2].addr, RunKind::Block).unwrap();
+        f.free(runs[1].addr, RunKind::Block).unwrap();
+        assert_eq!(f.usage().largest_free, 2 * MIB);
+        assert_eq!(f.free.len(), 2);
+        assert_eq!(f.allocate(2 * MIB, RunKind::Block).unwrap().addr, 0);
         assert_eq!(f.snapshot()[1], (seg(2 * MIB, 2 * MIB), vec![BlockInfo { addr: 2 * MIB, size: 2 * MIB, allocated: false }]));
+    }
+
+    #[test]
+    fn a_run_is_placed_next_when_no_lower_range_would_take_its_size() {
+        let mut f = two_segments();
+        let [a, b, e, c, d] = [MIB, 512 * KIB, 512 * KIB, MIB, MIB].map(|size| f.allocate(size, RunKind::Block).unwrap().addr);
+        assert_eq!([a, b, e, c, d], [0, MIB, 1536 * KIB, 2 * MIB, 3 * MIB]);
+        assert!(f.placed_next(a), "the lowest run");
+        // A free range below it too small for its size, ending at its segment's base.
+        f.free(e, RunKind::Block).unwrap();
+        assert!(f.placed_next(c));
+        // A free range ending at the run in its segment: the merged range would start lower.
+        f.free(c, RunKind::Block).unwrap();
+        assert!(!f.placed_next(d));
+        assert!(f.placed_next(b), "the free ranges are all above it");
+        // Below it now, a free range that holds its size.
+        f.free(a, RunKind::Block).unwrap();
+        assert!(!f.placed_next(b));
+        for addr in [a, b + 512] {
+            assert!(!f.placed_next(addr), "no live run there");
+        }
+        let slab = f.allocate(512 * KIB, RunKind::Slab).unwrap();
+        assert_eq!(slab.addr, 0);
+        assert!(!f.placed_next(slab.addr), "a slab is never a cached run");
     }
 
     #[test]
@@ -172,15 +243,20 @@ mod tests {
         f.add_segment(seg(u64::MAX - MIB, 2 * MIB));
         f.add_segment(seg(8 * MIB, 0));
         assert_eq!(f.usage().segments, 2, "overlapping, wrapping and empty segments are ignored");
-        let a = f.allocate(64 * KIB).unwrap();
+        let a = f.allocate(64 * KIB, RunKind::Block).unwrap();
         let before = (f.snapshot(), f.usage());
         for addr in [a.addr + 512, 64 * KIB, 2 * MIB, u64::MAX] {
-            assert_eq!(f.free(addr), None);
+            assert_eq!(f.free(addr, RunKind::Block), None);
         }
         assert_eq!(f.release_segments(&[seg(0, 2 * MIB), seg(2 * MIB, MIB), seg(16 * MIB, 2 * MIB)]), vec![]);
         assert_eq!((f.snapshot(), f.usage()), before);
-        assert_eq!(f.free(a.addr), Some(64 * KIB));
-        assert_eq!(f.free(a.addr), None, "a double free");
+        let slab = f.allocate(64 * KIB, RunKind::Slab).unwrap();
+        assert_eq!(f.free(slab.addr, RunKind::Block), None, "a run of the other kind");
+        assert_eq!(f.free(a.addr, RunKind::Slab), None, "a run of the other kind");
+        assert_eq!(f.free(slab.addr, RunKind::Slab), Some(64 * KIB));
+        assert_eq!((f.snapshot(), f.usage()), before);
+        assert_eq!(f.free(a.addr, RunKind::Block), Some(64 * KIB));
+        assert_eq!(f.free(a.addr, RunKind::Block), None, "a double free");
         assert_eq!(f.release_segments(&[seg(0, 2 * MIB), seg(2 * MIB, 2 * MIB)]).len(), 2);
         assert_eq!(f.usage(), Usage::default());
     }

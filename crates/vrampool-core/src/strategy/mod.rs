@@ -85,6 +85,13 @@ pub trait Strategy: Send {
     /// (nothing changes then).
     fn free(&mut self, addr: u64) -> Option<u64>;
 
+    /// Whether the live block at `addr`, freed now, is where the next allocation of its size
+    /// would be placed: then caching it instead changes no placement. False unless the strategy
+    /// places by address (the slab's first fit).
+    fn placed_next(&self, _addr: u64) -> bool {
+        false
+    }
+
     /// The segments that are wholly free (expandable segments never are: they shrink instead).
     fn free_segments(&self) -> Vec<Segment>;
 

@@ -2,7 +2,7 @@
 //! taken back in O(1); slabs are runs of any size carved out of segments by an address-ordered first fit.
 
 use super::addr_map::AddrMap;
-use super::first_fit::FirstFit;
+use super::first_fit::{FirstFit, RunKind};
 use super::{Block, BlockInfo, Segment, Strategy, Usage};
 use crate::sizes::{round_up, size_class_index, size_class_of, KIB, MIB, MIN_BLOCK};
 
@@ -64,8 +64,9 @@ struct SlabRec {
 pub struct Slab {
     max_size: u64,
     segment_size: u64,
-    /// Carves slabs out of segments and serves requests above `max_size`: space that any class
-    /// can reuse and that merges back into whole segments for release.
+    /// Carves slabs out of segments and serves runs (one-object classes, requests above
+    /// `max_size`): space that any class can reuse and that merges back into whole segments for
+    /// release.
     space: FirstFit,
     /// Indexed by `size_class_index`, up to the class of `max_size`.
     classes: Vec<Class>,
@@ -75,8 +76,6 @@ pub struct Slab {
     /// Live objects by address -> slab: free finds its slab in one lookup, and an address that
     /// is not a live object (double free, interior pointer) is refused without touching anything.
     objects: AddrMap<u32>,
-    /// Live blocks above `max_size`, by address -> size.
-    large: AddrMap<u64>,
     allocated: u64,
 }
 
@@ -110,7 +109,6 @@ impl Slab {
             slabs: Vec::new(),
             spare: Vec::new(),
             objects: AddrMap::default(),
-            large: AddrMap::default(),
             allocated: 0,
         }
     }
@@ -122,7 +120,7 @@ impl Slab {
     /// Carves a new slab for class `ci` and puts it on the class's partial list.
     fn carve_slab(&mut self, ci: usize) -> Option<u32> {
         let class = &self.classes[ci];
-        let base = self.space.allocate(class.slab_size)?.addr;
+        let base = self.space.allocate(class.slab_size, RunKind::Slab)?.addr;
         let capacity = (class.slab_size / class.size) as u32;
         let partial_pos = class.partial.len() as u32;
         let mut rec = SlabRec { base, class: ci as u32, capacity, bump: 0, free_slots: Vec::new(), live: 0, partial_pos };
@@ -143,9 +141,8 @@ impl Slab {
         Some(s)
     }
 
-    fn allocate_large(&mut self, size: u64) -> Option<Block> {
-        let block = self.space.allocate(size)?;
-        self.large.insert(block.addr, block.size);
+    fn allocate_run(&mut self, size: u64) -> Option<Block> {
+        let block = self.space.allocate(size, RunKind::Block)?;
         self.allocated += block.size;
         Some(block)
     }
@@ -172,11 +169,16 @@ impl Strategy for Slab {
     fn allocate(&mut self, size: u64) -> Option<Block> {
         let size = size.max(1);
         if size > self.max_size {
-            return self.allocate_large(size);
+            return self.allocate_run(size);
         }
         let class_size = size_class_of(size);
         let ci = size_class_index(class_size);
-        let s = match self.classes.get(ci)?.partial.last() {
+        let class = self.classes.get(ci)?;
+        // A run of one object needs no slab record: it is a block of the class's size.
+        if class.slab_size == class_size {
+            return self.allocate_run(class_size);
+        }
+        let s = match class.partial.last() {
             Some(&s) => s,
             None => self.carve_slab(ci)?,
         };
@@ -197,12 +199,12 @@ impl Strategy for Slab {
     }
 
     fn free(&mut self, addr: u64) -> Option<u64> {
-        let Some(s) = self.objects.remove(&addr) else {
-            let size = self.large.remove(&addr)?;
-            self.space.free(addr);
+        // Runs first: their frees all come here, while most objects' stop in the pool's caches.
+        if let Some(size) = self.space.free(addr, RunKind::Block) {
             self.allocated -= size;
             return Some(size);
-        };
+        }
+        let s = self.objects.remove(&addr)?;
         let slab = &mut self.slabs[s as usize];
         let ci = slab.class as usize;
         let class_size = self.classes[ci].size;
@@ -227,9 +229,13 @@ impl Strategy for Slab {
                 self.slabs[moved as usize].partial_pos = pos;
             }
         }
-        self.space.free(base);
+        self.space.free(base, RunKind::Slab);
         self.spare.push(s);
         Some(class_size)
+    }
+
+    fn placed_next(&self, addr: u64) -> bool {
+        self.space.placed_next(addr)
     }
 
     fn free_segments(&self) -> Vec<Segment> {
@@ -254,7 +260,8 @@ impl Strategy for Slab {
             allocated: self.allocated,
             largest_free,
             segments: space.segments,
-            live_blocks: (self.objects.len() + self.large.len()) as u64,
+            // The space's live runs are the blocks of their own and the slabs in use.
+            live_blocks: self.objects.len() as u64 + space.live_blocks - (self.slabs.len() - self.spare.len()) as u64,
         }
     }
 
@@ -405,6 +412,27 @@ mod tests {
         s.free(b.addr).unwrap();
         assert_eq!(s.release_free_segments(), vec![seg(0, 2 * MIB)]);
         assert_eq!(s.usage(), Usage::default());
+    }
+
+    #[test]
+    fn a_slab_is_never_freed_as_a_run() {
+        let mut s = with_segment();
+        let first = s.allocate(512).unwrap();
+        let second = s.allocate(512).unwrap();
+        let run = s.allocate(64 * KIB).unwrap();
+        assert_eq!((run.addr, run.size), (64 * KIB, 64 * KIB), "a run of one object, above the 512 B class's slab");
+        assert_eq!(s.usage().live_blocks, 3);
+        s.free(first.addr).unwrap();
+        // The slab's base is no live object now, and the slab is no block of its own.
+        let before = (s.snapshot(), s.usage());
+        assert_eq!(s.free(first.addr), None);
+        assert_eq!((s.snapshot(), s.usage()), before);
+        assert_eq!(s.usage().live_blocks, 2);
+        assert_eq!(s.free(run.addr), Some(64 * KIB));
+        assert_eq!(s.free(run.addr), None, "a double free of a run");
+        assert_eq!(s.allocate(40 * KIB).unwrap(), Block { addr: 64 * KIB, size: 40 * KIB }, "the run's place is carved again");
+        assert_eq!(s.free(second.addr), Some(512));
+        assert_eq!(s.usage().live_blocks, 1);
     }
 
     #[test]
