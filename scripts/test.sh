@@ -15,7 +15,7 @@ cargo test --release -p vrampool-plan --test instances
 echo "== vrampool-cuda's device tests under the emulated CUDA driver (host memory, not a GPU)"
 EMULATED_CUDA_DEVICES=2 EMULATED_CUDA_MEMORY=48GiB VRAMPOOL_REQUIRE_EMULATED=1 VRAMPOOL_REQUIRE_GPU=1 \
     scripts/emulated-cuda.sh cargo test -p vrampool-cuda
-echo "== loom models of the lock-free structures (magazine rings, live-block table)"
+echo "== loom models of the lock-free structures (magazine rings, live-block table, steal cell, kept run)"
 RUSTFLAGS="--cfg loom" cargo test -p vrampool-core --lib --target-dir "$CARGO_TARGET_DIR/loom" -- loom_tests
 echo "== the wheel, which must be portable (auditwheel show: $WHEEL_PLATFORM)"
 install_wheel
