@@ -52,10 +52,12 @@ fn a_first_phase_comes_first_and_each_phase_goes_by_start() {
                 First::Nothing => 0,
                 First::Longest(_) => timeline.span(i as usize) as u64,
                 First::Largest(_) => timeline.size[i as usize],
+                First::Chains => panic!("chains have their own test"),
             };
             let percent = match first {
                 First::Nothing => 0,
                 First::Longest(p) | First::Largest(p) => p,
+                First::Chains => panic!("chains have their own test"),
             };
             // The first phase: the buffers whose key is above the key of rank n (100 - percent) / 100.
             let mut keys: Vec<u64> = part.iter().map(|&i| key(i)).collect();
@@ -72,6 +74,31 @@ fn a_first_phase_comes_first_and_each_phase_goes_by_start() {
                     "{first:?}"
                 );
             }
+        }
+    }
+}
+
+#[test]
+fn grown_caches_come_first_and_each_phase_goes_by_start() {
+    let buffers = crate::llm_decoding_instance(4, 30, 20, 64);
+    let inst = Instance::new(&buffers, 1).unwrap();
+    let mirrored = inst.mirrored();
+    let part: Vec<u32> = (0..inst.len() as u32).rev().collect();
+    // Backwards the caches shrink, so there are no chains and the order is by start alone.
+    for (timeline, grows) in [(&inst, true), (&mirrored, false)] {
+        let mut chained = vec![false; inst.len()];
+        chains(timeline, &part).iter().flatten().for_each(|&i| chained[i as usize] = true);
+        let head = chained.iter().filter(|&&c| c).count();
+        assert_eq!(head > 0, grows, "{head} of {} in chains", inst.len());
+        assert!(head < inst.len());
+        let order = fit_order(timeline, &part, First::Chains);
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..inst.len() as u32).collect::<Vec<_>>(), "a permutation");
+        let (early, late) = order.split_at(head);
+        assert!(early.iter().all(|&i| chained[i as usize]) && late.iter().all(|&i| !chained[i as usize]));
+        for phase in [early, late] {
+            assert!(phase.windows(2).all(|w| timeline.lo[w[0] as usize] <= timeline.lo[w[1] as usize]));
         }
     }
 }
