@@ -7,7 +7,8 @@
 //! continuous batching), and a first phase placed before the rest changes it much: the longest-lived buffers
 //! first stack before the short ones fragment the bytes under them (KV caches grown by concatenation, a
 //! pipelined step's saved activations), the largest first keep their slots clear of the small ones, and the
-//! chains of grown caches first (`chains.rs`) stack the caches without taking the long-lived rest. Which
+//! chains of grown caches first (`chains.rs`), with the longest-lived fifth, stack the caches before the
+//! rest. Which
 //! split wins, and in which direction of time, differs from graph to graph and none wins on most, so each kind
 //! of run tries its variants in turn, and the two kinds share the time (`next_kind`).
 
@@ -29,8 +30,9 @@ pub(crate) enum First {
     Longest(usize),
     /// The buffers larger than all but this percentage of the buffers.
     Largest(usize),
-    /// The buffers in chains of ones that replace a smaller one (`chains`: caches grown by concatenation).
-    Chains,
+    /// The buffers in chains of ones that replace a smaller one (`chains`: caches grown by concatenation), and
+    /// those of `Longest` with this percentage.
+    ChainsAndLongest(usize),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,8 +62,8 @@ const FIT_RUNS: [(Run, bool); 12] = {
     [
         (Fit(Nothing), false),
         (Fit(Nothing), true),
-        (Fit(Chains), false),
-        (Fit(Chains), true),
+        (Fit(ChainsAndLongest(20)), false),
+        (Fit(ChainsAndLongest(20)), true),
         (Fit(Longest(50)), true),
         (Fit(Largest(5)), true),
         (Fit(Largest(20)), true),
@@ -167,10 +169,11 @@ pub(crate) fn fit_order(timeline: &Instance, part: &[u32], first: First) -> Vec<
     let size = |i: usize| timeline.size[i];
     let later: Box<dyn Fn(usize) -> bool> = match first {
         First::Nothing => Box::new(|_| false),
-        First::Chains => {
+        First::ChainsAndLongest(percent) => {
+            let cut = cut(&span, percent);
             let mut chained = vec![false; timeline.len()];
             chains(timeline, part).iter().flatten().for_each(|&i| chained[i as usize] = true);
-            Box::new(move |i| !chained[i])
+            Box::new(move |i| !chained[i] && span(i) <= cut)
         }
         First::Longest(percent) => {
             let cut = cut(&span, percent);
