@@ -6,12 +6,15 @@
 //! Best fit by start is the best plan there is in the budget where the floors pack badly (serving with
 //! continuous batching), and a first phase placed before the rest changes it much: the longest-lived buffers
 //! first stack before the short ones fragment the bytes under them (KV caches grown by concatenation, a
-//! pipelined step's saved activations), the largest first keep their slots clear of the small ones. Which
+//! pipelined step's saved activations), the largest first keep their slots clear of the small ones, and the
+//! chains of grown caches first (`chains.rs`), with the longest-lived fifth, stack the caches before the
+//! rest. Which
 //! split wins, and in which direction of time, differs from graph to graph and none wins on most, so each kind
 //! of run tries its variants in turn, and the two kinds share the time (`next_kind`).
 
 use std::time::Instant;
 
+use super::chains::chains;
 use super::component::Order;
 use crate::floors::lowest_floor_first;
 use crate::greedy::best_fit;
@@ -27,6 +30,9 @@ pub(crate) enum First {
     Longest(usize),
     /// The buffers larger than all but this percentage of the buffers.
     Largest(usize),
+    /// The buffers in chains of ones that replace a smaller one (`chains`: caches grown by concatenation), and
+    /// those of `Longest` with this percentage.
+    ChainsAndLongest(usize),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,14 +54,16 @@ const FLOOR_RUNS: [(Run, bool); 6] = [
     (Run::Floors(Order::Twa), false),
 ];
 
-/// Best fit by start's runs: without a first phase first, the allocator's replay, then the splits, backwards
-/// first (they win more often that way).
-const FIT_RUNS: [(Run, bool); 10] = {
+/// Best fit by start's runs: without a first phase first, the allocator's replay; then the grown caches first
+/// (`chains`, a gain on serving); then the splits, backwards first (they win more often that way).
+const FIT_RUNS: [(Run, bool); 12] = {
     use First::*;
     use Run::Fit;
     [
         (Fit(Nothing), false),
         (Fit(Nothing), true),
+        (Fit(ChainsAndLongest(20)), false),
+        (Fit(ChainsAndLongest(20)), true),
         (Fit(Longest(50)), true),
         (Fit(Largest(5)), true),
         (Fit(Largest(20)), true),
@@ -161,6 +169,12 @@ pub(crate) fn fit_order(timeline: &Instance, part: &[u32], first: First) -> Vec<
     let size = |i: usize| timeline.size[i];
     let later: Box<dyn Fn(usize) -> bool> = match first {
         First::Nothing => Box::new(|_| false),
+        First::ChainsAndLongest(percent) => {
+            let cut = cut(&span, percent);
+            let mut chained = vec![false; timeline.len()];
+            chains(timeline, part).iter().flatten().for_each(|&i| chained[i as usize] = true);
+            Box::new(move |i| !chained[i] && span(i) <= cut)
+        }
         First::Longest(percent) => {
             let cut = cut(&span, percent);
             Box::new(move |i| span(i) <= cut)
