@@ -161,6 +161,13 @@ impl PoolConfig {
         }
     }
 
+    /// Whether a freed block of `size` bytes from `tier` is a run of the first tier, cached only as its
+    /// kept run (above `first_tier_cached_max`).
+    #[inline(always)]
+    pub fn is_kept_run(&self, tier: u8, size: u64) -> bool {
+        tier == 0 && size > self.first_tier_cached_max()
+    }
+
     /// The smallest block of the hybrid's large tier, which cuts its blocks to the request in these
     /// units (a trimmed buddy): a thirty-second of `large_min` (so the rounding costs at most 3%),
     /// between 512 B and 2 MiB (the usual device page).

@@ -37,10 +37,7 @@ impl PoolCore {
                 }
             }
             let arena = self.arena(stream);
-            let cached = match tier == 0 && block_size > self.config.first_tier_cached_max() {
-                true => arena.kept_run.take_of(index),
-                false => arena.magazines.pop(index),
-            };
+            let cached = if self.config.is_kept_run(tier, block_size) { arena.kept_run.take_of(index) } else { arena.magazines.pop(index) };
             if let Some(addr) = cached {
                 return Ok(self.hand_out(addr, block, true));
             }
@@ -311,7 +308,7 @@ impl PoolCore {
             None => counts.iter().for_each(|&(which, n)| self.counters.fast.bump_shared(which, n)),
         }
         let arena = self.arena(StreamId(block.stream));
-        let kept_if_placed_next = block.tier == 0 && block.size > self.config.first_tier_cached_max();
+        let kept_if_placed_next = self.config.is_kept_run(block.tier, block.size);
         if let Some(index) = class.filter(|_| !kept_if_placed_next) {
             if arena.magazines.push(index, addr) {
                 if index >= self.thread_classes {

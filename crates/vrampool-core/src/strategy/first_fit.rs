@@ -4,8 +4,8 @@
 //! range anywhere), a demo CNN's step left four 80 KiB runs in four 2 MiB segments, none of which
 //! could go back, and its peak crept from 1.115x to 1.393x of the bound over 100 passes. A carve
 //! scans the free ranges below the one it takes: one per slab made or large block (so one per
-//! allocation of a run of one object, which the pool does not cache), and coalescing keeps them
-//! to a few per segment.
+//! allocation of a run of one object, which the pool caches only where this first fit would
+//! place it again), and coalescing keeps them to a few per segment.
 
 use std::collections::hash_map::Entry;
 use std::collections::BTreeMap;
