@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::exact::{exact_decide, search_instance, Verdict};
+use crate::exact::{deadline_after, exact_decide, search_instance, Verdict};
 use crate::greedy::{best_fit_decreasing_until, greedy_by_size_of};
 use crate::instance::Instance;
 use crate::{validate, Buffer, PlanError};
@@ -95,13 +95,12 @@ pub fn plan(buffers: &[Buffer], options: &PlanOptions) -> Result<Plan, PlanError
     let inst = Instance::new(buffers, alignment)?;
     let lower_bound = inst.lower_bound();
     let arena = |offsets: &[u64]| validate(buffers, offsets, alignment);
-    let deadline = |budget: Duration| start.checked_add(budget).unwrap_or(start + Duration::from_secs(365 * 86_400));
 
     let (offsets, bound) = match options.algorithm {
         Algorithm::GreedyBySize => (greedy_by_size_of(&inst), lower_bound),
         Algorithm::BestFit => (best_fit_decreasing_until(&inst, None).expect("no deadline"), lower_bound),
         Algorithm::Exact => {
-            let outcome = search_instance(&inst, deadline(options.budget), None);
+            let outcome = search_instance(&inst, deadline_after(start, options.budget), None);
             (outcome.offsets, outcome.bound_bytes)
         }
         Algorithm::Auto => {
@@ -122,7 +121,8 @@ pub fn plan(buffers: &[Buffer], options: &PlanOptions) -> Result<Plan, PlanError
                     greedy_arena,
                     start.checked_add(options.budget / 2),
                 )?;
-                let outcome = search_instance(&inst, deadline(options.budget.saturating_sub(check)), Some(&seed));
+                let outcome =
+                    search_instance(&inst, deadline_after(start, options.budget.saturating_sub(check)), Some(&seed));
                 (outcome.offsets, outcome.bound_bytes)
             }
         }

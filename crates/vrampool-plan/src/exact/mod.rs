@@ -59,7 +59,7 @@ pub fn exact_search(
     budget: Duration,
     seed: Option<&[u64]>,
 ) -> Result<ExactOutcome, PlanError> {
-    let deadline = deadline_after(budget);
+    let deadline = deadline_after(Instant::now(), budget);
     let inst = Instance::new(buffers, alignment)?;
     if let Some(seed) = seed {
         validate(buffers, seed, alignment)?;
@@ -134,7 +134,7 @@ pub(crate) enum Verdict {
 /// left, until all fit, one is proven not to, or the time is up; a part's round robin goes on where it
 /// stopped.
 pub(crate) fn exact_decide(inst: &Instance, capacity: u64, budget: Duration, seed: &[u64]) -> Verdict {
-    let deadline = deadline_after(budget);
+    let deadline = deadline_after(Instant::now(), budget);
     let (large, parts): (Vec<Vec<u32>>, Vec<Vec<u32>>) = component::split(inst)
         .into_iter()
         .filter(|part| part.iter().map(|&i| seed[i as usize] + inst.size[i as usize]).max().unwrap_or(0) > capacity)
@@ -197,8 +197,8 @@ fn searchable(inst: &Instance, part: &[u32]) -> bool {
     part.len() <= MAX_BUFFERS && component::cost(inst, part) <= MAX_ENTRIES
 }
 
-fn deadline_after(budget: Duration) -> Instant {
-    let start = Instant::now();
+/// `budget` after `start`; a year on where that would overflow (an unlimited budget).
+pub(crate) fn deadline_after(start: Instant, budget: Duration) -> Instant {
     start.checked_add(budget).unwrap_or(start + Duration::from_secs(365 * 86_400))
 }
 

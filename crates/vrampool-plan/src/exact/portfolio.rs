@@ -149,12 +149,17 @@ pub(crate) fn best_of_runs(
         };
         queue.seconds += began.elapsed().as_secs_f64();
         if let Some(plan) = plan {
-            let arena = plan.iter().map(|&(i, o)| o + inst.size[i as usize]).max().unwrap_or(0);
+            let arena = arena_of(inst, &plan);
             queue.best = arena;
             best = Some((plan, arena));
         }
     }
     (best, fit_seconds)
+}
+
+/// The arena of a part's plan: the highest top of its buffers.
+pub(crate) fn arena_of(inst: &Instance, plan: &[(u32, u64)]) -> u64 {
+    plan.iter().map(|&(i, o)| o + inst.size[i as usize]).max().unwrap_or(0)
 }
 
 /// The part's buffers in the order best fit by start takes them on `timeline`: those of `first`, then the rest,

@@ -22,7 +22,7 @@
 use std::time::{Duration, Instant};
 
 use super::component::Component;
-use super::portfolio::{best_of_runs, Placed};
+use super::portfolio::{arena_of, best_of_runs, Placed};
 use super::probe::{orders, Prober};
 use super::search::Outcome;
 use crate::greedy::best_fit;
@@ -51,7 +51,6 @@ pub(crate) fn sweeps(
 ) -> Option<(Vec<(u32, u64)>, u64)> {
     let mut order = part.to_vec();
     order.sort_unstable_by_key(|&i| (inst.lo[i as usize], i));
-    let arena = |offsets: &[(u32, u64)]| offsets.iter().map(|&(i, o)| o + inst.size[i as usize]).max().unwrap_or(0);
     let (mut best, fit_seconds) = best_of_runs(inst, &order, target, ceiling, deadline);
     let Some(fit_seconds) = fit_seconds.filter(|_| best.as_ref().is_none_or(|b| b.1 > target)) else {
         return best;
@@ -64,7 +63,7 @@ pub(crate) fn sweeps(
         let Some(offsets) = sweep(inst, &order, (target, ceiling), width, deadline, &mut pace, nodes) else {
             break;
         };
-        let arena = arena(&offsets);
+        let arena = arena_of(inst, &offsets);
         if arena < ceiling {
             best = Some((offsets, arena));
         }
