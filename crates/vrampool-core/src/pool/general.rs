@@ -126,7 +126,7 @@ impl PoolCore {
             // The emptied caches may make room in this tier: then nothing grows, and nothing is
             // given back either.
             self.flush_caches();
-            let flushed = arena.tiers[tier as usize].lock().allocate(rounded);
+            let flushed = self.allocate_filed(arena, tier, &mut **arena.tiers[tier as usize].lock(), rounded);
             if let Some(block) = flushed {
                 return Ok(hand_out(block));
             }
