@@ -21,9 +21,12 @@ use super::search::Outcome;
 use crate::instance::Instance;
 use crate::placed_index::PlacedIndex;
 
-/// The bands tried in turn for one buffer, in thousandths of the lower bound below the level; the last takes
-/// every buffer overlapping it.
+/// The bands tried in turn for one buffer, in thousandths of the lower bound below the level; in a plan within
+/// 1.1 of the bound the last takes every buffer overlapping it.
 const BANDS: [u64; 8] = [10, 20, 50, 100, 200, 350, 500, 1_100];
+/// Bands of more buffers are not searched: the search decides none in its time, and building one costs
+/// milliseconds.
+const MAX_MEMBERS: usize = 2_000;
 /// The search's time for one band at first; it doubles each time the step below the arena is back at its
 /// least, up to `MAX_SLICE`, after which the part's remaining time goes to the window sweeps.
 const FIRST_SLICE: Duration = Duration::from_millis(200);
@@ -120,6 +123,9 @@ fn repair(
     let overlaps = |i: u32| inst.lo[i as usize] < hi && inst.hi[i as usize] > lo;
     let members: Vec<u32> =
         order.iter().copied().filter(|&i| overlaps(i) && offset[i as usize] + inst.size[i as usize] > floor).collect();
+    if members.len() > MAX_MEMBERS {
+        return Outcome::TimedOut;
+    }
     let mut comp = Component::new(inst, &members);
     if comp.load() > level {
         return Outcome::Infeasible;
