@@ -49,13 +49,13 @@ pub(crate) fn lower_peaks(
     for &(i, o) in &plan {
         offset[i as usize] = o;
     }
+    let mut lowering = Lowering { inst, order, offset, target, deadline, nodes, setup: Duration::ZERO };
     let unit = order.iter().fold(0, |g, &i| gcd(g, inst.size[i as usize])).max(1);
     let first_step = |arena: u64| arena.saturating_sub(target).div_ceil(4).max(unit);
     let (mut step, mut slice) = (first_step(arena), FIRST_SLICE);
     while arena > target && Instant::now() < deadline {
-        let level = arena - step.min(arena - target);
-        let reached = reach(inst, order, &mut offset, level, target, slice, deadline, nodes);
-        arena = order.iter().map(|&i| offset[i as usize] + inst.size[i as usize]).max().unwrap_or(0);
+        let reached = lowering.reach(arena - step.min(arena - target), slice);
+        arena = lowering.arena();
         if reached {
             continue;
         }
@@ -67,78 +67,86 @@ pub(crate) fn lower_peaks(
             break;
         }
     }
-    (order.iter().map(|&i| (i, offset[i as usize])).collect(), arena)
+    (order.iter().map(|&i| (i, lowering.offset[i as usize])).collect(), arena)
 }
 
-/// Moves every buffer ending above `level` below it, highest first, each with the first of its bands that
-/// fits; whether all went.
-#[allow(clippy::too_many_arguments)]
-fn reach(
-    inst: &Instance,
-    order: &[u32],
-    offset: &mut [u64],
-    level: u64,
+/// A plan of a part being lowered.
+struct Lowering<'a> {
+    inst: &'a Instance,
+    /// The part, sorted by start.
+    order: &'a [u32],
+    /// Offsets by instance index.
+    offset: Vec<u64>,
     target: u64,
-    slice: Duration,
     deadline: Instant,
-    nodes: &mut u64,
-) -> bool {
-    let top = |offset: &[u64], i: u32| offset[i as usize] + inst.size[i as usize];
-    let mut above: Vec<u32> = order.iter().copied().filter(|&i| top(offset, i) > level).collect();
-    above.sort_by_key(|&i| (std::cmp::Reverse(top(offset, i)), i));
-    for peak in above {
-        if top(offset, peak) <= level {
-            continue;
-        }
-        let lowered = BANDS.iter().find_map(|&thousandths| {
-            let stop = deadline.min(Instant::now() + slice);
-            match repair(inst, order, offset, peak, level, target * thousandths / 1_000, stop, nodes) {
-                Outcome::Fits(_) => Some(true),
-                Outcome::Infeasible => None,
-                Outcome::TimedOut => Some(false),
-            }
-        });
-        if lowered != Some(true) {
-            return false;
-        }
-    }
-    true
+    nodes: &'a mut u64,
+    /// The longest a band's search structures took to build so far: no band is begun with less time left.
+    setup: Duration,
 }
 
-/// Searches `peak` and the buffers overlapping it that end above `level - band` again, below `level` and
-/// clear of every other buffer, and moves them there if they fit.
-#[allow(clippy::too_many_arguments)]
-fn repair(
-    inst: &Instance,
-    order: &[u32],
-    offset: &mut [u64],
-    peak: u32,
-    level: u64,
-    band: u64,
-    stop: Instant,
-    nodes: &mut u64,
-) -> Outcome {
-    let (lo, hi) = (inst.lo[peak as usize], inst.hi[peak as usize]);
-    let floor = level.saturating_sub(band);
-    let overlaps = |i: u32| inst.lo[i as usize] < hi && inst.hi[i as usize] > lo;
-    let members: Vec<u32> =
-        order.iter().copied().filter(|&i| overlaps(i) && offset[i as usize] + inst.size[i as usize] > floor).collect();
-    if members.len() > MAX_MEMBERS {
-        return Outcome::TimedOut;
+impl Lowering<'_> {
+    fn top(&self, i: u32) -> u64 {
+        self.offset[i as usize] + self.inst.size[i as usize]
     }
-    let mut comp = Component::new(inst, &members);
-    if comp.load() > level {
-        return Outcome::Infeasible;
+
+    fn arena(&self) -> u64 {
+        self.order.iter().map(|&i| self.top(i)).max().unwrap_or(0)
     }
-    comp.set_obstacles(obstacles(inst, order, offset, &comp.members));
-    let mut prober = Prober::new(&comp, level);
-    let outcome = prober.run(&comp, &orders(&comp), stop, nodes);
-    if let Outcome::Fits(local) = &outcome {
-        for (&i, &o) in comp.members.iter().zip(local) {
-            offset[i as usize] = o;
+
+    /// Moves every buffer ending above `level` below it, highest first, each with the first of its bands that
+    /// fits, a band's search stopped after `slice`; whether all went.
+    fn reach(&mut self, level: u64, slice: Duration) -> bool {
+        let mut above: Vec<u32> = self.order.iter().copied().filter(|&i| self.top(i) > level).collect();
+        above.sort_by_key(|&i| (std::cmp::Reverse(self.top(i)), i));
+        for peak in above {
+            if self.top(peak) <= level {
+                continue;
+            }
+            let lowered = BANDS.iter().find_map(|&thousandths| {
+                let now = Instant::now();
+                if now + self.setup >= self.deadline {
+                    return Some(false);
+                }
+                match self.repair(peak, level, self.target * thousandths / 1_000, self.deadline.min(now + slice)) {
+                    Outcome::Fits(_) => Some(true),
+                    Outcome::Infeasible => None,
+                    Outcome::TimedOut => Some(false),
+                }
+            });
+            if lowered != Some(true) {
+                return false;
+            }
         }
+        true
     }
-    outcome
+
+    /// Searches `peak` and the buffers overlapping it that end above `level - band` again, below `level` and
+    /// clear of every other buffer, until `stop`, and moves them there if they fit.
+    fn repair(&mut self, peak: u32, level: u64, band: u64, stop: Instant) -> Outcome {
+        let inst = self.inst;
+        let began = Instant::now();
+        let (lo, hi) = (inst.lo[peak as usize], inst.hi[peak as usize]);
+        let floor = level.saturating_sub(band);
+        let overlaps = |i: u32| inst.lo[i as usize] < hi && inst.hi[i as usize] > lo;
+        let members: Vec<u32> = self.order.iter().copied().filter(|&i| overlaps(i) && self.top(i) > floor).collect();
+        if members.len() > MAX_MEMBERS {
+            return Outcome::TimedOut;
+        }
+        let mut comp = Component::new(inst, &members);
+        if comp.load() > level {
+            return Outcome::Infeasible;
+        }
+        comp.set_obstacles(obstacles(inst, self.order, &self.offset, &comp.members));
+        self.setup = self.setup.max(began.elapsed());
+        let mut prober = Prober::new(&comp, level);
+        let outcome = prober.run(&comp, &orders(&comp), stop, self.nodes);
+        if let Outcome::Fits(local) = &outcome {
+            for (&i, &o) in comp.members.iter().zip(local) {
+                self.offset[i as usize] = o;
+            }
+        }
+        outcome
+    }
 }
 
 /// For each of `members` (sorted by start), the bytes of the other buffers of `order` that overlap it in time.
