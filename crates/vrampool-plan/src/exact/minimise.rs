@@ -188,7 +188,7 @@ pub(crate) fn unit_of(part: &Component) -> u64 {
     part.size.iter().fold(0, |g, &s| gcd(g, s)).max(1)
 }
 
-fn gcd(mut a: u64, mut b: u64) -> u64 {
+pub(crate) fn gcd(mut a: u64, mut b: u64) -> u64 {
     while b != 0 {
         (a, b) = (b, a % b);
     }

@@ -7,6 +7,7 @@
 mod chains;
 mod component;
 mod minimise;
+mod neighbourhood;
 mod portfolio;
 mod probe;
 #[cfg(test)]

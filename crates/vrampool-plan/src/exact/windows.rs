@@ -16,12 +16,14 @@
 //! Before the sweeps, cheaper runs (`portfolio.rs`: lowest floor first and best fit by start, with several
 //! tie-breaks and first phases, in both directions of time) take the time while they beat the best so far: on
 //! most graphs one of them ends within a few thousandths of the bound, where the windows would begin a step
-//! above. Best fit's pace, measured there, paces the sweeps. Each sweep, with windows twice as wide as the
+//! above. The time they leave goes first to lowering the peaks of their best plan (`neighbourhood.rs`), then
+//! to the sweeps. Best fit's pace, measured in the runs, paces the sweeps. Each sweep, with windows twice as wide as the
 //! last, stops as soon as it cannot beat the best so far.
 
 use std::time::{Duration, Instant};
 
 use super::component::Component;
+use super::neighbourhood::lower_peaks;
 use super::portfolio::{arena_of, best_of_runs, Placed};
 use super::probe::{orders, Prober};
 use super::search::Outcome;
@@ -52,6 +54,9 @@ pub(crate) fn sweeps(
     let mut order = part.to_vec();
     order.sort_unstable_by_key(|&i| (inst.lo[i as usize], i));
     let (mut best, fit_seconds) = best_of_runs(inst, &order, target, ceiling, deadline);
+    if let Some(plan) = best.take() {
+        best = Some(lower_peaks(inst, &order, plan, target, deadline, nodes));
+    }
     let Some(fit_seconds) = fit_seconds.filter(|_| best.as_ref().is_none_or(|b| b.1 > target)) else {
         return best;
     };

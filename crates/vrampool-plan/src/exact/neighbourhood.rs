@@ -1,0 +1,178 @@
+//! Large-neighbourhood search on a finished plan of a large part: lower its peaks one buffer at a time.
+//!
+//! A level a step below the arena is reached when every buffer ending above it is moved below it. Each such
+//! buffer, highest first, is searched again together with its *band*: the buffers overlapping it in time whose
+//! tops lie within some bytes below the level. The exact search (the round robin of `probe.rs`) places the
+//! band below the level, clear of every other buffer, which stays fixed where it is (obstacles). A band proven
+//! not to fit widens; one the search cannot decide in its time ends the level, and the step below the arena
+//! halves. Bands are small (tens to hundreds of buffers), so a repair is decided in milliseconds where a window
+//! of a thousand buffers around the peak is not decided in seconds (the obstacles leave its bounds weak).
+//!
+//! Every move keeps the plan valid and no buffer above the level it was moved for, so the arena never rises,
+//! and a level given up keeps the moves made for it.
+
+use std::time::{Duration, Instant};
+
+use super::component::Component;
+use super::minimise::gcd;
+use super::portfolio::Placed;
+use super::probe::{orders, Prober};
+use super::search::Outcome;
+use crate::instance::Instance;
+use crate::placed_index::PlacedIndex;
+
+/// The bands tried in turn for one buffer, in thousandths of the lower bound below the level; in a plan within
+/// 1.1 of the bound the last takes every buffer overlapping it.
+const BANDS: [u64; 8] = [10, 20, 50, 100, 200, 350, 500, 1_100];
+/// Bands of more buffers are not searched: the search decides none in its time, and building one costs
+/// milliseconds.
+const MAX_MEMBERS: usize = 2_000;
+/// The search's time for one band at first; it doubles each time the step below the arena is back at its
+/// least, up to `MAX_SLICE`, after which the part's remaining time goes to the window sweeps.
+const FIRST_SLICE: Duration = Duration::from_millis(200);
+const MAX_SLICE: Duration = Duration::from_millis(1_600);
+
+/// `plan` (of the part `order`, sorted by start) with its arena lowered towards `target` before `deadline`,
+/// by as many steps as the searches of the bands around its highest buffers find.
+pub(crate) fn lower_peaks(
+    inst: &Instance,
+    order: &[u32],
+    (plan, mut arena): Placed,
+    target: u64,
+    deadline: Instant,
+    nodes: &mut u64,
+) -> Placed {
+    if arena <= target {
+        return (plan, arena);
+    }
+    let mut offset = vec![u64::MAX; inst.len()];
+    for &(i, o) in &plan {
+        offset[i as usize] = o;
+    }
+    let mut lowering = Lowering { inst, order, offset, target, deadline, nodes, setup: Duration::ZERO };
+    let unit = order.iter().fold(0, |g, &i| gcd(g, inst.size[i as usize])).max(1);
+    let first_step = |arena: u64| arena.saturating_sub(target).div_ceil(4).max(unit);
+    let (mut step, mut slice) = (first_step(arena), FIRST_SLICE);
+    while arena > target && Instant::now() < deadline {
+        let reached = lowering.reach(arena - step.min(arena - target), slice);
+        arena = lowering.arena();
+        if reached {
+            continue;
+        }
+        if step > unit {
+            step = (step / 2).max(unit);
+        } else if slice < MAX_SLICE {
+            (step, slice) = (first_step(arena), slice * 2);
+        } else {
+            break;
+        }
+    }
+    (order.iter().map(|&i| (i, lowering.offset[i as usize])).collect(), arena)
+}
+
+/// A plan of a part being lowered.
+struct Lowering<'a> {
+    inst: &'a Instance,
+    /// The part, sorted by start.
+    order: &'a [u32],
+    /// Offsets by instance index.
+    offset: Vec<u64>,
+    target: u64,
+    deadline: Instant,
+    nodes: &'a mut u64,
+    /// The longest a band's search structures took to build so far: no band is begun with less time left.
+    setup: Duration,
+}
+
+impl Lowering<'_> {
+    fn top(&self, i: u32) -> u64 {
+        self.offset[i as usize] + self.inst.size[i as usize]
+    }
+
+    fn arena(&self) -> u64 {
+        self.order.iter().map(|&i| self.top(i)).max().unwrap_or(0)
+    }
+
+    /// Moves every buffer ending above `level` below it, highest first, each with the first of its bands that
+    /// fits, a band's search stopped after `slice`; whether all went.
+    fn reach(&mut self, level: u64, slice: Duration) -> bool {
+        let mut above: Vec<u32> = self.order.iter().copied().filter(|&i| self.top(i) > level).collect();
+        above.sort_by_key(|&i| (std::cmp::Reverse(self.top(i)), i));
+        for peak in above {
+            if self.top(peak) <= level {
+                continue;
+            }
+            let lowered = BANDS.iter().find_map(|&thousandths| {
+                let now = Instant::now();
+                if now + self.setup >= self.deadline {
+                    return Some(false);
+                }
+                match self.repair(peak, level, self.target * thousandths / 1_000, self.deadline.min(now + slice)) {
+                    Outcome::Fits(_) => Some(true),
+                    Outcome::Infeasible => None,
+                    Outcome::TimedOut => Some(false),
+                }
+            });
+            if lowered != Some(true) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Searches `peak` and the buffers overlapping it that end above `level - band` again, below `level` and
+    /// clear of every other buffer, until `stop`, and moves them there if they fit.
+    fn repair(&mut self, peak: u32, level: u64, band: u64, stop: Instant) -> Outcome {
+        let inst = self.inst;
+        let began = Instant::now();
+        let (lo, hi) = (inst.lo[peak as usize], inst.hi[peak as usize]);
+        let floor = level.saturating_sub(band);
+        let overlaps = |i: u32| inst.lo[i as usize] < hi && inst.hi[i as usize] > lo;
+        let members: Vec<u32> = self.order.iter().copied().filter(|&i| overlaps(i) && self.top(i) > floor).collect();
+        if members.len() > MAX_MEMBERS {
+            return Outcome::TimedOut;
+        }
+        let mut comp = Component::new(inst, &members);
+        if comp.load() > level {
+            return Outcome::Infeasible;
+        }
+        comp.set_obstacles(obstacles(inst, self.order, &self.offset, &comp.members));
+        self.setup = self.setup.max(began.elapsed());
+        let mut prober = Prober::new(&comp, level);
+        let outcome = prober.run(&comp, &orders(&comp), stop, self.nodes);
+        if let Outcome::Fits(local) = &outcome {
+            for (&i, &o) in comp.members.iter().zip(local) {
+                self.offset[i as usize] = o;
+            }
+        }
+        outcome
+    }
+}
+
+/// For each of `members` (sorted by start), the bytes of the other buffers of `order` that overlap it in time.
+fn obstacles(inst: &Instance, order: &[u32], offset: &[u64], members: &[u32]) -> Vec<Vec<(u64, u64)>> {
+    let t0 = members.iter().map(|&i| inst.lo[i as usize]).min().unwrap_or(0);
+    let t1 = members.iter().map(|&i| inst.hi[i as usize]).max().unwrap_or(0);
+    let mut member = vec![false; inst.len()];
+    members.iter().for_each(|&i| member[i as usize] = true);
+    // Only the members' span of time matters, so the index covers that alone, lifetimes clipped to it.
+    let mut index = PlacedIndex::new((t1 - t0) as usize);
+    for &i in order.iter().take_while(|&&i| inst.lo[i as usize] < t1) {
+        let (lo, hi, o) = (inst.lo[i as usize], inst.hi[i as usize], offset[i as usize]);
+        if hi > t0 && !member[i as usize] {
+            index.insert((o, o + inst.size[i as usize]), lo.max(t0) - t0, hi.min(t1) - t0);
+        }
+    }
+    let mut spans = Vec::new();
+    members
+        .iter()
+        .map(|&i| {
+            spans.clear();
+            index.overlapping(inst.lo[i as usize] - t0, inst.hi[i as usize] - t0, &mut spans);
+            spans.clone()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;
