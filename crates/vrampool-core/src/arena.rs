@@ -32,7 +32,7 @@ pub struct Arena {
     /// the drain that files them back), so that a tier with none skips the scan.
     large_cached: Box<[AtomicBool]>,
     /// The first tier's kept run (see `PoolConfig::first_tier_cached_max`). One slot is enough:
-    /// the tier files it back before it places or frees anything else.
+    /// the tier files it back whenever it is locked to change (`PoolCore::lock_tier`).
     pub kept_run: KeptRun,
     /// The expandable segments of the tier `Expandable::tier` names (none unless the pool has
     /// expandable segments).

@@ -119,14 +119,14 @@ impl PoolCore {
         };
         if self.config.reclaim {
             // Bound first, so that the guard is gone before `hand_out`.
-            let cached = self.allocate_filed(arena, tier, &mut **arena.tiers[tier as usize].lock(), rounded);
+            let cached = self.allocate_filed(arena, tier, &mut **self.lock_tier(arena, tier), rounded);
             if let Some(block) = cached {
                 return Ok(hand_out(block));
             }
             // The emptied caches may make room in this tier: then nothing grows, and nothing is
             // given back either.
             self.flush_caches();
-            let flushed = self.allocate_filed(arena, tier, &mut **arena.tiers[tier as usize].lock(), rounded);
+            let flushed = self.allocate_filed(arena, tier, &mut **self.lock_tier(arena, tier), rounded);
             if let Some(block) = flushed {
                 return Ok(hand_out(block));
             }
@@ -169,7 +169,7 @@ impl PoolCore {
     /// A block from the tier's strategy, growing it by a segment if needed; None when the device
     /// (or the cap) has no room.
     pub(super) fn allocate_in(&self, arena: &Arena, tier: u8, rounded: u64) -> Result<Option<Block>> {
-        let mut strategy = arena.tiers[tier as usize].lock();
+        let mut strategy = self.lock_tier(arena, tier);
         if let Some(block) = self.allocate_filed(arena, tier, &mut **strategy, rounded) {
             return Ok(Some(block));
         }
@@ -206,9 +206,9 @@ impl PoolCore {
     /// A block from the tier's strategy, after filing back into it the tier's large blocks
     /// cached in the arena's magazines. The cache serves only requests for exactly a cached
     /// block's class; every other request is placed with all the tier's free memory merged (small
-    /// blocks stay cached: the slab places each class on its own). Called under the tier's lock.
+    /// blocks stay cached: the slab places each class on its own). Called under the tier's lock
+    /// (`lock_tier`).
     pub(super) fn allocate_filed(&self, arena: &Arena, tier: u8, strategy: &mut dyn Strategy, rounded: u64) -> Option<Block> {
-        self.file_back_kept_run(arena, tier, strategy);
         self.file_back_large_cached(arena, tier, strategy);
         strategy.allocate(rounded)
     }
@@ -317,8 +317,7 @@ impl PoolCore {
                 return;
             }
         }
-        let mut strategy = arena.tiers[block.tier as usize].lock();
-        self.file_back_kept_run(&arena, block.tier, &mut **strategy);
+        let mut strategy = self.lock_tier(&arena, block.tier);
         if let Some(index) = class.filter(|_| kept_if_placed_next && strategy.placed_next(addr)) {
             arena.kept_run.keep(addr, index);
             return;
@@ -327,15 +326,19 @@ impl PoolCore {
         debug_assert_eq!(freed, Some(block.size), "a live block must go back to the strategy that made it");
     }
 
-    /// Files back the first tier's kept run (see `PoolConfig::first_tier_cached_max`) before that
-    /// tier places or frees anything: a run is kept only while it is where the next run of its
-    /// size goes, which any other change to the tier may undo. Called under the tier's lock.
+    /// The tier's strategy, locked, with the first tier's kept run (see
+    /// `PoolConfig::first_tier_cached_max`) filed back into it: a run is kept only while it is
+    /// where the next run of its size goes, which any change to the tier may undo, so whatever
+    /// places, frees or gives back under the lock sees the run free. Every change to a tier locks
+    /// it here; only reads (introspection) lock `Arena::tiers` directly.
     #[inline(always)]
-    pub(super) fn file_back_kept_run(&self, arena: &Arena, tier: u8, strategy: &mut dyn Strategy) {
+    pub(super) fn lock_tier<'a>(&self, arena: &'a Arena, tier: u8) -> MutexGuard<'a, Box<dyn Strategy>> {
+        let mut strategy = arena.tiers[tier as usize].lock();
         if let Some(addr) = (tier == 0).then(|| arena.kept_run.take()).flatten() {
-            let freed = self.file_back(strategy, addr);
+            let freed = self.file_back(&mut **strategy, addr);
             debug_assert!(freed.is_some(), "a kept run belongs to the first tier");
         }
+        strategy
     }
 
     /// Frees a block that no one uses (cached, or just freed) in its strategy, which may split or

@@ -25,7 +25,7 @@ impl PoolCore {
     /// What a growth of `tier` for a block of `rounded` bytes will ask of the device: what an
     /// expandable range would map (at its end, or in a hole), else a plain segment.
     pub(super) fn growth_estimate(&self, arena: &Arena, tier: u8, rounded: u64) -> u64 {
-        let strategy = arena.tiers[tier as usize].lock();
+        let strategy = self.lock_tier(arena, tier);
         let plain = strategy.segment_size_for(rounded);
         let Some(vm) = self.vm.as_ref().filter(|vm| vm.tier == tier) else { return plain };
         arena.with_vm(|vm_arena| {
@@ -92,7 +92,7 @@ impl PoolCore {
         for group in chosen.chunk_by(|a, b| (a.stream, a.tier) == (b.stream, b.tier)) {
             let (stream, tier) = (group[0].stream, group[0].tier);
             let arena = self.arena(stream);
-            let mut strategy = arena.tiers[tier as usize].lock();
+            let mut strategy = self.lock_tier(&arena, tier);
             let plain: Vec<Segment> = group.iter().filter(|s| s.reservation.is_none()).map(|s| s.range).collect();
             released.extend(strategy.release_segments(&plain).into_iter().map(|s| (s, stream)));
             if self.vm.as_ref().is_some_and(|vm| vm.tier == tier) {
@@ -131,11 +131,9 @@ impl PoolCore {
         let mut spares = Vec::new();
         self.for_each_arena(|arena| {
             let stream = arena.stream;
-            for (index, tier) in arena.tiers.iter().enumerate() {
-                let tier_index = index as u8;
-                let mut strategy = tier.lock();
-                // A kept run's segment may be otherwise free: the run goes back first.
-                self.file_back_kept_run(arena, tier_index, &mut **strategy);
+            for tier_index in 0..arena.tiers.len() as u8 {
+                // A kept run's segment may be otherwise free: the lock files the run back first.
+                let strategy = self.lock_tier(arena, tier_index);
                 spares.extend(strategy.free_segments().into_iter().map(|range| Spare {
                     stream,
                     tier: tier_index,
@@ -174,11 +172,11 @@ impl PoolCore {
         let blocks = thread_cache::take_all(&self.thread_caches.lock());
         self.adopt(blocks);
         self.for_each_arena(|arena| {
-            self.file_back_kept_run(arena, 0, &mut **arena.tiers[0].lock());
+            drop(self.lock_tier(arena, 0));
             arena.magazines.drain(
                 |_| true,
                 |index, addr| {
-                    let freed = self.file_back(&mut **arena.tiers[self.class_tier(index) as usize].lock(), addr);
+                    let freed = self.file_back(&mut **self.lock_tier(arena, self.class_tier(index)), addr);
                     debug_assert!(freed.is_some(), "a cached block belongs to the tier of its size");
                 },
             );

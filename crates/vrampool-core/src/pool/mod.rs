@@ -20,7 +20,7 @@ use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use foldhash::fast::FixedState;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::arena::Arena;
 use crate::cache_class::{cache_class, class_tag, thread_class_table, thread_classes, ThreadClass};
@@ -250,8 +250,7 @@ impl CacheOwner for PoolCore {
         for (stream, addr) in blocks {
             // Thread caches hold only the first tier's blocks (`thread_classes`).
             let arena = self.arena(StreamId(stream));
-            let mut strategy = arena.tiers[0].lock();
-            self.file_back_kept_run(&arena, 0, &mut **strategy);
+            let mut strategy = self.lock_tier(&arena, 0);
             let freed = self.file_back(&mut **strategy, addr);
             debug_assert!(freed.is_some(), "a cached block belongs to its arena's first tier");
         }
