@@ -202,8 +202,19 @@ pub(crate) fn fit_before(
     beat: u64,
     deadline: Instant,
 ) -> (Option<Vec<(u32, u64)>>, usize) {
-    let (mut placed, mut spans) = (PlacedIndex::new(inst.segments), Vec::new());
-    let mut offsets = Vec::with_capacity(order.len());
+    fit_onto(inst, (PlacedIndex::new(inst.segments), Vec::with_capacity(order.len())), order, beat, deadline)
+}
+
+/// [`fit_before`] among buffers already placed: `placed` holds them, `offsets` their plan, which the placements
+/// of `order` extend; the count is of `order`'s buffers.
+pub(crate) fn fit_onto(
+    inst: &Instance,
+    (mut placed, mut offsets): (PlacedIndex, Vec<(u32, u64)>),
+    order: &[u32],
+    beat: u64,
+    deadline: Instant,
+) -> (Option<Vec<(u32, u64)>>, usize) {
+    let mut spans = Vec::new();
     for (k, &i) in order.iter().enumerate() {
         if k % CLOCK_EVERY == 0 && Instant::now() >= deadline {
             return (None, k);
