@@ -146,6 +146,38 @@ fn the_runs_keep_the_best_plan_of_them_all() {
 }
 
 #[test]
+fn the_squeaky_wheel_takes_the_runs_best_below_every_run_s() {
+    let buffers = random_instance(6_000, 5);
+    let inst = Instance::new(&buffers, 1).unwrap();
+    let (mirrored, order) = (inst.mirrored(), by_start(&inst));
+    let far = Instant::now() + Duration::from_secs(120);
+    let least = FLOOR_RUNS
+        .iter()
+        .chain(&FIT_RUNS)
+        .map(|&(run, backwards)| {
+            let timeline = if backwards { &mirrored } else { &inst };
+            match run {
+                Run::Floors(tie_break) => {
+                    let offsets = lowest_floor_first(timeline, &order, tie_break, u64::MAX, far).unwrap();
+                    checked(&buffers, &order.iter().copied().zip(offsets).collect::<Vec<_>>())
+                }
+                Run::Fit(first) => checked(
+                    &buffers,
+                    &fit_before(timeline, &fit_order(timeline, &order, first), u64::MAX, far).0.unwrap(),
+                ),
+            }
+        })
+        .min()
+        .unwrap();
+    let bound = inst.lower_bound();
+    assert!(least > bound);
+    let (plan, arena) = best_of_runs(&inst, &order, bound, u64::MAX, far).0.unwrap();
+    assert_eq!(checked(&buffers, &plan), arena);
+    assert!(arena < least, "{arena} against the runs' {least}");
+    assert_eq!(arena, bound, "found by trying seeds: the wheel reaches the bound here");
+}
+
+#[test]
 fn the_kind_that_found_the_better_plan_gets_two_thirds_of_the_time() {
     let queue = |runs: &'static [(Run, bool)], next, seconds, best| Queue { runs, next, seconds, best };
     let (floors, fits) = (&FLOOR_RUNS[..], &FIT_RUNS[..]);
