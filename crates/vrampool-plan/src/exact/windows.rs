@@ -24,10 +24,9 @@ use std::time::{Duration, Instant};
 
 use super::component::Component;
 use super::neighbourhood::lower_peaks;
-use super::portfolio::{arena_of, best_of_runs, Placed};
+use super::portfolio::{arena_of, best_of_runs, fit_onto, Placed};
 use super::probe::{orders, Prober};
 use super::search::Outcome;
-use crate::greedy::best_fit;
 use crate::instance::Instance;
 use crate::placed_index::PlacedIndex;
 
@@ -96,18 +95,10 @@ impl Pace {
     }
 }
 
-/// `offsets` and the rest of `order` after them placed by best fit among `placed`.
-fn fit_rest(inst: &Instance, rest: &[u32], mut placed: PlacedIndex, mut offsets: Vec<(u32, u64)>) -> Vec<(u32, u64)> {
-    let mut spans = Vec::new();
-    for &i in rest {
-        offsets.push((i, best_fit(inst, &mut placed, i, &mut spans)));
-    }
-    offsets
-}
-
 /// One sweep over `order` (sorted by start) with windows of `width` buffers to begin with, between the lower
-/// bound and the arena to beat; `None` if its capacity reaches the latter. No window is begun unless one as
-/// long as the last would still leave time to place the rest by best fit (`pace`).
+/// bound and the arena to beat; `None` if its capacity or a buffer's top reaches the latter, or the deadline
+/// comes first. No window is begun unless one as long as the last would still leave time to place the rest by
+/// best fit (`pace`).
 fn sweep(
     inst: &Instance,
     order: &[u32],
@@ -150,7 +141,8 @@ fn sweep(
         }
         done += window.len();
     }
-    Some(fit_rest(inst, &order[done..], placed, offsets))
+    // The rest by best fit, given up at the deadline or the arena to beat: the best plan so far stands then.
+    fit_onto(inst, (placed, offsets), &order[done..], ceiling.saturating_sub(1), deadline).0
 }
 
 /// The window's buffers placed clear of `placed`, at `capacity` or as little above it as the search finds
@@ -184,11 +176,46 @@ fn search_window(
             if let Outcome::Fits(local) = prober.step(&comp, &orders, deadline, nodes) {
                 return Some(comp.members.iter().copied().zip(local).collect());
             }
-        }
-        if Instant::now() >= deadline {
-            return None;
+            // Each step sets up its search before it looks at the clock: on a window of thousands, 0.1 s for
+            // the steps left in the round.
+            if Instant::now() >= deadline {
+                return None;
+            }
         }
         *capacity = capacity.saturating_add(rise);
         rise = rise.saturating_add(rise / 2);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exact::portfolio::fit_before;
+    use crate::{random_instance, validate};
+
+    /// A sweep with no time for windows is best fit by start alone, which gives way to the deadline and to the
+    /// arena to beat as the portfolio's runs do.
+    #[test]
+    fn a_sweep_s_last_fit_stops_at_the_deadline_and_at_the_arena_to_beat() {
+        let buffers = random_instance(2_000, 5);
+        let inst = Instance::new(&buffers, 1).unwrap();
+        let mut order: Vec<u32> = (0..inst.len() as u32).collect();
+        order.sort_unstable_by_key(|&i| (inst.lo[i as usize], i));
+        let target = inst.lower_bound();
+        // Fitting every buffer would take 3 s at this pace, more than the deadlines below leave for windows.
+        let mut pace = Pace { fit_seconds: 1e-3, window: Duration::ZERO };
+        let mut nodes = 0;
+        let mut sweep_until =
+            |deadline, ceiling| sweep(&inst, &order, (target, ceiling), 400, deadline, &mut pace, &mut nodes);
+        assert_eq!(sweep_until(Instant::now(), u64::MAX), None);
+        let soon = Instant::now() + Duration::from_secs(2);
+        let plan = sweep_until(soon, u64::MAX).expect("time for best fit");
+        assert_eq!(Some(&plan), fit_before(&inst, &order, u64::MAX, soon).0.as_ref());
+        let mut offsets = vec![0; inst.len()];
+        plan.iter().for_each(|&(i, o)| offsets[i as usize] = o);
+        let arena = validate(&buffers, &offsets, 1).unwrap();
+        assert_eq!(sweep_until(soon, arena + 1), Some(plan));
+        assert_eq!(sweep_until(soon, arena), None);
+        assert_eq!(nodes, 0, "no window searched");
     }
 }

@@ -14,6 +14,9 @@
 //! of 35,000 buffers, 17 million reads with longest first. A run that cannot beat the arena it is given
 //! stops as soon as its projection (`projection.rs`: the skyline plus the bytes still to place, at every
 //! moment) shows it, rather than when its skyline passes that arena.
+//!
+//! A run may be told to place some buffers before the rest (*promoted*: all of them lowest floor first, then
+//! the others); the squeaky wheel (`squeaky.rs`) promotes those that ended highest in the best plan so far.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -21,11 +24,13 @@ use std::time::Instant;
 
 mod projection;
 mod skyline;
+mod squeaky;
 
 use crate::exact::{Order, Traits};
 use crate::instance::Instance;
 use projection::Projection;
 use skyline::Skyline;
+pub(crate) use squeaky::squeaky_wheel;
 
 /// Placements between looks at the clock.
 const CLOCK_EVERY: u32 = 4_096;
@@ -39,15 +44,28 @@ pub(crate) fn lowest_floor_first(
     beat: u64,
     deadline: Instant,
 ) -> Option<Vec<u64>> {
+    lowest_floor_first_promoting(inst, part, order, &vec![false; part.len()], beat, deadline)
+}
+
+/// [`lowest_floor_first`] with the buffers `promoted` (parallel to `part`) placed before the others.
+pub(crate) fn lowest_floor_first_promoting(
+    inst: &Instance,
+    part: &[u32],
+    order: Order,
+    promoted: &[bool],
+    beat: u64,
+    deadline: Instant,
+) -> Option<Vec<u64>> {
     let live = live(inst, part);
     let rank = ranks(inst, part, &live, order);
     let mut projection = Projection::new(&live);
     let mut skyline = Skyline::new(inst.segments);
-    let mut heap: BinaryHeap<Reverse<(u64, u32, u32)>> =
-        (0..part.len() as u32).map(|p| Reverse((0, rank[p as usize], p))).collect();
+    // Keys (phase, floor read, rank, buffer): the promoted buffers' phase is 0, the others' 1.
+    let mut heap: BinaryHeap<Reverse<(bool, u64, u32, u32)>> =
+        (0..part.len() as u32).map(|p| Reverse((!promoted[p as usize], 0, rank[p as usize], p))).collect();
     let mut offsets = vec![0u64; part.len()];
     let mut clock = 0u32;
-    while let Some(Reverse((key, r, p))) = heap.pop() {
+    while let Some(Reverse((later, key, r, p))) = heap.pop() {
         clock += 1;
         if clock % CLOCK_EVERY == 0 && Instant::now() >= deadline {
             return None;
@@ -55,10 +73,11 @@ pub(crate) fn lowest_floor_first(
         let i = part[p as usize] as usize;
         let floor = skyline.highest(inst.lo[i], inst.hi[i]);
         // Keys are floors read earlier, so never above the floors now: a buffer whose floor (and rank) is
-        // below the least key left is the lowest, stale key or not.
-        let lowest = floor == key || heap.peek().is_none_or(|Reverse((k, kr, _))| (floor, r) < (*k, *kr));
+        // below the least key left of its phase or a later one is the lowest, stale key or not.
+        let lowest =
+            floor == key || heap.peek().is_none_or(|Reverse((kl, k, kr, _))| (later, floor, r) < (*kl, *k, *kr));
         if !lowest {
-            heap.push(Reverse((floor, r, p)));
+            heap.push(Reverse((later, floor, r, p)));
             continue;
         }
         let top = floor + inst.size[i];

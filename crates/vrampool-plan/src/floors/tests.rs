@@ -37,17 +37,17 @@ fn the_skyline_reads_what_was_raised() {
     }
 }
 
-/// Lowest floor first the slow way: every floor read afresh at every step.
-fn plainly(inst: &Instance, part: &[u32], order: Order) -> Vec<u64> {
+/// Lowest floor first the slow way: every floor read afresh at every step, the promoted buffers first.
+fn plainly(inst: &Instance, part: &[u32], order: Order, promoted: &[bool]) -> Vec<u64> {
     let rank = ranks(inst, part, &live(inst, part), order);
     let mut top = vec![0u64; inst.segments];
     let mut offsets = vec![None; part.len()];
-    while let Some((floor, _, p)) = (0..part.len())
+    while let Some((_, floor, _, p)) = (0..part.len())
         .filter(|&p| offsets[p].is_none())
         .map(|p| {
             let i = part[p] as usize;
             let floor = top[inst.lo[i] as usize..inst.hi[i] as usize].iter().copied().max().unwrap_or(0);
-            (floor, rank[p], p)
+            (!promoted[p], floor, rank[p], p)
         })
         .min()
     {
@@ -65,10 +65,48 @@ fn the_heap_places_as_reading_every_floor_afresh_would() {
         let (inst, part) = whole(&buffers);
         for order in [Order::Time, Order::Wat, Order::Taw, Order::Twa, Order::Area] {
             let fast = lowest_floor_first(&inst, &part, order, u64::MAX, far()).unwrap();
-            assert_eq!(fast, plainly(&inst, &part, order), "seed {seed} {order:?}");
+            assert_eq!(fast, plainly(&inst, &part, order, &vec![false; part.len()]), "seed {seed} {order:?}");
             validate(&buffers, &fast, 1).unwrap();
         }
     }
+}
+
+#[test]
+fn promoted_buffers_go_first_as_reading_every_floor_afresh_would() {
+    let mut coin = crate::synthetic::SplitMix64(5);
+    for seed in 0..20 {
+        let buffers = random_instance(120, seed);
+        let (inst, part) = whole(&buffers);
+        let promoted: Vec<bool> = part.iter().map(|_| coin.below(4) == 0).collect();
+        for order in [Order::Time, Order::Wat, Order::Taw, Order::Twa, Order::Area] {
+            let fast = lowest_floor_first_promoting(&inst, &part, order, &promoted, u64::MAX, far()).unwrap();
+            assert_eq!(fast, plainly(&inst, &part, order, &promoted), "seed {seed} {order:?}");
+            validate(&buffers, &fast, 1).unwrap();
+            assert_ne!(
+                fast,
+                lowest_floor_first(&inst, &part, order, u64::MAX, far()).unwrap(),
+                "seed {seed} {order:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_squeaky_wheel_beats_the_run_it_starts_from_and_keeps_to_its_deadline() {
+    // Found by trying seeds: the run with Taw ends above the bound, and the wheel takes it down to the bound.
+    let buffers = random_instance(300, 6);
+    let (inst, part) = whole(&buffers);
+    let plan = lowest_floor_first(&inst, &part, Order::Taw, u64::MAX, far()).unwrap();
+    let (arena, bound) = (validate(&buffers, &plan, 1).unwrap(), inst.lower_bound());
+    assert!(arena > bound);
+    let wheel = |deadline| squeaky_wheel(&inst, &part, Order::Taw, (plan.clone(), arena), bound, deadline);
+    let (better, better_arena) = wheel(far()).expect("a better plan");
+    assert_eq!(validate(&buffers, &better, 1).unwrap(), better_arena);
+    assert_eq!(better_arena, bound);
+    assert_eq!(wheel(far()), Some((better, better_arena)), "the same plan every time");
+    assert_eq!(wheel(Instant::now()), None);
+    // A plan at the target is kept as it is.
+    assert_eq!(squeaky_wheel(&inst, &part, Order::Taw, (plan.clone(), arena), arena, far()), None);
 }
 
 #[test]

@@ -81,7 +81,8 @@ pub fn packed_instance(n: usize, side: u64, unit: u64, drop_one_in: u64, seed: u
         .collect()
 }
 
-pub(crate) struct SplitMix64(u64);
+/// A seeded generator: the same seed gives the same stream.
+pub(crate) struct SplitMix64(pub(crate) u64);
 
 impl SplitMix64 {
     pub(crate) fn next(&mut self) -> u64 {

@@ -109,29 +109,34 @@ fn grown_caches_and_the_longest_lived_come_first_and_each_phase_goes_by_start() 
     }
 }
 
-#[test]
-fn the_runs_keep_the_best_plan_of_them_all() {
-    let buffers = random_instance(3_000, 11);
-    let inst = Instance::new(&buffers, 1).unwrap();
-    let (mirrored, order) = (inst.mirrored(), by_start(&inst));
-    let far = Instant::now() + Duration::from_secs(120);
-    // Every run to its end, on its own.
-    let arenas: Vec<u64> = FLOOR_RUNS
+/// Each run's arena, every run to its end on its own, in the portfolio's order (floor runs, then fits).
+fn each_run_s_arena(buffers: &[Buffer], inst: &Instance, order: &[u32], far: Instant) -> Vec<u64> {
+    let mirrored = inst.mirrored();
+    FLOOR_RUNS
         .iter()
         .chain(&FIT_RUNS)
         .map(|&(run, backwards)| {
-            let timeline = if backwards { &mirrored } else { &inst };
+            let timeline = if backwards { &mirrored } else { inst };
             let plan: Vec<(u32, u64)> = match run {
                 Run::Floors(tie_break) => order
                     .iter()
                     .copied()
-                    .zip(lowest_floor_first(timeline, &order, tie_break, u64::MAX, far).unwrap())
+                    .zip(lowest_floor_first(timeline, order, tie_break, u64::MAX, far).unwrap())
                     .collect(),
-                Run::Fit(first) => fit_before(timeline, &fit_order(timeline, &order, first), u64::MAX, far).0.unwrap(),
+                Run::Fit(first) => fit_before(timeline, &fit_order(timeline, order, first), u64::MAX, far).0.unwrap(),
             };
-            checked(&buffers, &plan)
+            checked(buffers, &plan)
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn the_runs_keep_the_best_plan_of_them_all() {
+    let buffers = random_instance(3_000, 11);
+    let inst = Instance::new(&buffers, 1).unwrap();
+    let order = by_start(&inst);
+    let far = Instant::now() + Duration::from_secs(120);
+    let arenas = each_run_s_arena(&buffers, &inst, &order, far);
     let least = *arenas.iter().min().unwrap();
     let (best, fit_seconds) = best_of_runs(&inst, &order, 0, u64::MAX, far);
     let (plan, arena) = best.unwrap();
@@ -143,6 +148,21 @@ fn the_runs_keep_the_best_plan_of_them_all() {
     assert!(arenas[0] > least, "{arenas:?}");
     let (first, _) = best_of_runs(&inst, &order, arenas[0], u64::MAX, far);
     assert_eq!(first.map(|b| b.1), Some(arenas[0]));
+}
+
+#[test]
+fn the_squeaky_wheel_takes_the_runs_best_below_every_run_s() {
+    let buffers = random_instance(6_000, 5);
+    let inst = Instance::new(&buffers, 1).unwrap();
+    let order = by_start(&inst);
+    let far = Instant::now() + Duration::from_secs(120);
+    let least = *each_run_s_arena(&buffers, &inst, &order, far).iter().min().unwrap();
+    let bound = inst.lower_bound();
+    assert!(least > bound);
+    let (plan, arena) = best_of_runs(&inst, &order, bound, u64::MAX, far).0.unwrap();
+    assert_eq!(checked(&buffers, &plan), arena);
+    assert!(arena < least, "{arena} against the runs' {least}");
+    assert_eq!(arena, bound, "found by trying seeds: the wheel reaches the bound here");
 }
 
 #[test]
