@@ -8,12 +8,11 @@
 //! first stack before the short ones fragment the bytes under them (KV caches grown by concatenation, a
 //! pipelined step's saved activations), the largest first keep their slots clear of the small ones, and the
 //! chains of grown caches first (`chains.rs`), with the longest-lived fifth, stack the caches before the
-//! rest. Which
-//! split wins, and in which direction of time, differs from graph to graph and none wins on most, so each kind
-//! of run tries its variants in turn, and the two kinds share the time (`next_kind`). When all have run, the
-//! squeaky wheel (`floors/squeaky.rs`) runs lowest floor first again from the last floor run kept, with the
-//! buffers that ended highest placed first (on the random instances, where the floors' best is 1-2% above the
-//! bound, it takes most graphs most of the way to it).
+//! rest. Which split wins, and in which direction of time, differs from graph to graph and none wins on most,
+//! so each kind of run tries its variants in turn, and the two kinds share the time (`next_kind`). When all
+//! have run, the squeaky wheel (`floors/squeaky.rs`) runs lowest floor first again from the last floor run
+//! kept, with the buffers that ended highest placed first (where the floors' best is 1-2% above the bound, on
+//! the random instances, it lowered 5 of the 13 plans of seeds 1-6 that were above the bound).
 
 use std::time::Instant;
 

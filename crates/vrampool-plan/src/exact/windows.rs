@@ -11,14 +11,15 @@
 //! Wider windows see further ahead but cost more a node (a node scans its group, and each placement updates
 //! every section its neighbours span). So the width follows the clock: it halves while the sweep is behind
 //! its share of the time and doubles while well ahead. Buffers left when the sweep's time is up are placed by
-//! best fit among those placed, so a sweep always ends with a plan, on time.
+//! best fit among those placed, which gives up at the deadline or at the arena to beat, so a sweep ends on
+//! time, with a plan or with none (the best so far stands).
 //!
 //! Before the sweeps, cheaper runs (`portfolio.rs`: lowest floor first and best fit by start, with several
 //! tie-breaks and first phases, in both directions of time) take the time while they beat the best so far: on
 //! most graphs one of them ends within a few thousandths of the bound, where the windows would begin a step
 //! above. The time they leave goes first to lowering the peaks of their best plan (`neighbourhood.rs`), then
-//! to the sweeps. Best fit's pace, measured in the runs, paces the sweeps. Each sweep, with windows twice as wide as the
-//! last, stops as soon as it cannot beat the best so far.
+//! to the sweeps. Best fit's pace, measured in the runs, paces the sweeps. Each sweep, with windows twice as
+//! wide as the last, stops as soon as it cannot beat the best so far.
 
 use std::time::{Duration, Instant};
 
