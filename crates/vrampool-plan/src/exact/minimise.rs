@@ -185,10 +185,15 @@ pub(crate) fn arena_of(part: &Component, plan: &[u64]) -> u64 {
 /// The step between arenas: a canonical plan's arena is a sum of sizes, so a multiple of their greatest common
 /// divisor, and so is the optimum.
 pub(crate) fn unit_of(part: &Component) -> u64 {
-    part.size.iter().fold(0, |g, &s| gcd(g, s)).max(1)
+    unit_of_sizes(part.size.iter().copied())
 }
 
-pub(crate) fn gcd(mut a: u64, mut b: u64) -> u64 {
+/// [`unit_of`] for any sizes: their greatest common divisor, 1 for none.
+pub(crate) fn unit_of_sizes(sizes: impl IntoIterator<Item = u64>) -> u64 {
+    sizes.into_iter().fold(0, gcd).max(1)
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
     while b != 0 {
         (a, b) = (b, a % b);
     }

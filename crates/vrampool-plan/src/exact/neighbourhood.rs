@@ -14,7 +14,7 @@
 use std::time::{Duration, Instant};
 
 use super::component::Component;
-use super::minimise::gcd;
+use super::minimise::unit_of_sizes;
 use super::portfolio::Placed;
 use super::probe::{orders, Prober};
 use super::search::Outcome;
@@ -50,7 +50,7 @@ pub(crate) fn lower_peaks(
         offset[i as usize] = o;
     }
     let mut lowering = Lowering { inst, order, offset, target, deadline, nodes, setup: Duration::ZERO };
-    let unit = order.iter().fold(0, |g, &i| gcd(g, inst.size[i as usize])).max(1);
+    let unit = unit_of_sizes(order.iter().map(|&i| inst.size[i as usize]));
     let first_step = |arena: u64| arena.saturating_sub(target).div_ceil(4).max(unit);
     let (mut step, mut slice) = (first_step(arena), FIRST_SLICE);
     while arena > target && Instant::now() < deadline {

@@ -127,9 +127,9 @@ pub(crate) fn best_of_runs(
 ) -> (Option<Placed>, Option<f64>) {
     let mirrored = inst.mirrored();
     let (mut best, mut fit_seconds): (Option<Placed>, Option<f64>) = (None, None);
-    // The last floor run kept (the best of those kept): tie-break, direction of time, offsets (parallel to
-    // `order`) and arena.
-    let mut best_floors: Option<(Order, bool, Vec<u64>, u64)> = None;
+    // The last floor run kept (the best of those kept, its arena the floors' queue's best): tie-break, direction
+    // of time and offsets (parallel to `order`).
+    let mut best_floors: Option<(Order, bool, Vec<u64>)> = None;
     let mut kinds = [Queue::new(&FLOOR_RUNS), Queue::new(&FIT_RUNS)];
     while let Some(kind) = next_kind(&kinds[0], &kinds[1]) {
         let beat = best.as_ref().map_or(ceiling, |b| b.1).saturating_sub(1);
@@ -144,7 +144,7 @@ pub(crate) fn best_of_runs(
         let plan = match run {
             Run::Floors(tie_break) => lowest_floor_first(timeline, order, tie_break, beat, deadline).map(|offsets| {
                 let plan = order.iter().copied().zip(offsets.iter().copied()).collect::<Vec<_>>();
-                best_floors = Some((tie_break, backwards, offsets, arena_of(inst, &plan)));
+                best_floors = Some((tie_break, backwards, offsets));
                 plan
             }),
             Run::Fit(first) => {
@@ -163,11 +163,10 @@ pub(crate) fn best_of_runs(
         }
     }
     // The runs are done (or the time is up): the squeaky wheel on the best floor run, if it can still gain.
-    if let Some((tie_break, backwards, offsets, arena)) =
-        best_floors.filter(|_| best.as_ref().is_some_and(|b| b.1 > target))
-    {
+    if let Some((tie_break, backwards, offsets)) = best_floors.filter(|_| best.as_ref().is_some_and(|b| b.1 > target)) {
         let timeline = if backwards { &mirrored } else { inst };
-        if let Some((offsets, arena)) = squeaky_wheel(timeline, order, tie_break, (offsets, arena), target, deadline)
+        let floors_best = (offsets, kinds[0].best);
+        if let Some((offsets, arena)) = squeaky_wheel(timeline, order, tie_break, floors_best, target, deadline)
             .filter(|&(_, arena)| best.as_ref().is_none_or(|b| arena < b.1))
         {
             best = Some((order.iter().copied().zip(offsets).collect(), arena));

@@ -53,10 +53,8 @@ pub(crate) fn sweeps(
 ) -> Option<(Vec<(u32, u64)>, u64)> {
     let mut order = part.to_vec();
     order.sort_unstable_by_key(|&i| (inst.lo[i as usize], i));
-    let (mut best, fit_seconds) = best_of_runs(inst, &order, target, ceiling, deadline);
-    if let Some(plan) = best.take() {
-        best = Some(lower_peaks(inst, &order, plan, target, deadline, nodes));
-    }
+    let (best, fit_seconds) = best_of_runs(inst, &order, target, ceiling, deadline);
+    let mut best = best.map(|plan| lower_peaks(inst, &order, plan, target, deadline, nodes));
     let Some(fit_seconds) = fit_seconds.filter(|_| best.as_ref().is_none_or(|b| b.1 > target)) else {
         return best;
     };
