@@ -172,6 +172,7 @@ impl PoolCore {
         let blocks = thread_cache::take_all(&self.thread_caches.lock());
         self.adopt(blocks);
         self.for_each_arena(|arena| {
+            // Locking the first tier files its kept run back, whether or not the magazines hold any of its blocks.
             drop(self.lock_tier(arena, 0));
             arena.magazines.drain(
                 |_| true,
