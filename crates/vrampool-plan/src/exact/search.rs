@@ -43,6 +43,10 @@ use std::time::Instant;
 
 use super::component::{Component, Order};
 
+/// Groups of at least this many buffers look at the clock on every node, the others on every 64th: a node
+/// scans its group (and hashes it for the memo), so on a large group one node can take milliseconds.
+const LARGE_GROUP: usize = 256;
+
 pub(crate) enum Outcome {
     /// Offsets (local order) of a plan whose every buffer ends at or below the capacity.
     Fits(Vec<u64>),
@@ -280,7 +284,9 @@ impl<'a> Search<'a> {
         candidates.sort_unstable_by_key(|&b| (self.floor[b as usize], self.rank[b as usize]));
         for b in candidates {
             self.nodes += 1;
-            if self.nodes >= self.node_limit || (self.nodes % 64 == 0 && Instant::now() >= self.deadline) {
+            if self.nodes >= self.node_limit
+                || ((self.nodes % 64 == 0 || group.len() >= LARGE_GROUP) && Instant::now() >= self.deadline)
+            {
                 self.timed_out = true;
                 return false;
             }
