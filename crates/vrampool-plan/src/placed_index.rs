@@ -10,32 +10,32 @@
 //! canonical nodes of its lifetime; the second in a segment tree over start segments, holding each buffer's
 //! bytes on every node above its start, read on the canonical nodes of `(lo, hi)`.
 
-use std::collections::BTreeMap;
-
 /// A placed buffer's bytes, `[start, end)`.
 pub(crate) type Span = (u64, u64);
 
-/// Disjoint ranges, none touching another, by start: the union of the spans added.
+/// Disjoint ranges, none touching another, by start: the union of the spans added. A sorted vector rather than
+/// a tree: merged, a node's ranges are few (the gaps between the bytes its buffers take), so shifting them on an
+/// insert costs less than a tree's allocations, and reading them is a copy.
 #[derive(Default, Clone)]
-struct Union(BTreeMap<u64, u64>);
+struct Union(Vec<Span>);
 
 impl Union {
-    fn add(&mut self, (mut start, mut end): Span) {
-        if let Some((&s, &e)) = self.0.range(..=start).next_back() {
-            if e >= start {
-                (start, end) = (s, end.max(e));
-                self.0.remove(&s);
-            }
+    fn add(&mut self, (start, end): Span) {
+        // The ranges that touch or overlap the span: those ending at or after its start and starting at or
+        // before its end.
+        let first = self.0.partition_point(|&(_, e)| e < start);
+        let last = first + self.0[first..].partition_point(|&(s, _)| s <= end);
+        if first == last {
+            self.0.insert(first, (start, end));
+            return;
         }
-        while let Some((&s, &e)) = self.0.range(start..=end).next() {
-            end = end.max(e);
-            self.0.remove(&s);
-        }
-        self.0.insert(start, end);
+        let merged = (start.min(self.0[first].0), end.max(self.0[last - 1].1));
+        self.0[first] = merged;
+        self.0.drain(first + 1..last);
     }
 
     fn extend_into(&self, out: &mut Vec<Span>) {
-        out.extend(self.0.iter().map(|(&s, &e)| (s, e)));
+        out.extend_from_slice(&self.0);
     }
 }
 
@@ -132,6 +132,33 @@ mod tests {
                 })
                 .collect();
             assert_eq!(got, want, "query {lo}..{hi}");
+        }
+    }
+
+    #[test]
+    fn a_union_holds_the_bytes_added_as_disjoint_ranges_by_start() {
+        // Random spans on 0..64 against a plain array of bytes taken.
+        let mut state = 99u64;
+        let mut below = |m: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % m
+        };
+        for _ in 0..200 {
+            let (mut union, mut taken) = (Union::default(), [false; 64]);
+            for _ in 0..1 + below(12) {
+                let start = below(63);
+                let end = start + 1 + below(64 - start - 1).min(below(8));
+                union.add((start, end));
+                taken[start as usize..end as usize].iter_mut().for_each(|t| *t = true);
+                let mut ranges = Vec::new();
+                union.extend_into(&mut ranges);
+                assert!(ranges.windows(2).all(|w| w[0].1 < w[1].0), "{ranges:?}");
+                let mut held = [false; 64];
+                ranges.iter().for_each(|&(s, e)| held[s as usize..e as usize].iter_mut().for_each(|t| *t = true));
+                assert_eq!(held, taken, "{ranges:?}");
+            }
         }
     }
 
