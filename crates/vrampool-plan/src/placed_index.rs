@@ -81,7 +81,7 @@ impl PlacedIndex {
 
 /// The canonical nodes of segments `lo..hi` in a segment tree of `leaves` leaves: the fewest nodes whose
 /// segments make up the range.
-fn canonical(leaves: usize, lo: u32, hi: u32) -> impl Iterator<Item = usize> {
+pub(crate) fn canonical(leaves: usize, lo: u32, hi: u32) -> impl Iterator<Item = usize> {
     let (mut l, mut r) = (lo as usize + leaves, hi as usize + leaves);
     let mut right = None;
     std::iter::from_fn(move || loop {

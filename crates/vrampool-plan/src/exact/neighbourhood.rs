@@ -19,7 +19,7 @@ use super::portfolio::Placed;
 use super::probe::{orders, Prober};
 use super::search::Outcome;
 use crate::instance::Instance;
-use crate::placed_index::PlacedIndex;
+use crate::placed_index::canonical;
 
 /// The bands tried in turn for one buffer, in thousandths of the lower bound below the level; in a plan within
 /// 1.1 of the bound the last takes every buffer overlapping it.
@@ -49,7 +49,8 @@ pub(crate) fn lower_peaks(
     for &(i, o) in &plan {
         offset[i as usize] = o;
     }
-    let mut lowering = Lowering { inst, order, offset, target, deadline, nodes, setup: Duration::ZERO };
+    let overlaps = Overlaps::new(inst, order);
+    let mut lowering = Lowering { inst, order, overlaps, offset, target, deadline, nodes, setup: Duration::ZERO };
     let unit = unit_of_sizes(order.iter().map(|&i| inst.size[i as usize]));
     let first_step = |arena: u64| arena.saturating_sub(target).div_ceil(4).max(unit);
     let (mut step, mut slice) = (first_step(arena), FIRST_SLICE);
@@ -75,6 +76,7 @@ struct Lowering<'a> {
     inst: &'a Instance,
     /// The part, sorted by start.
     order: &'a [u32],
+    overlaps: Overlaps<'a>,
     /// Offsets by instance index.
     offset: Vec<u64>,
     target: u64,
@@ -125,10 +127,13 @@ impl Lowering<'_> {
     fn repair(&mut self, peak: u32, level: u64, band: u64, stop: Instant) -> Outcome {
         let inst = self.inst;
         let began = Instant::now();
-        let (lo, hi) = (inst.lo[peak as usize], inst.hi[peak as usize]);
         let floor = level.saturating_sub(band);
-        let overlaps = |i: u32| inst.lo[i as usize] < hi && inst.hi[i as usize] > lo;
-        let members: Vec<u32> = self.order.iter().copied().filter(|&i| overlaps(i) && self.top(i) > floor).collect();
+        let mut members = Vec::new();
+        self.overlaps.each(peak, |i| {
+            if self.top(i) > floor {
+                members.push(i);
+            }
+        });
         if members.len() > MAX_MEMBERS {
             return Outcome::TimedOut;
         }
@@ -136,7 +141,7 @@ impl Lowering<'_> {
         if comp.load() > level {
             return Outcome::Infeasible;
         }
-        comp.set_obstacles(obstacles(inst, self.order, &self.offset, &comp.members));
+        comp.set_obstacles(self.obstacles(&comp.members));
         self.setup = self.setup.max(began.elapsed());
         let mut prober = Prober::new(&comp, level);
         let outcome = prober.run(&comp, &orders(&comp), stop, self.nodes);
@@ -147,31 +152,75 @@ impl Lowering<'_> {
         }
         outcome
     }
+
+    /// For each of `members`, the bytes of the part's other buffers that overlap it in time.
+    fn obstacles(&self, members: &[u32]) -> Vec<Vec<(u64, u64)>> {
+        let mut member = vec![false; self.inst.len()];
+        members.iter().for_each(|&i| member[i as usize] = true);
+        members
+            .iter()
+            .map(|&i| {
+                let mut spans = Vec::new();
+                self.overlaps.each(i, |j| {
+                    if !member[j as usize] {
+                        let o = self.offset[j as usize];
+                        spans.push((o, o + self.inst.size[j as usize]));
+                    }
+                });
+                spans
+            })
+            .collect()
+    }
 }
 
-/// For each of `members` (sorted by start), the bytes of the other buffers of `order` that overlap it in time.
-fn obstacles(inst: &Instance, order: &[u32], offset: &[u64], members: &[u32]) -> Vec<Vec<(u64, u64)>> {
-    let t0 = members.iter().map(|&i| inst.lo[i as usize]).min().unwrap_or(0);
-    let t1 = members.iter().map(|&i| inst.hi[i as usize]).max().unwrap_or(0);
-    let mut member = vec![false; inst.len()];
-    members.iter().for_each(|&i| member[i as usize] = true);
-    // Only the members' span of time matters, so the index covers that alone, lifetimes clipped to it.
-    let mut index = PlacedIndex::new((t1 - t0) as usize);
-    for &i in order.iter().take_while(|&&i| inst.lo[i as usize] < t1) {
-        let (lo, hi, o) = (inst.lo[i as usize], inst.hi[i as usize], offset[i as usize]);
-        if hi > t0 && !member[i as usize] {
-            index.insert((o, o + inst.size[i as usize]), lo.max(t0) - t0, hi.min(t1) - t0);
+/// The part's buffers by lifetime, to find those that overlap a buffer in time: the ones live on its first
+/// segment (each recorded on the canonical nodes of its lifetime, read on the path from that segment up) and
+/// the ones starting after it and before its end (a range of the part sorted by start). Lifetimes do not move,
+/// so one index serves every band, however the bands move the buffers.
+struct Overlaps<'a> {
+    inst: &'a Instance,
+    order: &'a [u32],
+    leaves: usize,
+    /// The buffers recorded on node `k` are `live[first[k]..first[k + 1]]`.
+    first: Vec<usize>,
+    live: Vec<u32>,
+}
+
+impl<'a> Overlaps<'a> {
+    fn new(inst: &'a Instance, order: &'a [u32]) -> Overlaps<'a> {
+        let leaves = inst.segments.max(1).next_power_of_two();
+        let nodes_of = |i: u32| canonical(leaves, inst.lo[i as usize], inst.hi[i as usize]);
+        let mut first = vec![0usize; 2 * leaves + 1];
+        for &i in order {
+            nodes_of(i).for_each(|node| first[node + 1] += 1);
         }
+        for k in 1..first.len() {
+            first[k] += first[k - 1];
+        }
+        let mut filled = first.clone();
+        let mut live = vec![0u32; first[2 * leaves]];
+        for &i in order {
+            for node in nodes_of(i) {
+                live[filled[node]] = i;
+                filled[node] += 1;
+            }
+        }
+        Overlaps { inst, order, leaves, first, live }
     }
-    let mut spans = Vec::new();
-    members
-        .iter()
-        .map(|&i| {
-            spans.clear();
-            index.overlapping(inst.lo[i as usize] - t0, inst.hi[i as usize] - t0, &mut spans);
-            spans.clone()
-        })
-        .collect()
+
+    /// Calls `visit` on every buffer of the part whose lifetime overlaps `i`'s, `i` among them, once each.
+    fn each(&self, i: u32, mut visit: impl FnMut(u32)) {
+        let inst = self.inst;
+        let (lo, hi) = (inst.lo[i as usize], inst.hi[i as usize]);
+        let mut node = lo as usize + self.leaves;
+        while node >= 1 {
+            self.live[self.first[node]..self.first[node + 1]].iter().for_each(|&j| visit(j));
+            node >>= 1;
+        }
+        let from = self.order.partition_point(|&j| inst.lo[j as usize] <= lo);
+        let to = from + self.order[from..].partition_point(|&j| inst.lo[j as usize] < hi);
+        self.order[from..to].iter().for_each(|&j| visit(j));
+    }
 }
 
 #[cfg(test)]

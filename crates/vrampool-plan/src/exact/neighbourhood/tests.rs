@@ -78,3 +78,20 @@ fn a_random_plan_by_best_fit_is_lowered_and_stays_valid() {
         assert_eq!((checked(&buffers, &kept).0, arena), (offsets, before));
     }
 }
+
+#[test]
+fn the_overlaps_of_a_buffer_are_every_buffer_its_lifetime_meets_once() {
+    let buffers = random_instance(400, 11);
+    let inst = Instance::new(&buffers, 1).unwrap();
+    let order = by_start(&inst);
+    let overlaps = Overlaps::new(&inst, &order);
+    for i in 0..inst.len() as u32 {
+        let mut got = Vec::new();
+        overlaps.each(i, |j| got.push(j));
+        got.sort_unstable();
+        let (lo, hi) = (inst.lo[i as usize], inst.hi[i as usize]);
+        let want: Vec<u32> =
+            (0..inst.len() as u32).filter(|&j| inst.lo[j as usize] < hi && lo < inst.hi[j as usize]).collect();
+        assert_eq!(got, want, "buffer {i}");
+    }
+}
