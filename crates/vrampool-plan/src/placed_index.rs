@@ -138,13 +138,8 @@ mod tests {
     #[test]
     fn a_union_holds_the_bytes_added_as_disjoint_ranges_by_start() {
         // Random spans on 0..64 against a plain array of bytes taken.
-        let mut state = 99u64;
-        let mut below = |m: u64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state % m
-        };
+        let mut rng = crate::synthetic::SplitMix64(99);
+        let mut below = |m: u64| rng.below(m);
         for _ in 0..200 {
             let (mut union, mut taken) = (Union::default(), [false; 64]);
             for _ in 0..1 + below(12) {
