@@ -183,3 +183,12 @@ fn the_kind_that_found_the_better_plan_gets_two_thirds_of_the_time() {
     assert_eq!(next_kind(&queue(floors, 1, 3.0, 110), &queue(fits, fits.len(), 0.1, 100)), Some(0));
     assert_eq!(next_kind(&queue(floors, floors.len(), 0.0, 0), &queue(fits, fits.len(), 0.0, 0)), None);
 }
+
+#[test]
+fn the_wheel_has_its_turn_only_where_a_floor_run_leads_above_the_bound() {
+    let bound = 100;
+    assert!(wheel_s_turn(Some(110), 110, bound), "a floor run's plan is the best");
+    assert!(!wheel_s_turn(Some(105), 110, bound), "best fit's plan is the best");
+    assert!(!wheel_s_turn(Some(100), 100, bound), "at the bound already");
+    assert!(!wheel_s_turn(None, u64::MAX, bound), "no plan");
+}
