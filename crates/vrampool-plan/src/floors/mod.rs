@@ -60,10 +60,9 @@ pub(crate) fn lowest_floor_first_promoting(
     deadline: Instant,
 ) -> Option<Vec<u64>> {
     let live = live(inst, part);
-    let rank = ranks(inst, part, &live, order);
+    let (rank, by_rank) = ranks(inst, part, &live, order);
     let mut projection = Projection::new(&live);
     let mut skyline = Skyline::new(inst.segments);
-    let by_rank = inverse(&rank);
     let mut heap: BinaryHeap<Reverse<u128>> = (0..part.len()).map(|p| Reverse(key(!promoted[p], 0, rank[p]))).collect();
     let mut offsets = vec![0u64; part.len()];
     let mut clock = 0u32;
@@ -117,15 +116,6 @@ fn key(later: bool, floor: u64, rank: u32) -> u128 {
     (u128::from(later) << 96) | (u128::from(floor) << 32) | u128::from(rank)
 }
 
-/// The buffer (position in the part) of each rank.
-fn inverse(rank: &[u32]) -> Vec<u32> {
-    let mut by_rank = vec![0u32; rank.len()];
-    for (p, &r) in rank.iter().enumerate() {
-        by_rank[r as usize] = p as u32;
-    }
-    by_rank
-}
-
 /// The bytes of `part` live on each segment.
 fn live(inst: &Instance, part: &[u32]) -> Vec<u64> {
     let mut delta = vec![0i128; inst.segments + 1];
@@ -143,9 +133,9 @@ fn live(inst: &Instance, part: &[u32]) -> Vec<u64> {
         .collect()
 }
 
-/// Each buffer's rank (position in `part`'s order) under `order`; its T key is the most bytes of the part live
-/// (`live`, per segment) at a moment of its lifetime.
-fn ranks(inst: &Instance, part: &[u32], live: &[u64], order: Order) -> Vec<u32> {
+/// Each buffer's rank (position in `part`'s order) under `order`, and the buffer (position in `part`) of each
+/// rank; a buffer's T key is the most bytes of the part live (`live`, per segment) at a moment of its lifetime.
+fn ranks(inst: &Instance, part: &[u32], live: &[u64], order: Order) -> (Vec<u32>, Vec<u32>) {
     let mut loads = Skyline::new(inst.segments);
     for (segment, &bytes) in live.iter().enumerate() {
         loads.raise(segment as u32, segment as u32 + 1, bytes);
@@ -165,7 +155,7 @@ fn ranks(inst: &Instance, part: &[u32], live: &[u64], order: Order) -> Vec<u32> 
     for (r, &p) in by.iter().enumerate() {
         rank[p as usize] = r as u32;
     }
-    rank
+    (rank, by)
 }
 
 #[cfg(test)]

@@ -39,7 +39,7 @@ fn the_skyline_reads_what_was_raised() {
 
 /// Lowest floor first the slow way: every floor read afresh at every step, the promoted buffers first.
 fn plainly(inst: &Instance, part: &[u32], order: Order, promoted: &[bool]) -> Vec<u64> {
-    let rank = ranks(inst, part, &live(inst, part), order);
+    let (rank, _) = ranks(inst, part, &live(inst, part), order);
     let mut top = vec![0u64; inst.segments];
     let mut offsets = vec![None; part.len()];
     while let Some((_, floor, _, p)) = (0..part.len())
