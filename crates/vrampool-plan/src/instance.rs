@@ -58,6 +58,13 @@ impl Instance {
     pub fn span(&self, i: usize) -> u32 {
         self.hi[i] - self.lo[i]
     }
+
+    /// The buffers `part` in order of start, ties by index.
+    pub(crate) fn by_start(&self, part: impl IntoIterator<Item = u32>) -> Vec<u32> {
+        let mut order: Vec<u32> = part.into_iter().collect();
+        order.sort_unstable_by_key(|&i| (self.lo[i as usize], i));
+        order
+    }
 }
 
 #[cfg(test)]

@@ -79,8 +79,7 @@ pub(crate) enum Order {
 
 impl Component {
     pub fn new(inst: &Instance, part: &[u32]) -> Component {
-        let mut members = part.to_vec();
-        members.sort_by_key(|&i| (inst.lo[i as usize], i));
+        let members = inst.by_start(part.iter().copied());
         // Sections between the members' own starts and ends: a window of a large part spans many segments of
         // the instance that none of its members begins or ends at.
         let mut times: Vec<u32> = members.iter().flat_map(|&i| [inst.lo[i as usize], inst.hi[i as usize]]).collect();

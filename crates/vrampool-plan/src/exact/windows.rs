@@ -51,8 +51,7 @@ pub(crate) fn sweeps(
     deadline: Instant,
     nodes: &mut u64,
 ) -> Option<(Vec<(u32, u64)>, u64)> {
-    let mut order = part.to_vec();
-    order.sort_unstable_by_key(|&i| (inst.lo[i as usize], i));
+    let order = inst.by_start(part.iter().copied());
     let (best, fit_seconds) = best_of_runs(inst, &order, target, ceiling, deadline);
     let mut best = best.map(|plan| lower_peaks(inst, &order, plan, target, deadline, nodes));
     let Some(fit_seconds) = fit_seconds.filter(|_| best.as_ref().is_none_or(|b| b.1 > target)) else {
@@ -198,8 +197,7 @@ mod tests {
     fn a_sweep_s_last_fit_stops_at_the_deadline_and_at_the_arena_to_beat() {
         let buffers = random_instance(2_000, 5);
         let inst = Instance::new(&buffers, 1).unwrap();
-        let mut order: Vec<u32> = (0..inst.len() as u32).collect();
-        order.sort_unstable_by_key(|&i| (inst.lo[i as usize], i));
+        let order = inst.by_start(0..inst.len() as u32);
         let target = inst.lower_bound();
         // Fitting every buffer would take 3 s at this pace, more than the deadlines below leave for windows.
         let mut pace = Pace { fit_seconds: 1e-3, window: Duration::ZERO };

@@ -4,12 +4,6 @@ use super::*;
 use crate::exact::portfolio::fit_before;
 use crate::{random_instance, validate, Buffer};
 
-fn by_start(inst: &Instance) -> Vec<u32> {
-    let mut order: Vec<u32> = (0..inst.len() as u32).collect();
-    order.sort_unstable_by_key(|&i| (inst.lo[i as usize], i));
-    order
-}
-
 /// `plan`'s offsets parallel to the buffers, checked by the validator, and its arena.
 fn checked(buffers: &[Buffer], plan: &[(u32, u64)]) -> (Vec<u64>, u64) {
     let mut offsets = vec![u64::MAX; buffers.len()];
@@ -22,7 +16,7 @@ fn checked(buffers: &[Buffer], plan: &[(u32, u64)]) -> (Vec<u64>, u64) {
 /// Lowers the plan `offsets` of `buffers` with a minute to spare.
 fn lowered(buffers: &[Buffer], offsets: &[u64]) -> (Vec<u64>, u64) {
     let inst = Instance::new(buffers, 1).unwrap();
-    let order = by_start(&inst);
+    let order = inst.by_start(0..inst.len() as u32);
     let arena = validate(buffers, offsets, 1).unwrap();
     let plan = order.iter().map(|&i| (i, offsets[i as usize])).collect();
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -65,7 +59,7 @@ fn a_random_plan_by_best_fit_is_lowered_and_stays_valid() {
     for seed in [3, 9] {
         let buffers = random_instance(1_500, seed);
         let inst = Instance::new(&buffers, 1).unwrap();
-        let order = by_start(&inst);
+        let order = inst.by_start(0..inst.len() as u32);
         let far = Instant::now() + Duration::from_secs(60);
         let plan = fit_before(&inst, &order, u64::MAX, far).0.expect("no limit");
         let (offsets, before) = checked(&buffers, &plan);
@@ -83,7 +77,7 @@ fn a_random_plan_by_best_fit_is_lowered_and_stays_valid() {
 fn the_overlaps_of_a_buffer_are_every_buffer_its_lifetime_meets_once() {
     let buffers = random_instance(400, 11);
     let inst = Instance::new(&buffers, 1).unwrap();
-    let order = by_start(&inst);
+    let order = inst.by_start(0..inst.len() as u32);
     let overlaps = Overlaps::new(&inst, &order);
     for i in 0..inst.len() as u32 {
         let mut got = Vec::new();

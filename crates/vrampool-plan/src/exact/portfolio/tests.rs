@@ -3,12 +3,6 @@ use std::time::Duration;
 use super::*;
 use crate::{random_instance, validate, Buffer};
 
-fn by_start(inst: &Instance) -> Vec<u32> {
-    let mut order: Vec<u32> = (0..inst.len() as u32).collect();
-    order.sort_unstable_by_key(|&i| (inst.lo[i as usize], i));
-    order
-}
-
 /// The plan's arena, checked by the validator.
 fn checked(buffers: &[Buffer], plan: &[(u32, u64)]) -> u64 {
     let mut offsets = vec![u64::MAX; buffers.len()];
@@ -21,7 +15,7 @@ fn checked(buffers: &[Buffer], plan: &[(u32, u64)]) -> u64 {
 fn best_fit_by_start_gives_way_to_the_deadline_and_to_the_arena_to_beat() {
     let buffers = random_instance(3_000, 9);
     let inst = Instance::new(&buffers, 1).unwrap();
-    let order = by_start(&inst);
+    let order = inst.by_start(0..inst.len() as u32);
     assert_eq!(fit_before(&inst, &order, u64::MAX, Instant::now()), (None, 0));
     let far = Instant::now() + Duration::from_secs(60);
     let (plan, placed) = fit_before(&inst, &order, u64::MAX, far);
@@ -134,7 +128,7 @@ fn each_run_s_arena(buffers: &[Buffer], inst: &Instance, order: &[u32], far: Ins
 fn the_runs_keep_the_best_plan_of_them_all() {
     let buffers = random_instance(3_000, 11);
     let inst = Instance::new(&buffers, 1).unwrap();
-    let order = by_start(&inst);
+    let order = inst.by_start(0..inst.len() as u32);
     let far = Instant::now() + Duration::from_secs(120);
     let arenas = each_run_s_arena(&buffers, &inst, &order, far);
     let least = *arenas.iter().min().unwrap();
@@ -154,7 +148,7 @@ fn the_runs_keep_the_best_plan_of_them_all() {
 fn the_squeaky_wheel_takes_the_runs_best_below_every_run_s() {
     let buffers = random_instance(6_000, 5);
     let inst = Instance::new(&buffers, 1).unwrap();
-    let order = by_start(&inst);
+    let order = inst.by_start(0..inst.len() as u32);
     let far = Instant::now() + Duration::from_secs(120);
     let least = *each_run_s_arena(&buffers, &inst, &order, far).iter().min().unwrap();
     let bound = inst.lower_bound();
