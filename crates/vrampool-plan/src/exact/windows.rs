@@ -36,7 +36,7 @@ const FIRST_WINDOW: usize = 400;
 const MIN_WINDOW: usize = 50;
 const MAX_WINDOW: usize = 3_200;
 /// Rounds of the round robin a window gets at one capacity before the capacity rises.
-const ROUNDS: usize = 2;
+const ROUNDS: u64 = 2;
 /// The capacity's first rise, as a fraction of the bound; each further rise within a window is half as large
 /// again.
 const RISES_PER_BOUND: u64 = 1_024;
@@ -170,7 +170,7 @@ fn search_window(
     let mut rise = (target / RISES_PER_BOUND).max(1);
     loop {
         let mut prober = Prober::new(&comp, *capacity);
-        for _ in 0..orders.len() * ROUNDS {
+        while prober.rounds < ROUNDS {
             if let Outcome::Fits(local) = prober.step(&comp, &orders, deadline, nodes) {
                 return Some(comp.members.iter().copied().zip(local).collect());
             }
