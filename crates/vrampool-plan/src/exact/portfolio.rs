@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use super::chains::chains;
 use super::component::Order;
-use crate::floors::{lowest_floor_first, squeaky_wheel};
+use crate::floors::{lowest_floor_first, squeaky_wheel, PATIENCE};
 use crate::greedy::best_fit;
 use crate::instance::Instance;
 use crate::placed_index::PlacedIndex;
@@ -116,15 +116,17 @@ const CLOCK_EVERY: usize = 1_024;
 /// A plan of a part: (instance index, offset) per buffer, and its arena.
 pub(crate) type Placed = (Vec<(u32, u64)>, u64);
 
+/// What the runs found: the best plan, the seconds best fit took per buffer (once measured), and where a floor
+/// run's plan led above the bound (the squeaky wheel's turn), its tie-break and whether time ran backwards.
+pub(crate) struct Runs {
+    pub best: Option<Placed>,
+    pub fit_seconds: Option<f64>,
+    pub floors_lead: Option<(Order, bool)>,
+}
+
 /// The best plan of `order` (the part, sorted by start) the runs find before `deadline` that beats `ceiling`,
-/// stopping early at one that meets `target`; and the seconds best fit took per buffer, once measured.
-pub(crate) fn best_of_runs(
-    inst: &Instance,
-    order: &[u32],
-    target: u64,
-    ceiling: u64,
-    deadline: Instant,
-) -> (Option<Placed>, Option<f64>) {
+/// stopping early at one that meets `target`.
+pub(crate) fn best_of_runs(inst: &Instance, order: &[u32], target: u64, ceiling: u64, deadline: Instant) -> Runs {
     let mirrored = inst.mirrored();
     let (mut best, mut fit_seconds): (Option<Placed>, Option<f64>) = (None, None);
     // The last floor run kept (the best of those kept, its arena the floors' queue's best): tie-break, direction
@@ -164,15 +166,19 @@ pub(crate) fn best_of_runs(
     }
     // The runs are done (or the time is up): the squeaky wheel on the best floor run, if it has its turn.
     let turn = wheel_s_turn(best.as_ref().map(|b| b.1), kinds[0].best, target);
+    let mut floors_lead = None;
     if let Some((tie_break, backwards, offsets)) = best_floors.filter(|_| turn) {
         let timeline = if backwards { &mirrored } else { inst };
         let floors_best = (offsets, kinds[0].best);
         // The wheel's plans beat the floors' best, which is the best of all when it has its turn.
-        if let Some((offsets, arena)) = squeaky_wheel(timeline, order, tie_break, floors_best, target, deadline) {
+        if let Some((offsets, arena)) =
+            squeaky_wheel(timeline, order, tie_break, floors_best, (target, PATIENCE), deadline)
+        {
             best = Some((order.iter().copied().zip(offsets).collect(), arena));
         }
+        floors_lead = Some((tie_break, backwards));
     }
-    (best, fit_seconds)
+    Runs { best, fit_seconds, floors_lead }
 }
 
 /// Whether the squeaky wheel runs, given the best arena of all runs and of the floor runs: only where a floor

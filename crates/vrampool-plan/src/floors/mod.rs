@@ -33,7 +33,7 @@ use crate::exact::{Order, Traits};
 use crate::instance::Instance;
 use projection::Projection;
 use skyline::Skyline;
-pub(crate) use squeaky::squeaky_wheel;
+pub(crate) use squeaky::{squeaky_wheel, PATIENCE};
 
 /// Placements between looks at the clock.
 const CLOCK_EVERY: u32 = 4_096;

@@ -6,8 +6,8 @@
 //! holes it leaves below are never filled (every buffer that could use them has a floor at least as high).
 //! Promoted (placed before the rest), such buffers go low and others take the top. Each run promotes a random
 //! quarter of the buffers above the bound in the best plan so far, besides those promoted for that plan, and is
-//! kept where it beats it; the wheel stops after a few runs in a row that do not. The coin is seeded, so a
-//! part gets the same plan every time.
+//! kept where it beats it; the wheel stops after `patience` runs in a row that do not. The coin is seeded, so
+//! a part gets the same plan every time.
 
 use std::time::Instant;
 
@@ -16,28 +16,29 @@ use crate::exact::Order;
 use crate::instance::Instance;
 use crate::synthetic::SplitMix64;
 
-/// Runs in a row that do not beat the best before the wheel stops.
-const PATIENCE: usize = 8;
+/// Runs in a row that do not beat the best before the wheel stops, where it starts from a floor run's plan.
+pub(crate) const PATIENCE: usize = 8;
 /// Each run promotes about one in this many of the buffers above the bound: a half, a quarter and an eighth
 /// came out alike (seeds 1-6 of the random instance at 30k, 45k and 60k buffers: 1.0144, 1.0137 and 1.0140
 /// of the bound, geometric mean), so the middle one.
 const PROMOTE_ONE_IN: u64 = 4;
 
-/// A plan of `part` better than `plan` (offsets parallel to `part`, arena `arena`, by lowest floor first with
-/// `order`), and its arena, if the squeaky wheel finds one before `deadline`; it stops early at `target`.
+/// A plan of `part` better than `plan` (offsets parallel to `part`, arena `arena`), by lowest floor first with
+/// `order`, and its arena, if the squeaky wheel finds one within `patience` runs in a row before `deadline`; it
+/// stops early at `target`.
 pub(crate) fn squeaky_wheel(
     inst: &Instance,
     part: &[u32],
     order: Order,
     (plan, arena): (Vec<u64>, u64),
-    target: u64,
+    (target, patience): (u64, usize),
     deadline: Instant,
 ) -> Option<(Vec<u64>, u64)> {
     let top = |offsets: &[u64], p: usize| offsets[p] + inst.size[part[p] as usize];
     let mut coin = SplitMix64(0x5EED);
     let (mut best, mut promoted) = ((plan, arena), vec![false; part.len()]);
     let (mut improved, mut misses) = (false, 0);
-    while misses < PATIENCE && best.1 > target && Instant::now() < deadline {
+    while misses < patience && best.1 > target && Instant::now() < deadline {
         let mut trial = promoted.clone();
         for p in (0..part.len()).filter(|&p| top(&best.0, p) > target) {
             trial[p] |= coin.below(PROMOTE_ONE_IN) == 0;
