@@ -8,7 +8,8 @@
 //! where all the fixed orders stall in the same early choices, a few neighbouring ranks swapped lead another
 //! way, and a new draw each round keeps the tries from repeating (randomised restarts). On squares cut into
 //! rectangles (`packed_instance`, 90 of them at 1 MiB, 5 s each) the jittered turns raised the decided from
-//! 53 to 59; on MiniMalloc's A-F, which a fixed order decides, they double the time to decide.
+//! 53 to 59; on MiniMalloc's A-F, which fixed orders decide, A, B and D take about twice as long to decide
+//! and E a third as long (BENCHMARKS.md).
 
 use std::time::Instant;
 

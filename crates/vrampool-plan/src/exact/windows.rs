@@ -18,8 +18,9 @@
 //! tie-breaks and first phases, in both directions of time) take the time while they beat the best so far: on
 //! most graphs one of them ends within a few thousandths of the bound, where the windows would begin a step
 //! above. The time they leave goes first to lowering the peaks of their best plan (`neighbourhood.rs`; where a
-//! floor run's plan led, the squeaky wheel shakes a plan the bands cannot lower), then to the sweeps. Best fit's pace, measured in the runs, paces the sweeps. Each sweep, with windows twice as
-//! wide as the last, stops as soon as it cannot beat the best so far.
+//! floor run's plan led, the squeaky wheel shakes a plan the bands cannot lower), then to the sweeps. Best
+//! fit's pace, measured in the runs, paces the sweeps. Each sweep, with windows twice as wide as the last,
+//! stops as soon as it cannot beat the best so far.
 
 use std::time::{Duration, Instant};
 
