@@ -11,8 +11,9 @@
 //! Every move keeps the plan valid and no buffer above the level it was moved for, so the arena never rises,
 //! and a level given up keeps the moves made for it.
 //!
-//! Where a level is not reached, the caller may first shake the plan (`shake`: the squeaky wheel from it, see
-//! `windows.rs`), once for each arena; a better plan it hands back is lowered in turn. The bands and the wheel
+//! Where levels are missed three times in a row at one arena, the caller may shake the plan (`shake`: the
+//! squeaky wheel from it, see `windows.rs`), once for each arena; a better plan it hands back is lowered in
+//! turn. The bands and the wheel
 //! move different buffers: on the random instance of 30,000 buffers the bands stall at 1.0056 of the bound in
 //! 0.4 s, and with smaller steps and longer slices they stay there for any time (each level ends in one band
 //! the search decides neither way); the wheel from that plan finds 1.0036, which the bands take to the bound.
@@ -37,10 +38,13 @@ const MAX_MEMBERS: usize = 2_000;
 /// least, up to `MAX_SLICE`, after which the part's remaining time goes to the window sweeps.
 const FIRST_SLICE: Duration = Duration::from_millis(200);
 const MAX_SLICE: Duration = Duration::from_millis(1_600);
+/// Levels missed in a row at one arena before the plan is shaken: one miss is often made up by the next,
+/// smaller step, and a shake costs up to dozens of runs.
+const MISSES_BEFORE_SHAKE: u32 = 3;
 
 /// `plan` (of the part `order`, sorted by start) with its arena lowered towards `target` before `deadline`,
 /// by as many steps as the searches of the bands around its highest buffers find, and by the plans `shake`
-/// hands back (each below the plan it is given) where a level is not reached.
+/// hands back (each below the plan it is given) where levels are missed at one arena.
 pub(crate) fn lower_peaks(
     inst: &Instance,
     order: &[u32],
@@ -60,15 +64,18 @@ pub(crate) fn lower_peaks(
     let unit = unit_of_sizes(order.iter().map(|&i| inst.size[i as usize]));
     let first_step = |arena: u64| arena.saturating_sub(target).div_ceil(4).max(unit);
     let (mut step, mut slice) = (first_step(arena), FIRST_SLICE);
-    // The arena last shaken to no avail: the wheel is seeded, so shaking the same plan again gives nothing.
-    let mut shaken = None;
+    // Levels missed in a row at this arena, and the arena last shaken to no avail (the wheel is seeded, so
+    // shaking the same plan again gives nothing).
+    let (mut missed, mut shaken) = (0, None);
     while arena > target && Instant::now() < deadline {
+        let before = arena;
         let reached = lowering.reach(arena - step.min(arena - target), slice);
         arena = lowering.arena();
+        missed = if reached || arena < before { 0 } else { missed + 1 };
         if reached {
             continue;
         }
-        if shaken != Some(arena) {
+        if missed >= MISSES_BEFORE_SHAKE && shaken != Some(arena) {
             shaken = Some(arena);
             if let Some(better) = shake(&lowering.plan()).filter(|b| b.1 < arena) {
                 lowering.take(&better.0);

@@ -81,8 +81,8 @@ fn a_plan_the_bands_cannot_lower_is_shaken_once_and_a_better_one_is_lowered_in_t
     let far = || Instant::now() + Duration::from_secs(60);
     let plan = fit_before(&inst, &order, u64::MAX, far()).0.expect("no limit");
     let arena = checked(&buffers, &plan).1;
-    // Below any plan: each level the bands do not reach shakes the plan, once for each arena, the last the plan
-    // they stall at.
+    // Below any plan: where the bands miss levels at an arena, the plan is shaken, once for each arena, the last
+    // time at the plan they stall at.
     let mut shaken = Vec::new();
     let stalled = lower_peaks(&inst, &order, (plan.clone(), arena), 0, far(), &mut 0, |p| {
         shaken.push(p.clone());
