@@ -13,10 +13,10 @@
 //!
 //! Where levels are missed three times in a row at one arena, the caller may shake the plan (`shake`: the
 //! squeaky wheel from it, see `windows.rs`), once for each arena; a better plan it hands back is lowered in
-//! turn. The bands and the wheel
-//! move different buffers: on the random instance of 30,000 buffers the bands stall at 1.0056 of the bound in
-//! 0.4 s, and with smaller steps and longer slices they stay there for any time (each level ends in one band
-//! the search decides neither way); the wheel from that plan finds 1.0036, which the bands take to the bound.
+//! turn. The bands and the wheel move different buffers: on the random instance of 30,000 buffers the bands
+//! stall at 1.0056 of the bound in 0.4 s, and with smaller steps and longer slices they stay there for any time
+//! (each level ends in one band the search decides neither way); the wheel from that plan finds 1.0036, which
+//! the bands take to the bound.
 
 use std::time::{Duration, Instant};
 

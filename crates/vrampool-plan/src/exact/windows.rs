@@ -61,15 +61,10 @@ pub(crate) fn sweeps(
     let Runs { best, fit_seconds, floors_lead } = best_of_runs(inst, &order, target, ceiling, deadline);
     // Where a floor run's plan led, a plan the bands cannot lower is shaken by the squeaky wheel with its
     // tie-break.
+    let mirrored = floors_lead.filter(|&(_, backwards)| backwards).map(|_| inst.mirrored());
     let shake = |plan: &Placed| {
-        let (tie_break, backwards) = floors_lead?;
-        let mirrored;
-        let timeline = if backwards {
-            mirrored = inst.mirrored();
-            &mirrored
-        } else {
-            inst
-        };
+        let (tie_break, _) = floors_lead?;
+        let timeline = mirrored.as_ref().unwrap_or(inst);
         let offsets = plan.0.iter().map(|&(_, o)| o).collect();
         // Half the time left at most, so that the bands go on where the wheel finds nothing.
         let now = Instant::now();
