@@ -4,6 +4,7 @@
 //! (`probe.rs`). A part is solved when it fits under the lower bound, or when no plan fits one step below its
 //! best (arenas come in steps of the sizes' greatest common divisor).
 
+mod aligned;
 mod chains;
 mod component;
 mod minimise;

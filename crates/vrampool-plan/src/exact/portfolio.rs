@@ -4,7 +4,8 @@
 //! as soon as it cannot beat the best plan so far, so the losing ones cost little.
 //!
 //! Best fit by start is the best plan there is in the budget where the floors pack badly (serving with
-//! continuous batching), and a first phase placed before the rest changes it much: the longest-lived buffers
+//! continuous batching), the more so with the gap chosen by the neighbours' ends (`aligned.rs`) rather than
+//! by its size alone; and a first phase placed before the rest changes it much: the longest-lived buffers
 //! first stack before the short ones fragment the bytes under them (KV caches grown by concatenation, a
 //! pipelined step's saved activations), the largest first keep their slots clear of the small ones, and the
 //! chains of grown caches first (`chains.rs`), with the longest-lived fifth, stack the caches before the
@@ -16,6 +17,7 @@
 
 use std::time::Instant;
 
+use super::aligned::aligned_fit_before;
 use super::chains::chains;
 use super::component::Order;
 use crate::floors::{lowest_floor_first, squeaky_wheel, PATIENCE};
@@ -41,6 +43,9 @@ pub(crate) enum First {
 enum Run {
     Floors(Order),
     Fit(First),
+    /// Best fit by start with the gap chosen by the neighbours' ends (`aligned.rs`), among the gaps at most this
+    /// many times the smallest.
+    Aligned(u64),
 }
 
 /// Lowest floor first's runs, each with whether time runs backwards: by start first, the cheapest good one
@@ -56,14 +61,19 @@ const FLOOR_RUNS: [(Run, bool); 6] = [
     (Run::Floors(Order::Twa), false),
 ];
 
-/// Best fit by start's runs: without a first phase first, the allocator's replay; then the grown caches first
-/// (`chains`, a gain on serving); then the splits, backwards first (they win more often that way).
-const FIT_RUNS: [(Run, bool); 12] = {
+/// Best fit by start's runs: without a first phase first, the allocator's replay; then the gaps chosen by the
+/// neighbours' ends, backwards first (the best plans of serving with continuous batching); then the grown caches
+/// first (`chains`, a gain on serving); then the splits, backwards first (they win more often that way).
+const FIT_RUNS: [(Run, bool); 16] = {
     use First::*;
-    use Run::Fit;
+    use Run::{Aligned, Fit};
     [
         (Fit(Nothing), false),
         (Fit(Nothing), true),
+        (Aligned(4), true),
+        (Aligned(4), false),
+        (Aligned(16), true),
+        (Aligned(16), false),
         (Fit(ChainsAndLongest(20)), false),
         (Fit(ChainsAndLongest(20)), true),
         (Fit(Longest(50)), true),
@@ -155,6 +165,9 @@ pub(crate) fn best_of_runs(inst: &Instance, order: &[u32], target: u64, ceiling:
                     fit_seconds.get_or_insert(began.elapsed().as_secs_f64() / placed as f64);
                 }
                 plan
+            }
+            Run::Aligned(factor) => {
+                aligned_fit_before(timeline, &fit_order(timeline, order, First::Nothing), factor, beat, deadline).0
             }
         };
         queue.seconds += began.elapsed().as_secs_f64();

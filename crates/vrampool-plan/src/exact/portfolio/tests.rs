@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::{random_instance, validate, Buffer};
+use crate::{large_graph, random_instance, validate, Buffer, GraphFamily};
 
 /// The plan's arena, checked by the validator.
 fn checked(buffers: &[Buffer], plan: &[(u32, u64)]) -> u64 {
@@ -118,10 +118,34 @@ fn each_run_s_arena(buffers: &[Buffer], inst: &Instance, order: &[u32], far: Ins
                     .zip(lowest_floor_first(timeline, order, tie_break, u64::MAX, far).unwrap())
                     .collect(),
                 Run::Fit(first) => fit_before(timeline, &fit_order(timeline, order, first), u64::MAX, far).0.unwrap(),
+                Run::Aligned(factor) => {
+                    let by_start = fit_order(timeline, order, First::Nothing);
+                    aligned_fit_before(timeline, &by_start, factor, u64::MAX, far).0.unwrap()
+                }
             };
             checked(buffers, &plan)
         })
         .collect()
+}
+
+#[test]
+fn on_serving_with_caches_regrown_at_every_step_the_neighbours_ends_pack_far_closer_than_best_fit() {
+    // Seed 4: each of 5 or more sequences' KV caches replaced by one a row larger at every step.
+    let buffers = large_graph(GraphFamily::Serving, 4);
+    let inst = Instance::new(&buffers, 1).unwrap();
+    let mirrored = inst.mirrored();
+    let far = Instant::now() + Duration::from_secs(300);
+    let ratio = |timeline: &Instance, aligned: Option<u64>| {
+        let order = timeline.by_start(0..inst.len() as u32);
+        let plan = match aligned {
+            Some(factor) => aligned_fit_before(timeline, &order, factor, u64::MAX, far).0.unwrap(),
+            None => fit_before(timeline, &order, u64::MAX, far).0.unwrap(),
+        };
+        checked(&buffers, &plan) as f64 / inst.lower_bound() as f64
+    };
+    let fit = ratio(&inst, None).min(ratio(&mirrored, None));
+    let aligned = ratio(&mirrored, Some(4));
+    assert!(fit > 1.06 && aligned < 1.05, "best fit by start {fit:.4}, the neighbours' ends backwards {aligned:.4}");
 }
 
 #[test]
