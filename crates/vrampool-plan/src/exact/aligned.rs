@@ -13,28 +13,9 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
+use super::portfolio::place_in_turn;
 use crate::instance::Instance;
 use crate::placed_index::{PlacedIndex, Span};
-
-/// Buffers placed between looks at the clock.
-const CLOCK_EVERY: usize = 1_024;
-
-/// The placed buffers: their bytes by lifetime, and by the offsets where they end and begin.
-struct Placed {
-    index: PlacedIndex,
-    ending_at: HashMap<u64, Vec<u32>>,
-    beginning_at: HashMap<u64, Vec<u32>>,
-}
-
-impl Placed {
-    /// The buffer in `by_offset` at `offset` still live at segment `now` (where it is one), forgetting those
-    /// that ended before: in order of start they overlap no later buffer.
-    fn live(inst: &Instance, by_offset: &mut HashMap<u64, Vec<u32>>, offset: u64, now: u32) -> Option<u32> {
-        let buffers = by_offset.get_mut(&offset)?;
-        buffers.retain(|&j| inst.hi[j as usize] > now);
-        buffers.first().copied()
-    }
-}
 
 /// `order` (by start on `inst`) placed by the rule above, if done before `deadline` with no buffer's top
 /// above `beat`; and how many buffers were placed.
@@ -45,54 +26,75 @@ pub(crate) fn aligned_fit_before(
     beat: u64,
     deadline: Instant,
 ) -> (Option<Vec<(u32, u64)>>, usize) {
-    let mut placed =
-        Placed { index: PlacedIndex::new(inst.segments), ending_at: HashMap::new(), beginning_at: HashMap::new() };
-    let (mut offsets, mut spans) = (Vec::with_capacity(order.len()), Vec::new());
-    for (k, &i) in order.iter().enumerate() {
-        if k % CLOCK_EVERY == 0 && Instant::now() >= deadline {
-            return (None, k);
-        }
-        let offset = aligned_fit(inst, &mut placed, i, factor, &mut spans);
-        let end = offset + inst.size[i as usize];
-        if end > beat {
-            return (None, k + 1);
-        }
-        placed.index.insert((offset, end), inst.lo[i as usize], inst.hi[i as usize]);
-        placed.ending_at.entry(end).or_default().push(i);
-        placed.beginning_at.entry(offset).or_default().push(i);
-        offsets.push((i, offset));
-    }
-    (Some(offsets), order.len())
+    let mut taken = Taken {
+        index: PlacedIndex::new(inst.segments),
+        ending_at: HashMap::new(),
+        beginning_at: HashMap::new(),
+        spans: Vec::new(),
+        gaps: Vec::new(),
+    };
+    place_in_turn(inst, Vec::with_capacity(order.len()), order, (beat, deadline), |i| taken.place(inst, i, factor))
 }
 
-/// Buffer `i`'s offset among `placed` (`spans` is scratch).
-fn aligned_fit(inst: &Instance, placed: &mut Placed, i: u32, factor: u64, spans: &mut Vec<Span>) -> u64 {
-    let (lo, hi, size) = (inst.lo[i as usize], inst.hi[i as usize], inst.size[i as usize]);
-    spans.clear();
-    placed.index.overlapping(lo, hi, spans);
-    spans.sort_unstable();
-    // The gaps between the bytes taken, as (bottom, top), and the highest byte taken.
-    let mut gaps = Vec::new();
-    let mut top = 0;
-    for &(start, end) in spans.iter() {
-        if start > top && start - top >= size {
-            gaps.push((top, start));
+/// The bytes the placed buffers take, by lifetime and by the offsets where the buffers end and begin; and
+/// scratch for the gaps of the next.
+struct Taken {
+    index: PlacedIndex,
+    ending_at: HashMap<u64, Vec<u32>>,
+    beginning_at: HashMap<u64, Vec<u32>>,
+    spans: Vec<Span>,
+    /// The gaps that hold the next buffer, as (bottom, top).
+    gaps: Vec<(u64, u64)>,
+}
+
+impl Taken {
+    /// Buffer `i`'s offset by the rule, where it is then recorded.
+    fn place(&mut self, inst: &Instance, i: u32, factor: u64) -> u64 {
+        let offset = self.fit(inst, i, factor);
+        let end = offset + inst.size[i as usize];
+        self.index.insert((offset, end), inst.lo[i as usize], inst.hi[i as usize]);
+        self.ending_at.entry(end).or_default().push(i);
+        self.beginning_at.entry(offset).or_default().push(i);
+        offset
+    }
+
+    fn fit(&mut self, inst: &Instance, i: u32, factor: u64) -> u64 {
+        let (lo, hi, size) = (inst.lo[i as usize], inst.hi[i as usize], inst.size[i as usize]);
+        self.spans.clear();
+        self.index.overlapping(lo, hi, &mut self.spans);
+        self.spans.sort_unstable();
+        // `top` is the highest byte taken so far among the spans scanned.
+        self.gaps.clear();
+        let mut top = 0;
+        for &(start, end) in &self.spans {
+            if start > top && start - top >= size {
+                self.gaps.push((top, start));
+            }
+            top = top.max(end);
         }
-        top = top.max(end);
+        let Some(smallest) = self.gaps.iter().map(|&(bottom, top)| top - bottom).min() else {
+            return top;
+        };
+        let widest = smallest.saturating_mul(factor);
+        let distance =
+            |neighbour: Option<u32>| neighbour.map_or(u64::MAX, |j| u64::from(inst.hi[j as usize].abs_diff(hi)));
+        let mut best = (u64::MAX, u64::MAX, u64::MAX);
+        for &(bottom, top) in self.gaps.iter().filter(|&&(bottom, top)| top - bottom <= widest) {
+            // The arena's floor counts as a neighbour that ends with the buffer: nothing is stranded below it.
+            let below = if bottom == 0 { 0 } else { distance(live(inst, &mut self.ending_at, bottom, lo)) };
+            let above = distance(live(inst, &mut self.beginning_at, top, lo));
+            best = best.min((below, top - bottom, bottom)).min((above, top - bottom, top - size));
+        }
+        best.2
     }
-    let Some(smallest) = gaps.iter().map(|&(bottom, top)| top - bottom).min() else {
-        return top;
-    };
-    let widest = smallest.saturating_mul(factor);
-    let distance = |neighbour: Option<u32>| neighbour.map_or(u64::MAX, |j| u64::from(inst.hi[j as usize].abs_diff(hi)));
-    let mut best = (u64::MAX, u64::MAX, u64::MAX);
-    for &(bottom, top) in gaps.iter().filter(|&&(bottom, top)| top - bottom <= widest) {
-        // The arena's floor counts as a neighbour that ends with the buffer: nothing is stranded below it.
-        let below = if bottom == 0 { 0 } else { distance(Placed::live(inst, &mut placed.ending_at, bottom, lo)) };
-        let above = distance(Placed::live(inst, &mut placed.beginning_at, top, lo));
-        best = best.min((below, top - bottom, bottom)).min((above, top - bottom, top - size));
-    }
-    best.2
+}
+
+/// The buffer in `by_offset` at `offset` still live at segment `now` (where it is one), forgetting those that
+/// ended before: in order of start they overlap no later buffer.
+fn live(inst: &Instance, by_offset: &mut HashMap<u64, Vec<u32>>, offset: u64, now: u32) -> Option<u32> {
+    let buffers = by_offset.get_mut(&offset)?;
+    buffers.retain(|&j| inst.hi[j as usize] > now);
+    buffers.first().copied()
 }
 
 #[cfg(test)]

@@ -253,17 +253,29 @@ pub(crate) fn fit_before(
 /// of `order` extend; the count is of `order`'s buffers.
 pub(crate) fn fit_onto(
     inst: &Instance,
-    (mut placed, mut offsets): (PlacedIndex, Vec<(u32, u64)>),
+    (mut placed, offsets): (PlacedIndex, Vec<(u32, u64)>),
     order: &[u32],
     beat: u64,
     deadline: Instant,
 ) -> (Option<Vec<(u32, u64)>>, usize) {
     let mut spans = Vec::new();
+    place_in_turn(inst, offsets, order, (beat, deadline), |i| best_fit(inst, &mut placed, i, &mut spans))
+}
+
+/// `order`'s buffers, each at the offset `place` gives it (and records), appended to `offsets`, if done before
+/// `deadline` with no buffer's top above `beat`; and how many of `order`'s buffers were placed.
+pub(crate) fn place_in_turn(
+    inst: &Instance,
+    mut offsets: Vec<(u32, u64)>,
+    order: &[u32],
+    (beat, deadline): (u64, Instant),
+    mut place: impl FnMut(u32) -> u64,
+) -> (Option<Vec<(u32, u64)>>, usize) {
     for (k, &i) in order.iter().enumerate() {
         if k % CLOCK_EVERY == 0 && Instant::now() >= deadline {
             return (None, k);
         }
-        let offset = best_fit(inst, &mut placed, i, &mut spans);
+        let offset = place(i);
         if offset + inst.size[i as usize] > beat {
             return (None, k + 1);
         }
