@@ -127,11 +127,12 @@ const CLOCK_EVERY: usize = 1_024;
 pub(crate) type Placed = (Vec<(u32, u64)>, u64);
 
 /// What the runs found: the best plan, the seconds best fit took per buffer (once measured), and where a floor
-/// run's plan led above the bound (the squeaky wheel's turn), its tie-break and whether time ran backwards.
+/// run's plan led above the bound (the squeaky wheel's turn), its tie-break and the timeline it ran on (the
+/// mirrored part where time ran backwards).
 pub(crate) struct Runs {
     pub best: Option<Placed>,
     pub fit_seconds: Option<f64>,
-    pub floors_lead: Option<(Order, bool)>,
+    pub floors_lead: Option<(Order, Option<Instance>)>,
 }
 
 /// The best plan of `order` (the part, sorted by start) the runs find before `deadline` that beats `ceiling`,
@@ -189,7 +190,7 @@ pub(crate) fn best_of_runs(inst: &Instance, order: &[u32], target: u64, ceiling:
         {
             best = Some((order.iter().copied().zip(offsets).collect(), arena));
         }
-        floors_lead = Some((tie_break, backwards));
+        floors_lead = Some((tie_break, backwards.then_some(mirrored)));
     }
     Runs { best, fit_seconds, floors_lead }
 }

@@ -61,16 +61,15 @@ pub(crate) fn sweeps(
     let Runs { best, fit_seconds, floors_lead } = best_of_runs(inst, &order, target, ceiling, deadline);
     // Where a floor run's plan led, a plan the bands cannot lower is shaken by the squeaky wheel with its
     // tie-break.
-    let mirrored = floors_lead.filter(|&(_, backwards)| backwards).map(|_| inst.mirrored());
     let shake = |plan: &Placed| {
-        let (tie_break, _) = floors_lead?;
+        let (tie_break, mirrored) = floors_lead.as_ref()?;
         let timeline = mirrored.as_ref().unwrap_or(inst);
         let offsets = plan.0.iter().map(|&(_, o)| o).collect();
         // Half the time left at most, so that the bands go on where the wheel finds nothing.
         let now = Instant::now();
         let until = now + deadline.saturating_duration_since(now) / 2;
         let (offsets, arena) =
-            squeaky_wheel(timeline, &order, tie_break, (offsets, plan.1), (target, SHAKE_PATIENCE), until)?;
+            squeaky_wheel(timeline, &order, *tie_break, (offsets, plan.1), (target, SHAKE_PATIENCE), until)?;
         Some((order.iter().copied().zip(offsets).collect(), arena))
     };
     let mut best = best.map(|plan| lower_peaks(inst, &order, plan, target, deadline, nodes, shake));
