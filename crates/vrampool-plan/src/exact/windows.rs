@@ -17,8 +17,9 @@
 //! Before the sweeps, cheaper runs (`portfolio.rs`: lowest floor first and best fit by start, with several
 //! tie-breaks and first phases, in both directions of time) take the time while they beat the best so far: on
 //! most graphs one of them ends within a few thousandths of the bound, where the windows would begin a step
-//! above. The time they leave goes first to lowering the peaks of their best plan (`neighbourhood.rs`; where a
-//! floor run's plan led, the squeaky wheel shakes a plan the bands cannot lower), then to the sweeps. Best
+//! above. The time they leave goes first to lowering the peaks of their best plan and of the one it replaced
+//! (`neighbourhood.rs`; where a floor run's plan led, the squeaky wheel shakes a plan the bands cannot lower),
+//! then to the sweeps. Best
 //! fit's pace, measured in the runs, paces the sweeps. Each sweep, with windows twice as wide as the last,
 //! stops as soon as it cannot beat the best so far.
 
@@ -58,7 +59,7 @@ pub(crate) fn sweeps(
     nodes: &mut u64,
 ) -> Option<(Vec<(u32, u64)>, u64)> {
     let order = inst.by_start(part.iter().copied());
-    let Runs { best, fit_seconds, floors_lead } = best_of_runs(inst, &order, target, ceiling, deadline);
+    let Runs { best, runner_up, fit_seconds, floors_lead } = best_of_runs(inst, &order, target, ceiling, deadline);
     // Where a floor run's plan led, a plan the bands cannot lower is shaken by the squeaky wheel with its
     // tie-break.
     let shake = |plan: &Placed| {
@@ -72,7 +73,8 @@ pub(crate) fn sweeps(
             squeaky_wheel(timeline, &order, *tie_break, (offsets, plan.1), (target, SHAKE_PATIENCE), until)?;
         Some((order.iter().copied().zip(offsets).collect(), arena))
     };
-    let mut best = best.map(|plan| lower_peaks(inst, &order, plan, target, deadline, nodes, shake));
+    let plans: Vec<Placed> = best.into_iter().chain(runner_up).collect();
+    let mut best = (!plans.is_empty()).then(|| lower_peaks(inst, &order, plans, target, deadline, nodes, shake));
     let Some(fit_seconds) = fit_seconds.filter(|_| best.as_ref().is_none_or(|b| b.1 > target)) else {
         return best;
     };

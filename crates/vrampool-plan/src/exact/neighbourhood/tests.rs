@@ -20,7 +20,8 @@ fn lowered(buffers: &[Buffer], offsets: &[u64]) -> (Vec<u64>, u64) {
     let arena = validate(buffers, offsets, 1).unwrap();
     let plan = order.iter().map(|&i| (i, offsets[i as usize])).collect();
     let deadline = Instant::now() + Duration::from_secs(60);
-    let (plan, reported) = lower_peaks(&inst, &order, (plan, arena), inst.lower_bound(), deadline, &mut 0, |_| None);
+    let (plan, reported) =
+        lower_peaks(&inst, &order, vec![(plan, arena)], inst.lower_bound(), deadline, &mut 0, |_| None);
     let (offsets, arena) = checked(buffers, &plan);
     assert_eq!(reported, arena);
     (offsets, arena)
@@ -55,6 +56,38 @@ fn a_peak_that_no_hole_takes_moves_with_its_band() {
 }
 
 #[test]
+fn of_two_plans_the_one_higher_at_first_can_end_lower() {
+    // At t = 0, m and n are live with the spacers s and u between them; at t = 1, m and n with p, which
+    // needs two adjacent units (units of 1,000 bytes; the bound is 4).
+    let k = 1_000;
+    let buffers = [
+        Buffer::new(0, 0, 2, k),     // m
+        Buffer::new(1, 0, 2, k),     // n
+        Buffer::new(2, 0, 1, k),     // s
+        Buffer::new(3, 0, 1, k),     // u
+        Buffer::new(4, 1, 2, 2 * k), // p
+    ];
+    let inst = Instance::new(&buffers, 1).unwrap();
+    let order = inst.by_start(0..inst.len() as u32);
+    let placed = |offsets: [u64; 5]| -> Placed {
+        let offsets = offsets.map(|o| o * k);
+        (order.iter().map(|&i| (i, offsets[i as usize])).collect(), validate(&buffers, &offsets, 1).unwrap())
+    };
+    // m and n one unit apart with the spacers beside them: neither can move while the spacers stay, and the
+    // spacers are never in p's band (they end before p begins), so p drops to 5 units at best.
+    let stuck = placed([0, 2, 1, 3, 4]);
+    // m and n side by side with the spacers above: p drops onto them, to the bound.
+    let free = placed([0, 1, 2, 3, 5]);
+    assert!(stuck.1 < free.1);
+    let far = || Instant::now() + Duration::from_secs(60);
+    let alone = lower_peaks(&inst, &order, vec![stuck.clone()], 4 * k, far(), &mut 0, |_| None);
+    assert_eq!(alone.1, 5 * k);
+    let both = lower_peaks(&inst, &order, vec![stuck, free], 4 * k, far(), &mut 0, |_| None);
+    assert_eq!(checked(&buffers, &both.0).1, 4 * k);
+    assert_eq!(both.1, 4 * k);
+}
+
+#[test]
 fn a_random_plan_by_best_fit_is_lowered_and_stays_valid() {
     for seed in [3, 9] {
         let buffers = random_instance(1_500, seed);
@@ -67,8 +100,15 @@ fn a_random_plan_by_best_fit_is_lowered_and_stays_valid() {
         // Best fit by start leaves 6-22% above the bound on these; the bands take most of it back.
         assert!(after < before, "seed {seed}: {after} not below {before}");
         // A deadline already passed leaves the plan as it was.
-        let (kept, arena) =
-            lower_peaks(&inst, &order, (plan.clone(), before), inst.lower_bound(), Instant::now(), &mut 0, |_| None);
+        let (kept, arena) = lower_peaks(
+            &inst,
+            &order,
+            vec![(plan.clone(), before)],
+            inst.lower_bound(),
+            Instant::now(),
+            &mut 0,
+            |_| None,
+        );
         assert_eq!((checked(&buffers, &kept).0, arena), (offsets, before));
     }
 }
@@ -84,7 +124,7 @@ fn a_plan_the_bands_cannot_lower_is_shaken_once_and_a_better_one_is_lowered_in_t
     // Below any plan: where the bands miss levels at an arena, the plan is shaken, once for each arena, the last
     // time at the plan they stall at.
     let mut shaken = Vec::new();
-    let stalled = lower_peaks(&inst, &order, (plan.clone(), arena), 0, far(), &mut 0, |p| {
+    let stalled = lower_peaks(&inst, &order, vec![(plan.clone(), arena)], 0, far(), &mut 0, |p| {
         shaken.push(p.clone());
         None
     });
@@ -96,7 +136,7 @@ fn a_plan_the_bands_cannot_lower_is_shaken_once_and_a_better_one_is_lowered_in_t
     assert!(best.arena_bytes < stalled.1, "{} against {}", best.arena_bytes, stalled.1);
     let better: Placed = (order.iter().map(|&i| (i, best.offsets[i as usize])).collect(), best.arena_bytes);
     let mut given = Vec::new();
-    let lowered = lower_peaks(&inst, &order, (plan, arena), 0, far(), &mut 0, |p| {
+    let lowered = lower_peaks(&inst, &order, vec![(plan, arena)], 0, far(), &mut 0, |p| {
         given.push(p.1);
         (given.len() == 1).then(|| better.clone())
     });
