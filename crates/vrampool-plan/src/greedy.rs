@@ -18,9 +18,14 @@ pub fn greedy_by_size(buffers: &[Buffer], alignment: u64) -> Result<Vec<u64>, Pl
 
 /// [`greedy_by_size`] on the checked instance.
 pub(crate) fn greedy_by_size_of(inst: &Instance) -> Vec<u64> {
+    greedy_by_size_until(inst, None).expect("no deadline")
+}
+
+/// [`greedy_by_size_of`], or `None` once `deadline` has passed.
+pub(crate) fn greedy_by_size_until(inst: &Instance, deadline: Option<Instant>) -> Option<Vec<u64>> {
     let mut order: Vec<u32> = (0..inst.len() as u32).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(inst.size[i as usize]));
-    place_in_order(inst, &order)
+    place_in_order_until(inst, &order, deadline)
 }
 
 /// XLA's heap simulator (`GlobalDecreasingSizeBestFitHeap` as chosen by `ChooseBestHeapAlgorithm`): best fit
@@ -49,18 +54,14 @@ pub(crate) fn best_fit_decreasing_until(inst: &Instance, deadline: Option<Instan
 }
 
 /// Places buffers in `order`, each at the start of the smallest gap that holds it between the placed buffers
-/// overlapping it in time (the lowest gap on ties), or above all of them.
-fn place_in_order(inst: &Instance, order: &[u32]) -> Vec<u64> {
-    place_in_order_until(inst, order, None).expect("no deadline")
-}
-
-/// [`place_in_order`], or `None` once `deadline` has passed (looked at every 1,024 buffers).
+/// overlapping it in time (the lowest gap on ties), or above all of them; `None` once `deadline` has passed
+/// (looked at every 64 buffers: where tens of thousands overlap, one placement scans as many gaps).
 fn place_in_order_until(inst: &Instance, order: &[u32], deadline: Option<Instant>) -> Option<Vec<u64>> {
     let mut offsets = vec![0u64; inst.len()];
     let mut index = PlacedIndex::new(inst.segments);
     let mut spans = Vec::new();
     for (n, &i) in order.iter().enumerate() {
-        if n % 1024 == 1023 && deadline.is_some_and(|d| Instant::now() >= d) {
+        if n % 64 == 63 && deadline.is_some_and(|d| Instant::now() >= d) {
             return None;
         }
         offsets[i as usize] = best_fit(inst, &mut index, i, &mut spans);
@@ -176,6 +177,15 @@ mod tests {
         assert_eq!(best_fit_decreasing_until(&inst, Some(passed)), None);
         let far = Instant::now() + std::time::Duration::from_secs(3600);
         assert_eq!(best_fit_decreasing_until(&inst, Some(far)), Some(best_fit_decreasing(&buffers, 1).unwrap()));
+    }
+
+    #[test]
+    fn greedy_by_size_gives_up_at_its_deadline_and_is_unchanged_without_one() {
+        let buffers = crate::random_instance(5_000, 8);
+        let inst = Instance::new(&buffers, 1).unwrap();
+        assert_eq!(greedy_by_size_until(&inst, Some(Instant::now())), None);
+        let far = Instant::now() + std::time::Duration::from_secs(3600);
+        assert_eq!(greedy_by_size_until(&inst, Some(far)), Some(greedy_by_size(&buffers, 1).unwrap()));
     }
 
     #[test]

@@ -3,7 +3,8 @@
 use std::time::{Duration, Instant};
 
 use crate::exact::{deadline_after, exact_decide, search_instance, Verdict};
-use crate::greedy::{best_fit_decreasing_until, greedy_by_size_of};
+use crate::floors::floors_by_start;
+use crate::greedy::{best_fit_decreasing_until, greedy_by_size_of, greedy_by_size_until};
 use crate::instance::Instance;
 use crate::{validate, Buffer, PlanError};
 
@@ -105,7 +106,7 @@ pub fn plan(buffers: &[Buffer], options: &PlanOptions) -> Result<Plan, PlanError
         }
         Algorithm::Auto => {
             // Cheapest first; stop as soon as a plan meets the lower bound.
-            let greedy = greedy_by_size_of(&inst);
+            let greedy = first_plan(&inst, start, options.budget);
             let checking = Instant::now();
             let greedy_arena = arena(&greedy)?;
             // The heuristics' time counts against the budget, and so does the check of the plan at the end.
@@ -159,7 +160,7 @@ pub fn decide(buffers: &[Buffer], capacity: u64, options: &PlanOptions) -> Resul
         return Ok(Decision::Infeasible);
     }
     let arena = |offsets: &[u64]| validate(buffers, offsets, alignment);
-    let greedy = greedy_by_size_of(&inst);
+    let greedy = first_plan(&inst, start, options.budget);
     let greedy_arena = arena(&greedy)?;
     let seed = match options.algorithm {
         Algorithm::BestFit => best_fit_decreasing_until(&inst, None).expect("no deadline"),
@@ -189,6 +190,12 @@ pub fn decide(buffers: &[Buffer], capacity: u64, options: &PlanOptions) -> Resul
 /// 40 ms past a 5 s budget.
 fn search_deadline(start: Instant, budget: Duration, check: Duration) -> Instant {
     deadline_after(start, budget.saturating_sub(check).saturating_sub(budget / 100))
+}
+
+/// Greedy by size's plan if done within a quarter of `budget` from `start`, else each buffer at its floor in
+/// order of start (`floors_by_start`, whose time does not depend on the gaps), so that the budget holds.
+fn first_plan(inst: &Instance, start: Instant, budget: Duration) -> Vec<u64> {
+    greedy_by_size_until(inst, start.checked_add(budget / 4)).unwrap_or_else(|| floors_by_start(inst))
 }
 
 /// Best fit's plan where it beats greedy by size's. Best fit is only the search's seed, so it gets half the

@@ -18,7 +18,8 @@ mod windows;
 
 use std::time::{Duration, Instant};
 
-use crate::greedy::greedy_by_size_of;
+use crate::floors::floors_by_start;
+use crate::greedy::{best_fit_decreasing_until, greedy_by_size_until};
 use crate::instance::Instance;
 use crate::{validate, Buffer, PlanError};
 use component::Component;
@@ -75,6 +76,18 @@ pub(crate) fn search_instance(inst: &Instance, deadline: Instant, seed: Option<&
     let part_arena = |part: &[u32], plan: &[u64]| part.iter().map(|&i| plan[i as usize] + inst.size[i as usize]).max();
     let needy = |part: &[u32]| seed.is_none_or(|s| part_arena(part, s).unwrap_or(0) > target);
 
+    // Without a seed, the plan of the parts the search may leave: greedy by size's or else best fit's, each if
+    // done in an eighth of the time (where buffers overlap by the ten thousand, either can take longer than
+    // the budget), or else every buffer at its floor by start.
+    let fallback = match seed {
+        Some(seed) => seed.to_vec(),
+        None => {
+            let eighth = |now: Instant| Some(now + deadline.saturating_duration_since(now) / 8);
+            greedy_by_size_until(inst, eighth(Instant::now()))
+                .or_else(|| best_fit_decreasing_until(inst, eighth(Instant::now())))
+                .unwrap_or_else(|| floors_by_start(inst))
+        }
+    };
     let mut nodes = 0;
     let searched = on_search_thread(|| {
         each_part(inst, needy, deadline, |part, part_deadline| {
@@ -97,16 +110,8 @@ pub(crate) fn search_instance(inst: &Instance, deadline: Instant, seed: Option<&
     })
     .unwrap_or_default();
 
-    // Parts left unsearched keep the seed's plan, or greedy by size's.
-    let fallback = match seed {
-        Some(seed) => seed.to_vec(),
-        None if searched.len() < component::split(inst).len() || searched.iter().any(|p| p.1 .0.is_none()) => {
-            greedy_by_size_of(inst)
-        }
-        None => Vec::new(),
-    };
-    let mut offsets = fallback.clone();
-    offsets.resize(inst.len(), 0);
+    // Parts left unsearched keep the seed's plan, or the fallback's.
+    let mut offsets = fallback;
     let mut bound = target;
     for (members, (plan, part_bound)) in &searched {
         if let Some((_, local)) = plan {

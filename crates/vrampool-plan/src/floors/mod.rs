@@ -158,5 +158,21 @@ fn ranks(inst: &Instance, part: &[u32], live: &[u64], order: Order) -> (Vec<u32>
     (rank, by)
 }
 
+/// Each buffer in order of start at its floor, on top of the buffers placed before it that overlap it: no heap
+/// and no gap reused, so O(n log n) whatever the lifetimes. The plan the planner falls back on where greedy by
+/// size does not finish in its share of the budget: best fit scans every gap below a buffer, and where tens of
+/// thousands of buffers overlap with gaps between them, that is 30 s for 60,000.
+pub(crate) fn floors_by_start(inst: &Instance) -> Vec<u64> {
+    let mut skyline = Skyline::new(inst.segments);
+    let mut offsets = vec![0; inst.len()];
+    for i in inst.by_start(0..inst.len() as u32) {
+        let (lo, hi) = (inst.lo[i as usize], inst.hi[i as usize]);
+        let floor = skyline.highest(lo, hi);
+        skyline.raise(lo, hi, floor + inst.size[i as usize]);
+        offsets[i as usize] = floor;
+    }
+    offsets
+}
+
 #[cfg(test)]
 mod tests;

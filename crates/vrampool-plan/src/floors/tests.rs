@@ -37,6 +37,27 @@ fn the_skyline_reads_what_was_raised() {
     }
 }
 
+#[test]
+fn by_start_each_buffer_sits_on_the_earlier_ones_it_meets() {
+    // A staircase where every buffer meets every other: each on top of all that started before it.
+    let stairs: Vec<Buffer> = (0..50).map(|i| Buffer::new(i, i, i + 50, 1 + i % 7)).collect();
+    let offsets = floors_by_start(&Instance::new(&stairs, 1).unwrap());
+    let mut top = 0;
+    for (b, &o) in stairs.iter().zip(&offsets) {
+        assert_eq!(o, top);
+        top += b.size;
+    }
+    // c starts during a's life and goes on it; b meets only c and goes on top of c; d meets none and goes to
+    // the floor. Any instance gets a valid plan.
+    let (a, b, c, d) =
+        (Buffer::new(0, 0, 2, 5), Buffer::new(1, 2, 4, 9), Buffer::new(2, 1, 3, 4), Buffer::new(3, 4, 6, 7));
+    assert_eq!(floors_by_start(&Instance::new(&[a, b, c, d], 1).unwrap()), [0, 9, 5, 0]);
+    let buffers = random_instance(3_000, 4);
+    let offsets = floors_by_start(&Instance::new(&buffers, 1).unwrap());
+    let arena = validate(&buffers, &offsets, 1).unwrap();
+    assert_eq!(arena, buffers.iter().zip(&offsets).map(|(b, o)| o + b.size).max().unwrap());
+}
+
 /// Lowest floor first the slow way: every floor read afresh at every step, the promoted buffers first.
 fn plainly(inst: &Instance, part: &[u32], order: Order, promoted: &[bool]) -> Vec<u64> {
     let (rank, _) = ranks(inst, part, &live(inst, part), order);
