@@ -58,8 +58,10 @@ pub(crate) fn lower_peaks(
     nodes: &mut u64,
     mut shake: impl FnMut(&Placed) -> Option<Placed>,
 ) -> Placed {
-    if let Some(k) = plans.iter().position(|p| p.1 <= target) {
-        return plans.swap_remove(k);
+    // With no time left (the runs may take it all), not even the index of overlaps is built.
+    if plans.iter().any(|p| p.1 <= target) || Instant::now() >= deadline {
+        let lowest = (0..plans.len()).min_by_key(|&k| plans[k].1).expect("at least one plan");
+        return plans.swap_remove(lowest);
     }
     let overlaps = Overlaps::new(inst, order);
     let unit = unit_of_sizes(order.iter().map(|&i| inst.size[i as usize]));
@@ -69,6 +71,8 @@ pub(crate) fn lower_peaks(
         if Instant::now() >= deadline {
             break;
         }
+        // The longest setup any band has taken holds for every plan's bands.
+        descents[k].lowering.setup = descents.iter().map(|d| d.lowering.setup).max().unwrap_or_default();
         let began = Instant::now();
         descents[k].level(nodes, &mut shake);
         descents[k].seconds += began.elapsed().as_secs_f64();
