@@ -19,9 +19,8 @@
 //! most graphs one of them ends within a few thousandths of the bound, where the windows would begin a step
 //! above. The time they leave goes first to lowering the peaks of their best plan and of the one it replaced
 //! (`neighbourhood.rs`; where a floor run's plan led, the squeaky wheel shakes a plan the bands cannot lower),
-//! then to the sweeps. Best
-//! fit's pace, measured in the runs, paces the sweeps. Each sweep, with windows twice as wide as the last,
-//! stops as soon as it cannot beat the best so far.
+//! then to the sweeps. Best fit's pace, measured in the runs, paces the sweeps. Each sweep, with windows twice
+//! as wide as the last, stops as soon as it cannot beat the best so far.
 
 use std::time::{Duration, Instant};
 
