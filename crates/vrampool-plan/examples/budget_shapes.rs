@@ -21,28 +21,30 @@ impl Draw {
     }
 }
 
+/// `n` buffers, the `i`-th with the lifetime and size `buffer` draws for it.
+fn shape(n: u64, draw: &mut Draw, mut buffer: impl FnMut(u64, &mut Draw) -> (u64, u64, u64)) -> Vec<Buffer> {
+    (0..n)
+        .map(|i| {
+            let (lower, upper, size) = buffer(i, draw);
+            Buffer::new(i, lower, upper, size)
+        })
+        .collect()
+}
+
 fn shapes(n: u64) -> Vec<(&'static str, Vec<Buffer>)> {
     let mut draw = Draw(0x5EED);
-    let mut shape = |name, mut buffer: Box<dyn FnMut(u64, &mut Draw) -> (u64, u64, u64)>| {
-        let buffers = (0..n)
-            .map(|i| {
-                let (lower, upper, size) = buffer(i, &mut draw);
-                Buffer::new(i, lower, upper, size)
-            })
-            .collect::<Vec<_>>();
-        (name, buffers)
-    };
+    let d = &mut draw;
     vec![
         // Each buffer starts one step after the last and lives n steps: every one meets every other.
-        shape("staircase", Box::new(move |i, d| (i, i + n, 1 + d.below(1 << 20)))),
+        ("staircase", shape(n, d, |i, d| (i, i + n, 1 + d.below(1 << 20)))),
         // Each lives from a step in the first 1,000 to one of the last 100,000 of 200,000.
-        shape("long-lived", Box::new(|_, d| (d.below(1_000), 100_000 + d.below(100_000), 1 + d.below(1 << 16)))),
+        ("long-lived", shape(n, d, |_, d| (d.below(1_000), 100_000 + d.below(100_000), 1 + d.below(1 << 16)))),
         // Seven lifetimes in all, three steps each, every buffer 4 KiB.
-        shape("seven-lifetimes", Box::new(|i, _| (i % 7, i % 7 + 3, 4_096))),
+        ("seven-lifetimes", shape(n, d, |i, _| (i % 7, i % 7 + 3, 4_096))),
         // Powers of two from 256 B to 64 MiB, living 1, 3, 1,000 or 30,000 of 200,000 steps.
-        shape(
+        (
             "powers-of-two",
-            Box::new(|_, d| {
+            shape(n, d, |_, d| {
                 let lower = d.below(200_000);
                 (lower, lower + [1, 3, 1_000, 30_000][d.below(4) as usize], 1 << (8 + d.below(19)))
             }),
