@@ -65,16 +65,15 @@ pub(crate) fn lower_peaks(
     }
     let overlaps = Overlaps::new(inst, order);
     let unit = unit_of_sizes(order.iter().map(|&i| inst.size[i as usize]));
+    let mut searches = Searches { nodes, setup: Duration::ZERO };
     let mut descents: Vec<Descent> =
         plans.into_iter().map(|plan| Descent::new(inst, order, &overlaps, plan, (target, unit), deadline)).collect();
     while let Some(k) = next_descent(&descents, target) {
         if Instant::now() >= deadline {
             break;
         }
-        // The longest setup any band has taken holds for every plan's bands.
-        descents[k].lowering.setup = descents.iter().map(|d| d.lowering.setup).max().unwrap_or_default();
         let began = Instant::now();
-        descents[k].level(nodes, &mut shake);
+        descents[k].level(&mut searches, &mut shake);
         descents[k].seconds += began.elapsed().as_secs_f64();
     }
     let lowest = descents.into_iter().min_by_key(|d| d.arena).expect("at least one plan");
@@ -122,7 +121,7 @@ impl<'a> Descent<'a> {
         deadline: Instant,
     ) -> Descent<'a> {
         let offset = vec![u64::MAX; inst.len()];
-        let mut lowering = Lowering { inst, order, overlaps, offset, target, deadline, setup: Duration::ZERO };
+        let mut lowering = Lowering { inst, order, overlaps, offset, target, deadline };
         lowering.take(&plan);
         let mut descent = Descent {
             lowering,
@@ -144,9 +143,9 @@ impl<'a> Descent<'a> {
     }
 
     /// Tries the next level below the arena, and sets the step and the slice for the one after.
-    fn level(&mut self, nodes: &mut u64, shake: &mut impl FnMut(&Placed) -> Option<Placed>) {
+    fn level(&mut self, searches: &mut Searches, shake: &mut impl FnMut(&Placed) -> Option<Placed>) {
         let (before, target) = (self.arena, self.lowering.target);
-        let reached = self.lowering.reach(before - self.step.min(before - target), self.slice, nodes);
+        let reached = self.lowering.reach(before - self.step.min(before - target), self.slice, searches);
         self.arena = self.lowering.arena();
         self.missed = if reached || self.arena < before { 0 } else { self.missed + 1 };
         self.done = self.arena <= target;
@@ -182,7 +181,12 @@ struct Lowering<'a> {
     offset: Vec<u64>,
     target: u64,
     deadline: Instant,
-    /// The longest a band's search structures took to build so far: no band is begun with less time left.
+}
+
+/// What the bands' searches share across the plans being lowered: the nodes they visit, and the longest a band's
+/// search structures took to build so far (no band is begun with less time left).
+struct Searches<'n> {
+    nodes: &'n mut u64,
     setup: Duration,
 }
 
@@ -209,7 +213,7 @@ impl Lowering<'_> {
 
     /// Moves every buffer ending above `level` below it, highest first, each with the first of its bands that
     /// fits, a band's search stopped after `slice`; whether all went.
-    fn reach(&mut self, level: u64, slice: Duration, nodes: &mut u64) -> bool {
+    fn reach(&mut self, level: u64, slice: Duration, searches: &mut Searches) -> bool {
         let mut above: Vec<u32> = self.order.iter().copied().filter(|&i| self.top(i) > level).collect();
         above.sort_by_key(|&i| (std::cmp::Reverse(self.top(i)), i));
         for peak in above {
@@ -218,11 +222,16 @@ impl Lowering<'_> {
             }
             let lowered = BANDS.iter().find_map(|&thousandths| {
                 let now = Instant::now();
-                if now + self.setup >= self.deadline {
+                if now + searches.setup >= self.deadline {
                     return Some(false);
                 }
-                match self.repair(peak, level, self.target * thousandths / 1_000, self.deadline.min(now + slice), nodes)
-                {
+                match self.repair(
+                    peak,
+                    level,
+                    self.target * thousandths / 1_000,
+                    self.deadline.min(now + slice),
+                    searches,
+                ) {
                     Outcome::Fits(_) => Some(true),
                     Outcome::Infeasible => None,
                     Outcome::TimedOut => Some(false),
@@ -237,7 +246,7 @@ impl Lowering<'_> {
 
     /// Searches `peak` and the buffers overlapping it that end above `level - band` again, below `level` and
     /// clear of every other buffer, until `stop`, and moves them there if they fit.
-    fn repair(&mut self, peak: u32, level: u64, band: u64, stop: Instant, nodes: &mut u64) -> Outcome {
+    fn repair(&mut self, peak: u32, level: u64, band: u64, stop: Instant, searches: &mut Searches) -> Outcome {
         let inst = self.inst;
         let began = Instant::now();
         let floor = level.saturating_sub(band);
@@ -255,9 +264,9 @@ impl Lowering<'_> {
             return Outcome::Infeasible;
         }
         comp.set_obstacles(self.obstacles(&comp.members));
-        self.setup = self.setup.max(began.elapsed());
+        searches.setup = searches.setup.max(began.elapsed());
         let mut prober = Prober::new(&comp, level);
-        let outcome = prober.run(&comp, &orders(&comp), stop, nodes);
+        let outcome = prober.run(&comp, &orders(&comp), stop, searches.nodes);
         if let Outcome::Fits(local) = &outcome {
             for (&i, &o) in comp.members.iter().zip(local) {
                 self.offset[i as usize] = o;
