@@ -160,14 +160,20 @@ pub fn decide(buffers: &[Buffer], capacity: u64, options: &PlanOptions) -> Resul
         return Ok(Decision::Infeasible);
     }
     let arena = |offsets: &[u64]| validate(buffers, offsets, alignment);
-    let greedy = first_plan(&inst, start, options.budget);
-    let greedy_arena = arena(&greedy)?;
     let seed = match options.algorithm {
+        Algorithm::GreedyBySize => greedy_by_size_of(&inst),
         Algorithm::BestFit => best_fit_decreasing_until(&inst, None).expect("no deadline"),
-        Algorithm::Auto if greedy_arena > capacity => {
-            better_heuristic(&inst, buffers, alignment, greedy, greedy_arena, start.checked_add(options.budget / 2))?
+        Algorithm::Exact => first_plan(&inst, start, options.budget),
+        Algorithm::Auto => {
+            let greedy = first_plan(&inst, start, options.budget);
+            let greedy_arena = arena(&greedy)?;
+            if greedy_arena > capacity {
+                let deadline = start.checked_add(options.budget / 2);
+                better_heuristic(&inst, buffers, alignment, greedy, greedy_arena, deadline)?
+            } else {
+                greedy
+            }
         }
-        _ => greedy,
     };
     let offsets = if arena(&seed)? <= capacity {
         seed
@@ -357,6 +363,23 @@ mod tests {
         // Below the lower bound no plan fits, whatever the algorithm.
         for algorithm in Algorithm::ALL {
             assert_eq!(decide(&buffers, 10, &options(algorithm)).unwrap(), Decision::Infeasible, "{algorithm}");
+        }
+    }
+
+    #[test]
+    fn decide_by_a_heuristic_answers_with_its_plan_whatever_the_budget() {
+        // 200 buffers, so that a zero budget stops the bounded greedy pass the search starts from.
+        let buffers: Vec<Buffer> = (0..200).map(|i| Buffer::new(i, i % 17, i % 17 + 1 + i % 5, 1 + i % 13)).collect();
+        let none = Duration::ZERO;
+        for (algorithm, offsets) in [
+            (Algorithm::GreedyBySize, crate::greedy_by_size(&buffers, 1).unwrap()),
+            (Algorithm::BestFit, crate::best_fit_decreasing(&buffers, 1).unwrap()),
+        ] {
+            let arena = validate(&buffers, &offsets, 1).unwrap();
+            let o = PlanOptions { budget: none, ..options(algorithm) };
+            let Decision::Fits(p) = decide(&buffers, arena, &o).unwrap() else { panic!("{algorithm}: no plan") };
+            assert_eq!(p.offsets, offsets, "{algorithm}");
+            assert_eq!(decide(&buffers, arena - 1, &o).unwrap(), Decision::Unknown, "{algorithm}");
         }
     }
 
