@@ -88,39 +88,56 @@ pub(crate) fn search_instance(inst: &Instance, deadline: Instant, seed: Option<&
                 .unwrap_or_else(|| floors_by_start(inst))
         }
     };
-    let mut nodes = 0;
-    let searched = on_search_thread(|| {
-        each_part(inst, needy, deadline, |part, part_deadline| {
-            let seeded = seed.map(|s| part_arena(part, s).unwrap_or(0));
-            if part.len() > WINDOWS_ABOVE {
-                // The seed's plan stays where the windows do no better.
-                let ceiling = seeded.unwrap_or(u64::MAX);
-                let (placed, arena) = windows::sweeps(inst, part, target, ceiling, part_deadline, &mut nodes)?;
-                let (members, local): (Vec<u32>, Vec<u64>) = placed.into_iter().unzip();
-                return Some((members, (Some((arena, local)), target)));
-            }
-            if !searchable(inst, part) {
-                return None;
-            }
-            let comp = Component::new(inst, part);
-            let incumbent = seed.map(|s| (seeded.unwrap_or(0), local(&comp, s)));
-            let found = minimise(&comp, target, incumbent, part_deadline, &mut nodes);
-            Some((comp.members, (found.plan, found.bound)))
-        })
-    })
-    .unwrap_or_default();
-
-    // Parts left unsearched keep the seed's plan, or the fallback's.
     let mut offsets = fallback;
-    let mut bound = target;
-    for (members, (plan, part_bound)) in &searched {
-        if let Some((_, local)) = plan {
-            for (&i, &v) in members.iter().zip(local) {
-                offsets[i as usize] = v;
+    let mut nodes = 0;
+    let bound = on_search_thread(|| {
+        let mut bound = target;
+        let mut parts: Vec<Vec<u32>> = component::split(inst).into_iter().filter(|p| needy(p)).collect();
+        parts.sort_by_key(|p| p.len());
+        let mut incumbents = seed.is_some();
+        // Each round searches the parts in turn, small ones first (they are usually solved at once and leave
+        // their time to the large ones), each with a share of the time left. Time a part left goes back to the
+        // small parts not solved in the round, from their best plans: with equal shares, a part that timed out
+        // before another was solved at once would leave the rest of the budget unused.
+        while !parts.is_empty() && Instant::now() < deadline {
+            let mut unsolved = Vec::new();
+            let mut left = parts.len() as u32;
+            for part in parts {
+                let now = Instant::now();
+                let part_deadline = now + deadline.saturating_duration_since(now) / left;
+                left -= 1;
+                let incumbent = incumbents.then_some(offsets.as_slice());
+                let seeded = incumbent.map(|s| part_arena(&part, s).unwrap_or(0));
+                if part.len() > WINDOWS_ABOVE {
+                    // The incumbent's plan stays where the windows do no better.
+                    let ceiling = seeded.unwrap_or(u64::MAX);
+                    if let Some((placed, _)) = windows::sweeps(inst, &part, target, ceiling, part_deadline, &mut nodes)
+                    {
+                        placed.into_iter().for_each(|(i, offset)| offsets[i as usize] = offset);
+                    }
+                    continue;
+                }
+                if !searchable(inst, &part) {
+                    continue;
+                }
+                let comp = Component::new(inst, &part);
+                let found =
+                    minimise(&comp, target, seeded.zip(incumbent.map(|s| local(&comp, s))), part_deadline, &mut nodes);
+                bound = bound.max(found.bound);
+                if let Some((arena, local)) = found.plan {
+                    write_part(&mut offsets, &comp.members, local.into_iter());
+                    if arena > target && arena > found.bound {
+                        unsolved.push(part);
+                    }
+                }
             }
+            parts = unsolved;
+            incumbents = true;
         }
-        bound = bound.max(*part_bound);
-    }
+        bound
+    })
+    .unwrap_or(target);
+
     let arena = (0..inst.len()).map(|i| offsets[i] + inst.size[i]).max().unwrap_or(0);
     ExactOutcome { offsets, optimal: arena <= bound, bound_bytes: bound.min(arena), nodes }
 }
@@ -222,29 +239,6 @@ fn on_search_thread<T: Send>(search: impl FnOnce() -> T + Send) -> Option<T> {
     })
 }
 
-/// Calls `solve` on every part (instance indices) that is `needy`, with a share of the time left: small parts
-/// first, since they are usually solved at once and the time they leave goes to the large ones. Returns what
-/// `solve` returned for each: the part's members (instance indices, in the order of its local offsets) and
-/// its result.
-fn each_part<T>(
-    inst: &Instance,
-    needy: impl Fn(&[u32]) -> bool,
-    deadline: Instant,
-    mut solve: impl FnMut(&[u32], Instant) -> Option<(Vec<u32>, T)>,
-) -> Vec<(Vec<u32>, T)> {
-    let mut parts: Vec<Vec<u32>> = component::split(inst).into_iter().filter(|p| needy(p)).collect();
-    parts.sort_by_key(|p| p.len());
-    let mut left = parts.len();
-    let mut results = Vec::with_capacity(parts.len());
-    for part in parts {
-        let now = Instant::now();
-        let part_deadline = now + deadline.saturating_duration_since(now) / left as u32;
-        left -= 1;
-        results.extend(solve(&part, part_deadline));
-    }
-    results
-}
-
 /// A plan's offsets of the part's buffers, in local order.
 fn local(part: &Component, plan: &[u64]) -> Vec<u64> {
     part.members.iter().map(|&i| plan[i as usize]).collect()
@@ -259,6 +253,22 @@ pub(crate) fn write_part(offsets: &mut [u64], members: &[u32], values: impl Iter
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn time_a_part_leaves_goes_back_to_the_parts_not_solved() {
+        // The smaller part of a square with one rectangle in ten left out, not solved in the budget, then, after
+        // its end, a larger part that is solved at once: the square's search goes on into the time it leaves.
+        let square = crate::packed_instance(245, 1024, 1024, 10, 208);
+        let parts = component::split(&Instance::new(&square, 1).unwrap());
+        let hard = parts.iter().min_by_key(|p| p.len()).unwrap();
+        let mut buffers: Vec<Buffer> = hard.iter().map(|&i| square[i as usize]).collect();
+        let end = buffers.iter().map(|b| b.upper).max().unwrap();
+        buffers.extend((0..2 * hard.len() as u64).map(|i| Buffer::new(1_000 + i, end + 1, end + 2, 1024)));
+        let budget = Duration::from_millis(600);
+        let began = Instant::now();
+        let outcome = exact_search(&buffers, 1, budget, None).unwrap();
+        assert!(outcome.optimal || began.elapsed() >= budget * 9 / 10, "{:?} of {budget:?}", began.elapsed());
+    }
 
     #[test]
     fn arenas_step_by_the_sizes_greatest_common_divisor() {
