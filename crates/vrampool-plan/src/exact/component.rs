@@ -123,17 +123,7 @@ impl Component {
 
     /// Fixes byte ranges that each buffer (in local order) must stay clear of.
     pub fn set_obstacles(&mut self, mut obstacles: Vec<Vec<(u64, u64)>>) {
-        for ranges in &mut obstacles {
-            ranges.sort_unstable();
-            let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
-            for &(start, end) in ranges.iter() {
-                match merged.last_mut() {
-                    Some(last) if start <= last.1 => last.1 = last.1.max(end),
-                    _ => merged.push((start, end)),
-                }
-            }
-            *ranges = merged;
-        }
+        obstacles.iter_mut().for_each(merge_spans);
         self.obstacles = obstacles;
     }
 
@@ -222,9 +212,32 @@ impl Order {
     }
 }
 
+/// Sorts byte ranges and merges those that overlap or touch, in place.
+pub(crate) fn merge_spans(spans: &mut Vec<(u64, u64)>) {
+    spans.sort_unstable();
+    let mut kept = 0;
+    for k in 0..spans.len() {
+        let (start, end) = spans[k];
+        if kept > 0 && start <= spans[kept - 1].1 {
+            spans[kept - 1].1 = spans[kept - 1].1.max(end);
+        } else {
+            spans[kept] = (start, end);
+            kept += 1;
+        }
+    }
+    spans.truncate(kept);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spans_that_overlap_or_touch_merge() {
+        let mut spans = vec![(5, 7), (0, 2), (2, 3), (6, 9), (11, 12)];
+        merge_spans(&mut spans);
+        assert_eq!(spans, [(0, 3), (5, 9), (11, 12)]);
+    }
     use crate::Buffer;
 
     #[test]

@@ -162,3 +162,26 @@ fn the_overlaps_of_a_buffer_are_every_buffer_its_lifetime_meets_once() {
         assert_eq!(got, want, "buffer {i}");
     }
 }
+
+#[test]
+fn a_band_s_obstacles_are_not_gathered_past_the_deadline() {
+    let buffers = random_instance(400, 11);
+    let inst = Instance::new(&buffers, 1).unwrap();
+    let order = inst.by_start(0..inst.len() as u32);
+    let overlaps = Overlaps::new(&inst, &order);
+    let offset = crate::greedy::greedy_by_size_until(&inst, None).expect("no deadline");
+    let band: Vec<u32> = order[..40].to_vec();
+    let lowering = |deadline| Lowering {
+        inst: &inst,
+        order: &order,
+        overlaps: &overlaps,
+        offset: offset.clone(),
+        target: 0,
+        deadline,
+    };
+    assert!(lowering(Instant::now()).obstacles(&band).is_none(), "the deadline has passed");
+    let gathered = lowering(Instant::now() + Duration::from_secs(60)).obstacles(&band).expect("time enough");
+    assert_eq!(gathered.len(), band.len());
+    assert!(gathered.iter().any(|spans| !spans.is_empty()));
+    assert!(gathered.iter().all(|spans| spans.windows(2).all(|w| w[0].1 < w[1].0)), "sorted and merged");
+}
