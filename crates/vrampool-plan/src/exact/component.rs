@@ -231,6 +231,7 @@ pub(crate) fn merge_spans(spans: &mut Vec<(u64, u64)>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Buffer;
 
     #[test]
     fn spans_that_overlap_or_touch_merge() {
@@ -238,7 +239,6 @@ mod tests {
         merge_spans(&mut spans);
         assert_eq!(spans, [(0, 3), (5, 9), (11, 12)]);
     }
-    use crate::Buffer;
 
     #[test]
     fn a_buffer_lifts_clear_of_its_obstacles() {
