@@ -87,16 +87,23 @@ const TRY_NODES: u64 = 1_000;
 /// Tries in a row that time out before the descent moves its next capacity halfway up towards the best plan.
 const PATIENCE: u32 = 12;
 
-/// Many short searches (tries) below the best plan, each under its own order and node limit: first each of the
-/// round robin's orders, then jittered copies (`jitter`) of MiniMalloc's three, the one that has fitted most
-/// often first (`Descent::base`). A try that times out proves nothing, but on MiniMalloc's D, where no fixed
-/// order fits a few percent above the optimum in seconds, one try in five of a jittered order fits within
-/// thousands of nodes. (Jittering all seven orders in turn left D 17 units higher in 5 s: the other orders
-/// rarely fit there.) The capacity tried starts halfway between the bound and the best plan, and moves halfway
-/// up only after `PATIENCE` misses in a row, so that a few unlucky tries do not rule out a range for good. Node
-/// limits follow Luby's sequence, so that now and then a try runs long enough to prove its capacity infeasible.
+/// Many short searches (tries) below the best plan, each under its own order and node limit: at each new capacity,
+/// first each of the round robin's orders, then jittered copies (`jitter`) of MiniMalloc's three, the one that has
+/// fitted most often first (`Descent::base`). A fixed order that fails at one capacity may fit the next at once: on
+/// MiniMalloc's instances with one buffer in twenty left out, where the jittered tries stall a unit or more above the
+/// bound, the plans come closer to it on 11 of 48 and fall back on 2 (BENCHMARKS.md); MiniMalloc's D pays for the fixed
+/// orders' nodes with a plan 5 units higher. A try that times out proves nothing, but on D, where no fixed order fits a
+/// few percent above the optimum in seconds, one jittered try in five fits within thousands of nodes. (Jittering all
+/// seven orders in turn left D 17 units higher in 5 s: the other orders rarely fit there.) The capacity tried starts
+/// halfway between the bound and the best plan, and moves halfway up only after `PATIENCE` jittered misses in a row, so
+/// that a few unlucky tries do not rule out a range for good. Node limits follow Luby's sequence, so that now and then
+/// a try runs long enough to prove its capacity infeasible.
 struct Descent {
+    /// Jittered tries so far.
     turn: u64,
+    /// The capacity of the last try, and how many of the fixed orders have been tried at it.
+    at: u64,
+    fixed: usize,
     /// Steps of `unit` below the best plan's next lower capacity.
     gap: u64,
     misses: u32,
@@ -111,6 +118,8 @@ impl Descent {
     fn new() -> Descent {
         Descent {
             turn: 0,
+            at: 0,
+            fixed: 0,
             gap: u64::MAX,
             misses: 0,
             since_fit: 0,
@@ -155,24 +164,31 @@ impl Descent {
         deadline: Instant,
         nodes: &mut u64,
     ) -> Outcome {
-        self.turn += 1;
-        let jittered;
-        let mut base = None;
-        let ranking = match orders.get(self.turn as usize - 1) {
-            Some(order) => order,
-            None => {
-                let b = self.base();
-                base = Some(b);
-                jittered = Ranking { rank: jitter(&orders[b].rank, self.turn, SWAPS), rerank: None };
-                &jittered
-            }
-        };
-        let limit = nodes.saturating_add(TRY_NODES.saturating_mul(luby(self.turn)));
-        let outcome = fits(part, ranking, capacity, deadline, nodes, limit);
-        if let Some(b) = base {
-            self.tries[b] += 1;
-            self.fitted[b] += u32::from(matches!(outcome, Outcome::Fits(_)));
+        if capacity != self.at {
+            (self.at, self.fixed) = (capacity, 0);
         }
+        if let Some(ranking) = orders.get(self.fixed) {
+            self.fixed += 1;
+            let limit = nodes.saturating_add(TRY_NODES.saturating_mul(luby(self.fixed as u64)));
+            let outcome = fits(part, ranking, capacity, deadline, nodes, limit);
+            // A fixed order that misses says nothing of the jittered ones: it is not counted a miss.
+            match outcome {
+                Outcome::Fits(_) => (self.misses, self.since_fit) = (0, 0),
+                Outcome::Infeasible => self.misses = 0,
+                Outcome::TimedOut => {}
+            }
+            return outcome;
+        }
+        self.turn += 1;
+        // Numbered after the fixed orders, so that the first jittered tries are those of a descent that tried
+        // the fixed orders once.
+        let index = orders.len() as u64 + self.turn;
+        let b = self.base();
+        let jittered = Ranking { rank: jitter(&orders[b].rank, index, SWAPS), rerank: None };
+        let limit = nodes.saturating_add(TRY_NODES.saturating_mul(luby(index)));
+        let outcome = fits(part, &jittered, capacity, deadline, nodes, limit);
+        self.tries[b] += 1;
+        self.fitted[b] += u32::from(matches!(outcome, Outcome::Fits(_)));
         match outcome {
             Outcome::TimedOut => {
                 self.misses += 1;
@@ -251,7 +267,7 @@ mod tests {
         let mut descent = Descent::new();
         assert_eq!(descent.share(), BOUND_SHARE);
         let (past, later) = (Instant::now(), Instant::now() + Duration::from_secs(60));
-        for _ in 0..3 * PATIENCE - 1 {
+        for _ in 0..orders.len() + 3 * PATIENCE as usize - 1 {
             assert!(matches!(descent.try_at(&part, &orders, 1 << 20, past, &mut 0), Outcome::TimedOut));
         }
         assert_eq!(descent.share(), BOUND_SHARE + 2, "one more node for each PATIENCE misses");
@@ -261,6 +277,27 @@ mod tests {
         assert_eq!(descent.share(), MAX_BOUND_SHARE, "a proof is no fit");
         assert!(matches!(descent.try_at(&part, &orders, u64::MAX / 2, later, &mut 0), Outcome::Fits(_)));
         assert_eq!(descent.share(), BOUND_SHARE, "a fit gives the descent its half back");
+    }
+
+    #[test]
+    fn each_new_capacity_gets_the_fixed_orders_first() {
+        let square = crate::packed_instance(200, 1024, 1024, 0, 3);
+        let inst = Instance::new(&square, 1).unwrap();
+        let part = Component::new(&inst, &(0..inst.len() as u32).collect::<Vec<_>>());
+        let orders = orders(&part);
+        let mut descent = Descent::new();
+        let past = Instant::now();
+        for k in 1..=orders.len() {
+            descent.try_at(&part, &orders, 1 << 20, past, &mut 0);
+            assert_eq!((descent.fixed, descent.turn, descent.misses), (k, 0, 0), "fixed orders, not misses");
+        }
+        descent.try_at(&part, &orders, 1 << 20, past, &mut 0);
+        assert_eq!((descent.fixed, descent.turn, descent.misses), (orders.len(), 1, 1), "then a jittered try");
+        assert_eq!(descent.tries.iter().sum::<u32>(), 1);
+        descent.try_at(&part, &orders, (1 << 20) + 1024, past, &mut 0);
+        assert_eq!((descent.fixed, descent.turn), (1, 1), "a new capacity starts the fixed orders anew");
+        descent.try_at(&part, &orders, (1 << 20) + 1024, past, &mut 0);
+        assert_eq!((descent.fixed, descent.turn, descent.misses), (2, 1, 1));
     }
 
     #[test]
