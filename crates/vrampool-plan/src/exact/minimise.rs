@@ -258,11 +258,15 @@ mod tests {
         assert_eq!(descent.base(), 0, "one that keeps missing gives way");
     }
 
+    /// A square of 1 MiB cut into 200 rectangles, as one part (so a plan at 1 MiB exists).
+    fn square() -> Component {
+        let inst = Instance::new(&crate::packed_instance(200, 1024, 1024, 0, 3), 1).unwrap();
+        Component::new(&inst, &(0..inst.len() as u32).collect::<Vec<_>>())
+    }
+
     #[test]
     fn a_descent_that_keeps_missing_yields_nodes_to_the_bound() {
-        let square = crate::packed_instance(200, 1024, 1024, 0, 3);
-        let inst = Instance::new(&square, 1).unwrap();
-        let part = Component::new(&inst, &(0..inst.len() as u32).collect::<Vec<_>>());
+        let part = square();
         let orders = orders(&part);
         let mut descent = Descent::new();
         assert_eq!(descent.share(), BOUND_SHARE);
@@ -281,9 +285,7 @@ mod tests {
 
     #[test]
     fn each_new_capacity_gets_the_fixed_orders_first() {
-        let square = crate::packed_instance(200, 1024, 1024, 0, 3);
-        let inst = Instance::new(&square, 1).unwrap();
-        let part = Component::new(&inst, &(0..inst.len() as u32).collect::<Vec<_>>());
+        let part = square();
         let orders = orders(&part);
         let mut descent = Descent::new();
         let past = Instant::now();
