@@ -167,29 +167,27 @@ impl Descent {
         if capacity != self.at {
             (self.at, self.fixed) = (capacity, 0);
         }
-        if let Some(ranking) = orders.get(self.fixed) {
+        let jittered = self.fixed == orders.len();
+        let outcome = if let Some(ranking) = orders.get(self.fixed) {
             self.fixed += 1;
             let limit = nodes.saturating_add(TRY_NODES.saturating_mul(luby(self.fixed as u64)));
-            let outcome = fits(part, ranking, capacity, deadline, nodes, limit);
-            // A fixed order that misses says nothing of the jittered ones: it is not counted a miss.
-            match outcome {
-                Outcome::Fits(_) => (self.misses, self.since_fit) = (0, 0),
-                Outcome::Infeasible => self.misses = 0,
-                Outcome::TimedOut => {}
-            }
-            return outcome;
-        }
-        self.turn += 1;
-        // Numbered after the fixed orders, so that the first jittered tries are those of a descent that tried
-        // the fixed orders once.
-        let index = orders.len() as u64 + self.turn;
-        let b = self.base();
-        let jittered = Ranking { rank: jitter(&orders[b].rank, index, SWAPS), rerank: None };
-        let limit = nodes.saturating_add(TRY_NODES.saturating_mul(luby(index)));
-        let outcome = fits(part, &jittered, capacity, deadline, nodes, limit);
-        self.tries[b] += 1;
-        self.fitted[b] += u32::from(matches!(outcome, Outcome::Fits(_)));
+            fits(part, ranking, capacity, deadline, nodes, limit)
+        } else {
+            self.turn += 1;
+            // Numbered after the fixed orders, so that the first jittered tries are those of a descent that tried
+            // the fixed orders once.
+            let index = orders.len() as u64 + self.turn;
+            let b = self.base();
+            let ranking = Ranking { rank: jitter(&orders[b].rank, index, SWAPS), rerank: None };
+            let limit = nodes.saturating_add(TRY_NODES.saturating_mul(luby(index)));
+            let outcome = fits(part, &ranking, capacity, deadline, nodes, limit);
+            self.tries[b] += 1;
+            self.fitted[b] += u32::from(matches!(outcome, Outcome::Fits(_)));
+            outcome
+        };
         match outcome {
+            // A fixed order that misses says nothing of the jittered ones: it is not counted a miss.
+            Outcome::TimedOut if !jittered => {}
             Outcome::TimedOut => {
                 self.misses += 1;
                 self.since_fit += 1;
