@@ -6,9 +6,11 @@
 //! fit leaves holes that the grown caches no longer fit: on serving seed 4 it packs at 1.061 of the bound,
 //! this rule at 1.047 (time backwards, factor 4).
 //!
-//! In order of start, every placed buffer that overlaps the next one in time is live at its start, and of
-//! those at most one ends at a given offset and at most one begins there (two such would share a byte and a
-//! moment), so each edge has at most one neighbour, found by its offset.
+//! A neighbour is a placed buffer live at the buffer's start: of those at most one ends at a given offset and at
+//! most one begins there (two such would share a byte and a moment), so each edge has at most one, found by its
+//! offset. The order goes by start in phases (a first phase of some buffers, then the rest, each by start);
+//! within a phase, a buffer that has ended is live at no later start and is forgotten, and at a new phase the
+//! placed buffers are indexed by offset again.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -32,6 +34,7 @@ pub(crate) fn aligned_fit_before(
         beginning_at: HashMap::new(),
         spans: Vec::new(),
         gaps: Vec::new(),
+        placed: Vec::with_capacity(order.len()),
     };
     place_in_turn(inst, Vec::with_capacity(order.len()), order, (beat, deadline), |i| taken.place(inst, i, factor))
 }
@@ -45,16 +48,27 @@ struct Taken {
     spans: Vec<Span>,
     /// The gaps that hold the next buffer, as (bottom, top).
     gaps: Vec<(u64, u64)>,
+    /// The buffers placed, in turn, with their offsets.
+    placed: Vec<(u32, u64)>,
 }
 
 impl Taken {
     /// Buffer `i`'s offset by the rule, where it is then recorded.
     fn place(&mut self, inst: &Instance, i: u32, factor: u64) -> u64 {
+        if self.placed.last().is_some_and(|&(last, _)| inst.lo[last as usize] > inst.lo[i as usize]) {
+            self.ending_at.clear();
+            self.beginning_at.clear();
+            for &(j, offset) in &self.placed {
+                self.ending_at.entry(offset + inst.size[j as usize]).or_default().push(j);
+                self.beginning_at.entry(offset).or_default().push(j);
+            }
+        }
         let offset = self.fit(inst, i, factor);
         let end = offset + inst.size[i as usize];
         self.index.insert((offset, end), inst.lo[i as usize], inst.hi[i as usize]);
         self.ending_at.entry(end).or_default().push(i);
         self.beginning_at.entry(offset).or_default().push(i);
+        self.placed.push((i, offset));
         offset
     }
 
@@ -89,12 +103,12 @@ impl Taken {
     }
 }
 
-/// The buffer in `by_offset` at `offset` still live at segment `now` (where it is one), forgetting those that
-/// ended before: in order of start they overlap no later buffer.
+/// The buffer in `by_offset` at `offset` live at segment `now` (where it is one), forgetting those that ended
+/// before: within a phase they overlap no later buffer.
 fn live(inst: &Instance, by_offset: &mut HashMap<u64, Vec<u32>>, offset: u64, now: u32) -> Option<u32> {
     let buffers = by_offset.get_mut(&offset)?;
     buffers.retain(|&j| inst.hi[j as usize] > now);
-    buffers.first().copied()
+    buffers.iter().copied().find(|&j| inst.lo[j as usize] <= now)
 }
 
 #[cfg(test)]
@@ -129,6 +143,78 @@ mod tests {
         assert_eq!(offsets_of(&buffers, 4), [0, 10, 13, 23, 28, 25]);
         // Within the smallest gap only, x goes into it, beside a or c.
         assert_eq!(offsets_of(&buffers, 1)[5], 10);
+    }
+
+    /// The rule as stated, placed buffer by placed buffer: the gaps among those overlapping `i` in time, and
+    /// each gap's neighbours among those live at `i`'s start.
+    fn by_the_rule(inst: &Instance, order: &[u32], factor: u64) -> Vec<(u32, u64)> {
+        let mut placed: Vec<(u32, u64)> = Vec::new();
+        for &i in order {
+            let (lo, hi, size) = (inst.lo[i as usize], inst.hi[i as usize], inst.size[i as usize]);
+            let mut spans: Vec<(u64, u64, u32)> = placed
+                .iter()
+                .filter(|&&(j, _)| inst.lo[j as usize] < hi && lo < inst.hi[j as usize])
+                .map(|&(j, o)| (o, o + inst.size[j as usize], j))
+                .collect();
+            spans.sort_unstable();
+            let (mut top, mut gaps) = (0, Vec::new());
+            for &(start, end, _) in &spans {
+                if start > top && start - top >= size {
+                    gaps.push((top, start));
+                }
+                top = top.max(end);
+            }
+            let offset = match gaps.iter().map(|&(b, t)| t - b).min() {
+                None => top,
+                Some(smallest) => {
+                    let neighbour = |edge: &dyn Fn(u64, u64) -> bool| {
+                        spans
+                            .iter()
+                            .find(|&&(start, end, j)| inst.lo[j as usize] <= lo && edge(start, end))
+                            .map_or(u64::MAX, |&(_, _, j)| u64::from(inst.hi[j as usize].abs_diff(hi)))
+                    };
+                    let mut best = (u64::MAX, u64::MAX, u64::MAX);
+                    for &(bottom, top) in gaps.iter().filter(|&&(b, t)| t - b <= smallest * factor) {
+                        let below = if bottom == 0 { 0 } else { neighbour(&|_, end| end == bottom) };
+                        let above = neighbour(&|start, _| start == top);
+                        best = best.min((below, top - bottom, bottom)).min((above, top - bottom, top - size));
+                    }
+                    best.2
+                }
+            };
+            placed.push((i, offset));
+        }
+        placed
+    }
+
+    #[test]
+    fn in_phases_each_buffer_goes_where_the_rule_puts_it() {
+        let buffers = random_instance(600, 8);
+        let inst = Instance::new(&buffers, 1).unwrap();
+        let mirrored = inst.mirrored();
+        for timeline in [&inst, &mirrored] {
+            // By start, then in two phases (the largest tenth first) and in three.
+            let by_start = timeline.by_start(0..inst.len() as u32);
+            let mut sizes: Vec<u64> = inst.size.clone();
+            sizes.sort_unstable();
+            let (tenth, half) = (sizes[sizes.len() * 9 / 10], sizes[sizes.len() / 2]);
+            let phase = |i: &u32| {
+                let size = inst.size[*i as usize];
+                (size < tenth, size < half)
+            };
+            let mut two = by_start.clone();
+            two.sort_by_key(|i| phase(i).0);
+            let mut three = by_start.clone();
+            three.sort_by_key(phase);
+            for order in [&by_start, &two, &three] {
+                for factor in [1, 4, 16] {
+                    let plan = aligned_fit_before(timeline, order, factor, u64::MAX, far()).0.unwrap();
+                    assert_eq!(plan.len(), order.len());
+                    let differs = plan.iter().zip(by_the_rule(timeline, order, factor)).position(|(a, b)| *a != b);
+                    assert_eq!(differs, None, "factor {factor}: the first buffer placed elsewhere, in turn");
+                }
+            }
+        }
     }
 
     #[test]

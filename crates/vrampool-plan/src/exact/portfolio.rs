@@ -7,11 +7,11 @@
 //! continuous batching), the more so with the gap chosen by the neighbours' ends (`aligned.rs`) rather than
 //! by its size alone; and a first phase placed before the rest changes it much: the longest-lived buffers
 //! first stack before the short ones fragment the bytes under them (KV caches grown by concatenation, a
-//! pipelined step's saved activations), the largest first keep their slots clear of the small ones, and the
-//! chains of grown caches first (`chains.rs`), with the longest-lived fifth, stack the caches before the
-//! rest. Which split wins, and in which direction of time, differs from graph to graph and none wins on most,
-//! so each kind of run tries its variants in turn, and the two kinds share the time (`next_kind`). When all
-//! have run, if a floor run's plan is the best, the squeaky wheel (`floors/squeaky.rs`) runs lowest floor
+//! pipelined step's saved activations), the largest first keep their slots clear of the small ones (the few
+//! of a share of the bound, a step's logits, clear of the many caches), and the chains of grown caches first
+//! (`chains.rs`), with the longest-lived fifth, stack the caches before the rest. Which split wins, and in
+//! which direction of time, differs from graph to graph and none wins on most, so each kind of run tries its
+//! variants in turn, and the two kinds share the time (`next_kind`). When all have run, if a floor run's plan is the best, the squeaky wheel (`floors/squeaky.rs`) runs lowest floor
 //! first again from it, with the buffers that ended highest placed first (where the floors' best is 1-2% above
 //! the bound, on the random instances, it lowered 5 of the 13 plans of seeds 1-6 that were above the bound).
 
@@ -20,6 +20,7 @@ use std::time::Instant;
 use super::aligned::aligned_fit_before;
 use super::chains::chains;
 use super::component::Order;
+use crate::bound::lower_bound_of;
 use crate::floors::{lowest_floor_first, squeaky_wheel, PATIENCE};
 use crate::greedy::best_fit;
 use crate::instance::Instance;
@@ -37,6 +38,10 @@ pub(crate) enum First {
     /// The buffers in chains of ones that replace a smaller one (`chains`: caches grown by concatenation), and
     /// those of `Longest` with this percentage.
     ChainsAndLongest(usize),
+    /// The buffers of at least this many thousandths of the part's lower bound: a step's logits or a prompt's
+    /// MLP rows, each a few percent of the bytes at the busiest moment, whose slots the many smaller caches
+    /// would otherwise break up.
+    Bytes(u64),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,8 +49,8 @@ enum Run {
     Floors(Order),
     Fit(First),
     /// Best fit by start with the gap chosen by the neighbours' ends (`aligned.rs`), among the gaps at most this
-    /// many times the smallest.
-    Aligned(u64),
+    /// many times the smallest, with a first phase.
+    Aligned(u64, First),
 }
 
 /// Lowest floor first's runs, each with whether time runs backwards: by start first, the cheapest good one
@@ -64,20 +69,26 @@ const FLOOR_RUNS: [(Run, bool); 6] = [
 /// Best fit by start's runs: without a first phase first, the allocator's replay; then the gaps chosen by the
 /// neighbours' ends, backwards first (the best plans of serving with continuous batching), with factors 4 and 16
 /// both ways, then 8 and 12 backwards (which factor packs best varies from seed to seed by up to 1% of the
-/// bound, with no trend); then the grown caches first (`chains`, a gain on serving); then the splits, backwards
-/// first (they win more often that way).
-const FIT_RUNS: [(Run, bool); 18] = {
+/// bound, with no trend); then the same with the buffers of 2% of the bound or more first, factors 16 and 4 (on
+/// serving seeds 1-24, factor 16 with them first packs below best fit and factor 16 without them, both ways, on
+/// 13 seeds, by up to 4% of the bound); then the grown caches first (`chains`, a gain on serving); then the
+/// splits, backwards first (they win more often that way).
+const FIT_RUNS: [(Run, bool); 22] = {
     use First::*;
     use Run::{Aligned, Fit};
     [
         (Fit(Nothing), false),
         (Fit(Nothing), true),
-        (Aligned(4), true),
-        (Aligned(4), false),
-        (Aligned(16), true),
-        (Aligned(16), false),
-        (Aligned(8), true),
-        (Aligned(12), true),
+        (Aligned(4, Nothing), true),
+        (Aligned(4, Nothing), false),
+        (Aligned(16, Nothing), true),
+        (Aligned(16, Nothing), false),
+        (Aligned(8, Nothing), true),
+        (Aligned(12, Nothing), true),
+        (Aligned(16, Bytes(20)), true),
+        (Aligned(16, Bytes(20)), false),
+        (Aligned(4, Bytes(20)), true),
+        (Aligned(4, Bytes(20)), false),
         (Fit(ChainsAndLongest(20)), false),
         (Fit(ChainsAndLongest(20)), true),
         (Fit(Longest(50)), true),
@@ -181,8 +192,8 @@ pub(crate) fn best_of_runs(inst: &Instance, order: &[u32], target: u64, ceiling:
                 }
                 plan
             }
-            Run::Aligned(factor) => {
-                aligned_fit_before(timeline, &fit_order(timeline, order, First::Nothing), factor, beat, deadline).0
+            Run::Aligned(factor, first) => {
+                aligned_fit_before(timeline, &fit_order(timeline, order, first), factor, beat, deadline).0
             }
         };
         queue.seconds += began.elapsed().as_secs_f64();
@@ -246,6 +257,13 @@ pub(crate) fn fit_order(timeline: &Instance, part: &[u32], first: First) -> Vec<
         First::Largest(percent) => {
             let cut = cut(&size, percent);
             Box::new(move |i| size(i) <= cut)
+        }
+        First::Bytes(per_mille) => {
+            let bound = lower_bound_of(part.iter().map(|&i| {
+                let i = i as usize;
+                (timeline.lo[i] as u64, timeline.hi[i] as u64, timeline.size[i])
+            }));
+            Box::new(move |i| size(i).saturating_mul(1000) < bound.saturating_mul(per_mille))
         }
     };
     let mut order = part.to_vec();

@@ -46,12 +46,12 @@ fn a_first_phase_comes_first_and_each_phase_goes_by_start() {
                 First::Nothing => 0,
                 First::Longest(_) => timeline.span(i as usize) as u64,
                 First::Largest(_) => timeline.size[i as usize],
-                First::ChainsAndLongest(_) => panic!("chains have their own test"),
+                First::ChainsAndLongest(_) | First::Bytes(_) => panic!("they have their own tests"),
             };
             let percent = match first {
                 First::Nothing => 0,
                 First::Longest(p) | First::Largest(p) => p,
-                First::ChainsAndLongest(_) => panic!("chains have their own test"),
+                First::ChainsAndLongest(_) | First::Bytes(_) => panic!("they have their own tests"),
             };
             // The first phase: the buffers whose key is above the key of rank n (100 - percent) / 100.
             let mut keys: Vec<u64> = part.iter().map(|&i| key(i)).collect();
@@ -67,6 +67,31 @@ fn a_first_phase_comes_first_and_each_phase_goes_by_start() {
                     phase.windows(2).all(|w| timeline.lo[w[0] as usize] <= timeline.lo[w[1] as usize]),
                     "{first:?}"
                 );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_buffers_of_a_share_of_the_bound_come_first_and_each_phase_goes_by_start() {
+    let buffers = random_instance(2_000, 3);
+    let inst = Instance::new(&buffers, 1).unwrap();
+    let mirrored = inst.mirrored();
+    let part: Vec<u32> = (0..inst.len() as u32).rev().collect();
+    let bound = inst.lower_bound();
+    for timeline in [&inst, &mirrored] {
+        for per_mille in [5, 20, 1_001] {
+            let large = |i: u32| timeline.size[i as usize] * 1000 >= bound * per_mille;
+            let head = part.iter().filter(|&&i| large(i)).count();
+            assert!((head > 0) == (per_mille <= 20) && head < part.len() / 2, "{per_mille}: {head} first");
+            let order = fit_order(timeline, &part, First::Bytes(per_mille));
+            let mut sorted = order.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (0..inst.len() as u32).collect::<Vec<_>>(), "a permutation");
+            let (early, late) = order.split_at(head);
+            assert!(early.iter().all(|&i| large(i)) && late.iter().all(|&i| !large(i)), "{per_mille}");
+            for phase in [early, late] {
+                assert!(phase.windows(2).all(|w| timeline.lo[w[0] as usize] <= timeline.lo[w[1] as usize]));
             }
         }
     }
@@ -118,9 +143,8 @@ fn each_run_s_arena(buffers: &[Buffer], inst: &Instance, order: &[u32], far: Ins
                     .zip(lowest_floor_first(timeline, order, tie_break, u64::MAX, far).unwrap())
                     .collect(),
                 Run::Fit(first) => fit_before(timeline, &fit_order(timeline, order, first), u64::MAX, far).0.unwrap(),
-                Run::Aligned(factor) => {
-                    let by_start = fit_order(timeline, order, First::Nothing);
-                    aligned_fit_before(timeline, &by_start, factor, u64::MAX, far).0.unwrap()
+                Run::Aligned(factor, first) => {
+                    aligned_fit_before(timeline, &fit_order(timeline, order, first), factor, u64::MAX, far).0.unwrap()
                 }
             };
             checked(buffers, &plan)
