@@ -173,6 +173,21 @@ fn on_serving_with_caches_regrown_at_every_step_the_neighbours_ends_pack_far_clo
 }
 
 #[test]
+fn on_serving_a_prompt_s_rows_placed_first_keep_their_slot_among_the_caches() {
+    // Seed 11: the bound is reached in a prefill, three MLP rows of 3.7% of the bound each on top of the caches.
+    let buffers = large_graph(GraphFamily::Serving, 11);
+    let inst = Instance::new(&buffers, 1).unwrap();
+    let part: Vec<u32> = (0..inst.len() as u32).collect();
+    let far = Instant::now() + Duration::from_secs(300);
+    let ratio = |first| {
+        let plan = aligned_fit_before(&inst, &fit_order(&inst, &part, first), 16, u64::MAX, far).0.unwrap();
+        checked(&buffers, &plan) as f64 / inst.lower_bound() as f64
+    };
+    let (after, before) = (ratio(First::Nothing), ratio(First::Bytes(20)));
+    assert!(before < 1.04 && after > 1.07, "the large buffers first {before:.4}, with the rest {after:.4}");
+}
+
+#[test]
 fn the_runs_keep_the_best_plan_of_them_all() {
     let buffers = random_instance(3_000, 11);
     let inst = Instance::new(&buffers, 1).unwrap();
