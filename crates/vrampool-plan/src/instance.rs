@@ -51,7 +51,15 @@ impl Instance {
 
     /// The most bytes live at once: no plan needs less.
     pub fn lower_bound(&self) -> u64 {
-        lower_bound_of((0..self.len()).map(|i| (self.lo[i] as u64, self.hi[i] as u64, self.size[i])))
+        self.bound_of(0..self.len() as u32)
+    }
+
+    /// The most bytes of `part`'s buffers live at once.
+    pub(crate) fn bound_of(&self, part: impl IntoIterator<Item = u32>) -> u64 {
+        lower_bound_of(part.into_iter().map(|i| {
+            let i = i as usize;
+            (self.lo[i] as u64, self.hi[i] as u64, self.size[i])
+        }))
     }
 
     /// Lifetime length in segments (the heuristics' tie-break).

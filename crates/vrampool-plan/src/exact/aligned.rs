@@ -58,18 +58,21 @@ impl Taken {
         if self.placed.last().is_some_and(|&(last, _)| inst.lo[last as usize] > inst.lo[i as usize]) {
             self.ending_at.clear();
             self.beginning_at.clear();
-            for &(j, offset) in &self.placed {
-                self.ending_at.entry(offset + inst.size[j as usize]).or_default().push(j);
-                self.beginning_at.entry(offset).or_default().push(j);
+            for (j, offset) in std::mem::take(&mut self.placed) {
+                self.record(inst, j, offset);
             }
         }
         let offset = self.fit(inst, i, factor);
-        let end = offset + inst.size[i as usize];
-        self.index.insert((offset, end), inst.lo[i as usize], inst.hi[i as usize]);
-        self.ending_at.entry(end).or_default().push(i);
-        self.beginning_at.entry(offset).or_default().push(i);
-        self.placed.push((i, offset));
+        self.index.insert((offset, offset + inst.size[i as usize]), inst.lo[i as usize], inst.hi[i as usize]);
+        self.record(inst, i, offset);
         offset
+    }
+
+    /// Buffer `j` at `offset` among the placed, by the offsets where it ends and begins.
+    fn record(&mut self, inst: &Instance, j: u32, offset: u64) {
+        self.ending_at.entry(offset + inst.size[j as usize]).or_default().push(j);
+        self.beginning_at.entry(offset).or_default().push(j);
+        self.placed.push((j, offset));
     }
 
     fn fit(&mut self, inst: &Instance, i: u32, factor: u64) -> u64 {

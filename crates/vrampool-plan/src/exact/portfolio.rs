@@ -11,16 +11,16 @@
 //! of a share of the bound, a step's logits, clear of the many caches), and the chains of grown caches first
 //! (`chains.rs`), with the longest-lived fifth, stack the caches before the rest. Which split wins, and in
 //! which direction of time, differs from graph to graph and none wins on most, so each kind of run tries its
-//! variants in turn, and the two kinds share the time (`next_kind`). When all have run, if a floor run's plan is the best, the squeaky wheel (`floors/squeaky.rs`) runs lowest floor
-//! first again from it, with the buffers that ended highest placed first (where the floors' best is 1-2% above
-//! the bound, on the random instances, it lowered 5 of the 13 plans of seeds 1-6 that were above the bound).
+//! variants in turn, and the two kinds share the time (`next_kind`). When all have run, if a floor run's plan is
+//! the best, the squeaky wheel (`floors/squeaky.rs`) runs lowest floor first again from it, with the buffers
+//! that ended highest placed first (where the floors' best is 1-2% above the bound, on the random instances, it
+//! lowered 5 of the 13 plans of seeds 1-6 that were above the bound).
 
 use std::time::Instant;
 
 use super::aligned::aligned_fit_before;
 use super::chains::chains;
 use super::component::Order;
-use crate::bound::lower_bound_of;
 use crate::floors::{lowest_floor_first, squeaky_wheel, PATIENCE};
 use crate::greedy::best_fit;
 use crate::instance::Instance;
@@ -259,10 +259,7 @@ pub(crate) fn fit_order(timeline: &Instance, part: &[u32], first: First) -> Vec<
             Box::new(move |i| size(i) <= cut)
         }
         First::Bytes(per_mille) => {
-            let bound = lower_bound_of(part.iter().map(|&i| {
-                let i = i as usize;
-                (timeline.lo[i] as u64, timeline.hi[i] as u64, timeline.size[i])
-            }));
+            let bound = timeline.bound_of(part.iter().copied());
             Box::new(move |i| size(i).saturating_mul(1000) < bound.saturating_mul(per_mille))
         }
     };

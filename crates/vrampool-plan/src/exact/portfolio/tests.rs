@@ -29,6 +29,19 @@ fn best_fit_by_start_gives_way_to_the_deadline_and_to_the_arena_to_beat() {
     assert!(stopped >= 1 && stopped <= order.len());
 }
 
+/// Checks that `order` is a permutation of the instance's buffers and that its first `head` and the rest each go
+/// by start on `timeline`; returns the two phases.
+fn phases_by_start<'a>(timeline: &Instance, order: &'a [u32], head: usize) -> (&'a [u32], &'a [u32]) {
+    let mut sorted = order.to_vec();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (0..timeline.len() as u32).collect::<Vec<_>>(), "a permutation");
+    let (early, late) = order.split_at(head);
+    for phase in [early, late] {
+        assert!(phase.windows(2).all(|w| timeline.lo[w[0] as usize] <= timeline.lo[w[1] as usize]), "by start");
+    }
+    (early, late)
+}
+
 #[test]
 fn a_first_phase_comes_first_and_each_phase_goes_by_start() {
     let buffers = random_instance(2_000, 3);
@@ -39,9 +52,6 @@ fn a_first_phase_comes_first_and_each_phase_goes_by_start() {
     for timeline in [&inst, &mirrored] {
         for first in firsts {
             let order = fit_order(timeline, &part, first);
-            let mut sorted = order.clone();
-            sorted.sort_unstable();
-            assert_eq!(sorted, (0..inst.len() as u32).collect::<Vec<_>>(), "{first:?}: a permutation");
             let key = |i: u32| match first {
                 First::Nothing => 0,
                 First::Longest(_) => timeline.span(i as usize) as u64,
@@ -60,14 +70,8 @@ fn a_first_phase_comes_first_and_each_phase_goes_by_start() {
             let head = if percent == 0 { 0 } else { part.iter().filter(|&&i| key(i) > cut).count() };
             assert!(head <= part.len() * percent / 100, "{first:?}: {head} first");
             assert!(percent == 0 || head > 0, "{first:?}: a first phase");
-            let (early, late) = order.split_at(head);
+            let (early, late) = phases_by_start(timeline, &order, head);
             assert!(early.iter().all(|&i| late.iter().all(|&j| key(i) > key(j))), "{first:?}");
-            for phase in [early, late] {
-                assert!(
-                    phase.windows(2).all(|w| timeline.lo[w[0] as usize] <= timeline.lo[w[1] as usize]),
-                    "{first:?}"
-                );
-            }
         }
     }
 }
@@ -85,14 +89,8 @@ fn the_buffers_of_a_share_of_the_bound_come_first_and_each_phase_goes_by_start()
             let head = part.iter().filter(|&&i| large(i)).count();
             assert!((head > 0) == (per_mille <= 20) && head < part.len() / 2, "{per_mille}: {head} first");
             let order = fit_order(timeline, &part, First::Bytes(per_mille));
-            let mut sorted = order.clone();
-            sorted.sort_unstable();
-            assert_eq!(sorted, (0..inst.len() as u32).collect::<Vec<_>>(), "a permutation");
-            let (early, late) = order.split_at(head);
+            let (early, late) = phases_by_start(timeline, &order, head);
             assert!(early.iter().all(|&i| large(i)) && late.iter().all(|&i| !large(i)), "{per_mille}");
-            for phase in [early, late] {
-                assert!(phase.windows(2).all(|w| timeline.lo[w[0] as usize] <= timeline.lo[w[1] as usize]));
-            }
         }
     }
 }
@@ -116,14 +114,8 @@ fn grown_caches_and_the_longest_lived_come_first_and_each_phase_goes_by_start() 
             let head = part.iter().filter(|&&i| first(i)).count();
             assert!((head > 0) == (grows || percent > 0) && head < inst.len(), "{percent}%: {head} first");
             let order = fit_order(timeline, &part, First::ChainsAndLongest(percent));
-            let mut sorted = order.clone();
-            sorted.sort_unstable();
-            assert_eq!(sorted, (0..inst.len() as u32).collect::<Vec<_>>(), "a permutation");
-            let (early, late) = order.split_at(head);
+            let (early, late) = phases_by_start(timeline, &order, head);
             assert!(early.iter().all(|&i| first(i)) && late.iter().all(|&i| !first(i)), "{percent}%");
-            for phase in [early, late] {
-                assert!(phase.windows(2).all(|w| timeline.lo[w[0] as usize] <= timeline.lo[w[1] as usize]));
-            }
         }
     }
 }
