@@ -92,10 +92,22 @@ pub(crate) fn fits(
     nodes: &mut u64,
     node_limit: u64,
 ) -> Outcome {
+    fits_reaching(part, ranking, capacity, deadline, nodes, node_limit).0
+}
+
+/// `fits`, and the most buffers the search had placed at once.
+pub(crate) fn fits_reaching(
+    part: &Component,
+    ranking: &Ranking,
+    capacity: u64,
+    deadline: Instant,
+    nodes: &mut u64,
+    node_limit: u64,
+) -> (Outcome, usize) {
     let mut search = Search::new(part, ranking, capacity, deadline, *nodes, node_limit);
     let outcome = search.run();
     *nodes = search.nodes;
-    outcome
+    (outcome, search.deepest)
 }
 
 enum Undo {
@@ -134,6 +146,9 @@ struct Search<'a> {
     nodes: u64,
     node_limit: u64,
     timed_out: bool,
+    /// Buffers placed now, and the most placed at once.
+    depth: usize,
+    deepest: usize,
     // Scratch for `place` and `refresh_lowest`.
     moved: Vec<(u32, u64)>,
     dirty: Vec<u32>,
@@ -173,6 +188,8 @@ impl<'a> Search<'a> {
             nodes,
             node_limit: limit,
             timed_out: false,
+            depth: 0,
+            deepest: 0,
             moved: Vec::new(),
             dirty: Vec::new(),
             seen: vec![0; sections],
@@ -408,6 +425,8 @@ impl<'a> Search<'a> {
     }
 
     fn mark_placed(&mut self, b: u32) {
+        self.depth += 1;
+        self.deepest = self.deepest.max(self.depth);
         let part = self.part;
         let b_ = b as usize;
         self.placed[b_] = true;
@@ -433,6 +452,7 @@ impl<'a> Search<'a> {
                 }
                 Undo::Rank(i, r) => self.rank[i as usize] = r,
                 Undo::Place(b) => {
+                    self.depth -= 1;
                     let b_ = b as usize;
                     self.placed[b_] = false;
                     for s in part.lo[b_]..part.hi[b_] {
