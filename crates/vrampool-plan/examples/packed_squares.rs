@@ -3,10 +3,10 @@
 //! planned within a budget; one line per square and a count. With `--csv DIR` it only writes them as
 //! `DIR/sq-SEED-DROP.csv` (`id,lower,upper,size`, MiniMalloc's input format), to time another solver on them.
 //!
-//!
 //! With `--anchored`, 30 other squares (seeds 400-429) with one rectangle in ten left out among those not live
 //! at one moment drawn per square, so that at that moment the rectangles still fill the whole 1 MiB: the
-//! bound stays at 1 MiB, as on MiniMalloc's challenging instances, with slack elsewhere.
+//! bound stays at 1 MiB, as on MiniMalloc's challenging instances, with slack elsewhere (`--csv` writes them as
+//! `DIR/anchored-SEED.csv`).
 //!
 //! `cargo run --release -p vrampool-plan --example packed_squares -- [--anchored] (decide | plan) [BUDGET_SECONDS]`
 //! `cargo run --release -p vrampool-plan --example packed_squares -- [--anchored] --csv DIR`
