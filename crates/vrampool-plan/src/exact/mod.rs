@@ -168,15 +168,17 @@ pub(crate) fn exact_decide(inst: &Instance, capacity: u64, budget: Duration, see
     }
     let verdict = on_search_thread(|| {
         let (mut offsets, mut nodes) = (seed.to_vec(), 0);
-        // Large parts window by window, each window searched at the capacity, each part with its share of the
-        // time (the small ones together count as one); a plan within the capacity or none: windows prove
-        // nothing.
+        // Large parts as `plan` searches them, aiming at the capacity, each part with its share of the time
+        // (the small ones together count as one); a plan within the capacity or none: windows prove nothing.
+        // The arena to beat is the seed's, not the capacity: the portfolio's runs end a few percent above the
+        // bound and only their lowering comes down to it, so runs cut at the capacity would find nothing.
         for (k, part) in large.iter().enumerate() {
             let now = Instant::now();
             let left = (large.len() - k + usize::from(!parts.is_empty())) as u32;
             let part_deadline = now + deadline.saturating_duration_since(now) / left;
-            let beat = capacity.saturating_add(1);
-            let Some((placed, _)) = windows::sweeps(inst, part, capacity, beat, part_deadline, &mut nodes) else {
+            let seeded = part.iter().map(|&i| seed[i as usize] + inst.size[i as usize]).max().unwrap_or(0);
+            let found = windows::sweeps(inst, part, capacity, seeded, part_deadline, &mut nodes);
+            let Some((placed, _)) = found.filter(|&(_, arena)| arena <= capacity) else {
                 return Verdict::Unknown;
             };
             for (i, offset) in placed {
