@@ -73,8 +73,7 @@ pub fn exact_search(
 /// [`exact_search`] on the checked instance, until `deadline`, from a seed known to be valid.
 pub(crate) fn search_instance(inst: &Instance, deadline: Instant, seed: Option<&[u64]>) -> ExactOutcome {
     let target = inst.lower_bound();
-    let part_arena = |part: &[u32], plan: &[u64]| part.iter().map(|&i| plan[i as usize] + inst.size[i as usize]).max();
-    let needy = |part: &[u32]| seed.is_none_or(|s| part_arena(part, s).unwrap_or(0) > target);
+    let needy = |part: &[u32]| seed.is_none_or(|s| part_arena(inst, part, s) > target);
 
     // Without a seed, the plan of the parts the search may leave: greedy by size's or else best fit's, each if
     // done in an eighth of the time (where buffers overlap by the ten thousand, either can take longer than
@@ -107,7 +106,7 @@ pub(crate) fn search_instance(inst: &Instance, deadline: Instant, seed: Option<&
                 let part_deadline = now + deadline.saturating_duration_since(now) / left;
                 left -= 1;
                 let incumbent = incumbents.then_some(offsets.as_slice());
-                let seeded = incumbent.map(|s| part_arena(&part, s).unwrap_or(0));
+                let seeded = incumbent.map(|s| part_arena(inst, &part, s));
                 if part.len() > WINDOWS_ABOVE {
                     // The incumbent's plan stays where the windows do no better.
                     let ceiling = seeded.unwrap_or(u64::MAX);
@@ -161,7 +160,7 @@ pub(crate) fn exact_decide(inst: &Instance, capacity: u64, budget: Duration, see
     let deadline = deadline_after(Instant::now(), budget);
     let (large, parts): (Vec<Vec<u32>>, Vec<Vec<u32>>) = component::split(inst)
         .into_iter()
-        .filter(|part| part.iter().map(|&i| seed[i as usize] + inst.size[i as usize]).max().unwrap_or(0) > capacity)
+        .filter(|part| part_arena(inst, part, seed) > capacity)
         .partition(|part| part.len() > WINDOWS_ABOVE);
     if parts.iter().any(|part| !searchable(inst, part)) {
         return Verdict::Unknown;
@@ -176,8 +175,7 @@ pub(crate) fn exact_decide(inst: &Instance, capacity: u64, budget: Duration, see
             let now = Instant::now();
             let left = (large.len() - k + usize::from(!parts.is_empty())) as u32;
             let part_deadline = now + deadline.saturating_duration_since(now) / left;
-            let seeded = part.iter().map(|&i| seed[i as usize] + inst.size[i as usize]).max().unwrap_or(0);
-            let found = windows::sweeps(inst, part, capacity, seeded, part_deadline, &mut nodes);
+            let found = windows::sweeps(inst, part, capacity, part_arena(inst, part, seed), part_deadline, &mut nodes);
             let Some((placed, _)) = found.filter(|&(_, arena)| arena <= capacity) else {
                 return Verdict::Unknown;
             };
@@ -216,6 +214,11 @@ pub(crate) fn exact_decide(inst: &Instance, capacity: u64, budget: Duration, see
         Verdict::Fits(offsets)
     });
     verdict.unwrap_or(Verdict::Unknown)
+}
+
+/// The arena the part's buffers take at `offsets` (parallel to the instance's buffers).
+fn part_arena(inst: &Instance, part: &[u32], offsets: &[u64]) -> u64 {
+    part.iter().map(|&i| offsets[i as usize] + inst.size[i as usize]).max().unwrap_or(0)
 }
 
 /// Whether the search takes on a part (see `MAX_BUFFERS` and `MAX_ENTRIES`).
