@@ -39,18 +39,27 @@ pub fn best_fit_decreasing(buffers: &[Buffer], alignment: u64) -> Result<Vec<u64
 /// [`best_fit_decreasing`] that gives up at `deadline`: the better of the orders finished by then, or `None`
 /// if neither was.
 pub(crate) fn best_fit_decreasing_until(inst: &Instance, deadline: Option<Instant>) -> Option<Vec<u64>> {
-    let by = |key: &dyn Fn(usize) -> (u64, u64)| {
-        let mut order: Vec<u32> = (0..inst.len() as u32).collect();
-        // Larger keys first; ties by earlier start, then input order (the sort is stable).
-        order.sort_by_key(|&i| (std::cmp::Reverse(key(i as usize)), inst.lo[i as usize]));
-        order
-    };
+    let whole: Vec<u32> = (0..inst.len() as u32).collect();
     let arena = |offsets: &[u64]| offsets.iter().zip(&inst.size).map(|(o, s)| o + s).max().unwrap_or(0);
-    let spatial = place_in_order_until(inst, &by(&|i| (inst.size[i], inst.span(i) as u64)), deadline)?;
-    let Some(temporal) = place_in_order_until(inst, &by(&|i| (inst.span(i) as u64, inst.size[i])), deadline) else {
+    let spatial = best_fit_by_size_of(inst, &whole, deadline)?;
+    let temporal = decreasing(inst, &whole, |i| (inst.span(i) as u64, inst.size[i]));
+    let Some(temporal) = place_in_order_until(inst, &temporal, deadline) else {
         return Some(spatial);
     };
     Some(if arena(&temporal) < arena(&spatial) { temporal } else { spatial })
+}
+
+/// Best fit decreasing's spatial order alone (larger size first, then longer lifetime) on the buffers `part`,
+/// the offsets of the others left at 0; `None` once `deadline` has passed.
+pub(crate) fn best_fit_by_size_of(inst: &Instance, part: &[u32], deadline: Option<Instant>) -> Option<Vec<u64>> {
+    place_in_order_until(inst, &decreasing(inst, part, |i| (inst.size[i], inst.span(i) as u64)), deadline)
+}
+
+/// `part` by `key`, larger first; ties by earlier start, then the part's order (the sort is stable).
+fn decreasing(inst: &Instance, part: &[u32], key: impl Fn(usize) -> (u64, u64)) -> Vec<u32> {
+    let mut order = part.to_vec();
+    order.sort_by_key(|&i| (std::cmp::Reverse(key(i as usize)), inst.lo[i as usize]));
+    order
 }
 
 /// Places buffers in `order`, each at the start of the smallest gap that holds it between the placed buffers

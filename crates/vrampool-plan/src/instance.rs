@@ -4,6 +4,7 @@
 
 use crate::bound::lower_bound_of;
 use crate::buffer::{check_buffers, round_up};
+use crate::exact::unit_of_sizes;
 use crate::{Buffer, PlanError};
 
 pub(crate) struct Instance {
@@ -67,6 +68,37 @@ impl Instance {
         self.hi[i] - self.lo[i]
     }
 
+    /// The same buffers with each size rounded up to a class of `bits` significant bits (at most 2^-bits more
+    /// bytes) and to a multiple of the sizes' greatest common divisor (so of the alignment), if that leaves
+    /// at most three quarters as many distinct sizes: where sizes are ragged, buffers of nearly one size
+    /// become interchangeable and classes an octave apart nest, two in one. A plan of it is a plan of `self`.
+    pub(crate) fn in_classes(&self, bits: u32) -> Option<Instance> {
+        let unit = unit_of_sizes(self.size.iter().copied());
+        let class = |size: u64| {
+            let grain = 1u64 << size.checked_ilog2().unwrap_or(0).saturating_sub(bits);
+            size.checked_next_multiple_of(grain)?.checked_next_multiple_of(unit)
+        };
+        let mut sizes = self.size.clone();
+        sizes.sort_unstable();
+        sizes.dedup();
+        // Classes keep the order of sizes, so the distinct classes are the changes along the distinct sizes.
+        let classes = sizes.iter().map(|&s| class(s)).collect::<Option<Vec<u64>>>()?;
+        let merged = 1 + classes.windows(2).filter(|pair| pair[0] != pair[1]).count();
+        if 4 * merged > 3 * sizes.len() {
+            return None;
+        }
+        let size: Vec<u64> = self.size.iter().map(|&s| classes[sizes.binary_search(&s).expect("a size")]).collect();
+        // The planners stack buffers as high as the total of the sizes, which must not overflow.
+        size.iter().try_fold(0u64, |total, &s| total.checked_add(s))?;
+        Some(Instance {
+            size,
+            length: self.length.clone(),
+            lo: self.lo.clone(),
+            hi: self.hi.clone(),
+            segments: self.segments,
+        })
+    }
+
     /// The buffers `part` in order of start, ties by index.
     pub(crate) fn by_start(&self, part: impl IntoIterator<Item = u32>) -> Vec<u32> {
         let mut order: Vec<u32> = part.into_iter().collect();
@@ -93,5 +125,40 @@ mod tests {
             }
         }
         assert_eq!((back.size, back.length), (inst.size, inst.length));
+    }
+
+    #[test]
+    fn classes_round_sizes_up_by_at_most_their_share_and_keep_the_alignment() {
+        let buffers = random_instance(3_000, 7);
+        for alignment in [1, 256, 768] {
+            let inst = Instance::new(&buffers, alignment).unwrap();
+            for bits in [4, 8, 10] {
+                let Some(classes) = inst.in_classes(bits) else { continue };
+                assert_eq!((&classes.lo, &classes.hi, &classes.length), (&inst.lo, &inst.hi, &inst.length));
+                for (&class, &size) in classes.size.iter().zip(&inst.size) {
+                    assert!(size <= class && class % alignment == 0, "{size} to {class}");
+                    // At most a grain of 2^-bits of the size, then up to the next multiple of the alignment.
+                    assert!(class - size < (size >> bits).max(1) + alignment, "{size} to {class}, {bits} bits");
+                }
+            }
+        }
+        // Sizes a power of two plus up to 16 KiB: the classes of 8 bits merge most of them.
+        let inst = Instance::new(&buffers, 1).unwrap();
+        let distinct = |sizes: &[u64]| sizes.iter().collect::<std::collections::BTreeSet<_>>().len();
+        let classes = inst.in_classes(8).expect("ragged sizes merge");
+        assert!(2 * distinct(&classes.size) < distinct(&inst.size), "{}", distinct(&classes.size));
+    }
+
+    #[test]
+    fn classes_that_merge_few_sizes_or_overflow_are_not_made() {
+        // Powers of two and three times them: 2 significant bits, no class of more bits merges any.
+        let sizes: Vec<u64> = (10..40).flat_map(|e| [1u64 << e, 3 << e]).collect();
+        let buffers: Vec<Buffer> = sizes.iter().enumerate().map(|(k, &s)| Buffer::new(k as u64, 0, 1, s)).collect();
+        let inst = Instance::new(&buffers, 1).unwrap();
+        assert!(inst.in_classes(8).is_none());
+        // Near-equal sizes merge, but one at the top of the range would round past u64::MAX.
+        let big = [Buffer::new(0, 0, 1, u64::MAX - 5000), Buffer::new(1, 1, 2, 1000), Buffer::new(2, 1, 2, 1001)];
+        assert!(Instance::new(&big[1..], 1).unwrap().in_classes(4).is_some());
+        assert!(Instance::new(&big, 1).unwrap().in_classes(4).is_none());
     }
 }

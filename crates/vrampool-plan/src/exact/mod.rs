@@ -6,6 +6,7 @@
 
 mod aligned;
 mod chains;
+mod classes;
 mod component;
 mod minimise;
 mod neighbourhood;
@@ -25,6 +26,7 @@ use crate::{validate, Buffer, PlanError};
 use component::Component;
 pub(crate) use component::{Order, Traits};
 use minimise::minimise;
+pub(crate) use minimise::unit_of_sizes;
 use probe::{orders, Prober};
 use search::{Outcome, Ranking};
 
@@ -106,11 +108,10 @@ pub(crate) fn search_instance(inst: &Instance, deadline: Instant, seed: Option<&
                 let part_deadline = now + deadline.saturating_duration_since(now) / left;
                 left -= 1;
                 let incumbent = incumbents.then_some(offsets.as_slice());
-                let seeded = incumbent.map(|s| part_arena(inst, &part, s));
                 if part.len() > WINDOWS_ABOVE {
-                    // The incumbent's plan stays where the windows do no better.
-                    let ceiling = seeded.unwrap_or(u64::MAX);
-                    if let Some((placed, _)) = windows::sweeps(inst, &part, target, ceiling, part_deadline, &mut nodes)
+                    let incumbent = incumbent.map(|s| part_plan(inst, &part, s));
+                    if let Some((placed, _)) =
+                        windows::sweeps(inst, &part, target, incumbent, part_deadline, &mut nodes)
                     {
                         placed.into_iter().for_each(|(i, offset)| offsets[i as usize] = offset);
                     }
@@ -120,8 +121,8 @@ pub(crate) fn search_instance(inst: &Instance, deadline: Instant, seed: Option<&
                     continue;
                 }
                 let comp = Component::new(inst, &part);
-                let found =
-                    minimise(&comp, target, seeded.zip(incumbent.map(|s| local(&comp, s))), part_deadline, &mut nodes);
+                let seeded = incumbent.map(|s| (part_arena(inst, &part, s), local(&comp, s)));
+                let found = minimise(&comp, target, seeded, part_deadline, &mut nodes);
                 bound = bound.max(found.bound);
                 if let Some((arena, local)) = found.plan {
                     write_part(&mut offsets, &comp.members, local.into_iter());
@@ -175,7 +176,8 @@ pub(crate) fn exact_decide(inst: &Instance, capacity: u64, budget: Duration, see
             let now = Instant::now();
             let left = (large.len() - k + usize::from(!parts.is_empty())) as u32;
             let part_deadline = now + deadline.saturating_duration_since(now) / left;
-            let found = windows::sweeps(inst, part, capacity, part_arena(inst, part, seed), part_deadline, &mut nodes);
+            let found =
+                windows::sweeps(inst, part, capacity, Some(part_plan(inst, part, seed)), part_deadline, &mut nodes);
             let Some((placed, _)) = found.filter(|&(_, arena)| arena <= capacity) else {
                 return Verdict::Unknown;
             };
@@ -219,6 +221,11 @@ pub(crate) fn exact_decide(inst: &Instance, capacity: u64, budget: Duration, see
 /// The arena the part's buffers take at `offsets` (parallel to the instance's buffers).
 fn part_arena(inst: &Instance, part: &[u32], offsets: &[u64]) -> u64 {
     part.iter().map(|&i| offsets[i as usize] + inst.size[i as usize]).max().unwrap_or(0)
+}
+
+/// The part's plan at `offsets` (parallel to the instance's buffers), with its arena.
+fn part_plan(inst: &Instance, part: &[u32], offsets: &[u64]) -> portfolio::Placed {
+    (part.iter().map(|&i| (i, offsets[i as usize])).collect(), part_arena(inst, part, offsets))
 }
 
 /// Whether the search takes on a part (see `MAX_BUFFERS` and `MAX_ENTRIES`).

@@ -17,13 +17,16 @@
 //! Before the sweeps, cheaper runs (`portfolio.rs`: lowest floor first and best fit by start, with several
 //! tie-breaks and first phases, in both directions of time) take the time while they beat the best so far: on
 //! most graphs one of them ends within a few thousandths of the bound, where the windows would begin a step
-//! above. The time they leave goes first to lowering the peaks of their best plan and of the one it replaced
+//! above. Where sizes are ragged, best fit decreasing on size classes (`classes.rs`) goes first, as a plan
+//! beside theirs. The time they leave goes first to lowering the peaks of the two best plans, the incumbent's
+//! among them where fewer than two runs beat it, and of the plan on classes where it is lower still
 //! (`neighbourhood.rs`; where a floor run's plan led, the squeaky wheel shakes a plan the bands cannot lower),
 //! then to the sweeps. Best fit's pace, measured in the runs, paces the sweeps. Each sweep, with windows twice
 //! as wide as the last, stops as soon as it cannot beat the best so far.
 
 use std::time::{Duration, Instant};
 
+use super::classes::best_fit_in_classes;
 use super::component::Component;
 use super::neighbourhood::lower_peaks;
 use super::portfolio::{arena_of, best_of_runs, fit_onto, Placed, Runs};
@@ -47,17 +50,29 @@ const SHAKE_PATIENCE: usize = 32;
 /// again.
 const RISES_PER_BOUND: u64 = 1_024;
 
-/// The best plan the sweeps find for the part before `deadline`, if one beats `ceiling` (the arena to beat):
-/// offsets (instance index, offset) and the arena. `target` is the lower bound.
+/// The best plan of the part found before `deadline`, the runs', the lowered plans' or the sweeps', or else
+/// `incumbent` (the part's plan so far, if any, whose arena the runs must beat; it is lowered as theirs are):
+/// offsets (instance index, offset) and the arena; `None` if there is no incumbent and nothing was found in
+/// time. `target` is the lower bound.
 pub(crate) fn sweeps(
     inst: &Instance,
     part: &[u32],
     target: u64,
-    ceiling: u64,
+    incumbent: Option<Placed>,
     deadline: Instant,
     nodes: &mut u64,
-) -> Option<(Vec<(u32, u64)>, u64)> {
+) -> Option<Placed> {
     let order = inst.by_start(part.iter().copied());
+    let ceiling = incumbent.as_ref().map_or(u64::MAX, |p| p.1);
+    // Best fit on size classes first (cheap, and the runs may leave no time after them): a plan to lower beside
+    // theirs, not one they must beat (`classes.rs`). A quarter of the time at most: where every buffer meets
+    // thousands of others (a staircase of 60,000), best fit alone takes longer than the budget.
+    let now = Instant::now();
+    let classes_until = now + deadline.saturating_duration_since(now) / 4;
+    let in_classes = best_fit_in_classes(inst, part, classes_until).filter(|p| p.1 < ceiling);
+    if in_classes.as_ref().is_some_and(|p| p.1 <= target) {
+        return in_classes;
+    }
     let Runs { best, runner_up, fit_seconds, floors_lead } = best_of_runs(inst, &order, target, ceiling, deadline);
     // Where a floor run's plan led, a plan the bands cannot lower is shaken by the squeaky wheel with its
     // tie-break.
@@ -72,7 +87,14 @@ pub(crate) fn sweeps(
             squeaky_wheel(timeline, &order, *tie_break, (offsets, plan.1), (target, SHAKE_PATIENCE), until)?;
         Some((order.iter().copied().zip(offsets).collect(), arena))
     };
-    let plans: Vec<Placed> = best.into_iter().chain(runner_up).collect();
+    // The two best plans are lowered (the incumbent is one of them where fewer than two runs beat it), and
+    // best fit on size classes where it is below both.
+    let mut plans: Vec<Placed> = best.into_iter().chain(runner_up).collect();
+    if plans.len() < 2 {
+        plans.extend(incumbent);
+    }
+    let lowest = plans.iter().map(|p| p.1).min().unwrap_or(u64::MAX);
+    plans.extend(in_classes.filter(|p| p.1 < lowest));
     let mut best = (!plans.is_empty()).then(|| lower_peaks(inst, &order, plans, target, deadline, nodes, shake));
     let Some(fit_seconds) = fit_seconds.filter(|_| best.as_ref().is_none_or(|b| b.1 > target)) else {
         return best;
@@ -234,5 +256,28 @@ mod tests {
         assert_eq!(sweep_until(soon, arena + 1), Some(plan));
         assert_eq!(sweep_until(soon, arena), None);
         assert_eq!(nodes, 0, "no window searched");
+    }
+
+    /// The incumbent is one of the plans lowered, and what comes back is never above it: with no time at all, it
+    /// comes back as it is; with time, lower or as low.
+    #[test]
+    fn the_sweeps_hand_back_the_incumbent_or_a_plan_below_it() {
+        let buffers = random_instance(5_000, 3);
+        let inst = Instance::new(&buffers, 1).unwrap();
+        let part: Vec<u32> = (0..inst.len() as u32).collect();
+        let order = inst.by_start(part.iter().copied());
+        let incumbent = fit_before(&inst, &order, u64::MAX, Instant::now() + Duration::from_secs(60)).0.unwrap();
+        let incumbent = (incumbent.clone(), arena_of(&inst, &incumbent));
+        let (target, mut nodes) = (inst.lower_bound(), 0);
+        assert!(incumbent.1 > target);
+        let now = Instant::now();
+        assert_eq!(sweeps(&inst, &part, target, Some(incumbent.clone()), now, &mut nodes), Some(incumbent.clone()));
+        assert_eq!(sweeps(&inst, &part, target, None, now, &mut nodes), None);
+        let soon = Instant::now() + Duration::from_secs(2);
+        let (plan, arena) = sweeps(&inst, &part, target, Some(incumbent.clone()), soon, &mut nodes).unwrap();
+        let mut offsets = vec![0; inst.len()];
+        plan.iter().for_each(|&(i, o)| offsets[i as usize] = o);
+        assert_eq!(validate(&buffers, &offsets, 1).unwrap(), arena);
+        assert!(arena <= incumbent.1);
     }
 }

@@ -208,3 +208,24 @@ fn backwards_in_time_only_the_order_by_start_places_otherwise() {
     }
     assert!(by_start_differs);
 }
+
+#[test]
+fn settling_lowers_no_buffer_and_keeps_the_plan_valid() {
+    // Best fit decreasing on sizes rounded up to classes leaves room above each buffer; settled, the plan
+    // gives it back and stays valid, each buffer at or below where it was.
+    let buffers = random_instance(3_000, 9);
+    let (inst, part) = whole(&buffers);
+    let classes = inst.in_classes(4).expect("ragged sizes");
+    let loose = crate::greedy::best_fit_by_size_of(&classes, &part, None).unwrap();
+    let mut offsets = vec![0; inst.len()];
+    for (i, o) in settled(&inst, &part, &loose) {
+        assert!(o <= loose[i as usize]);
+        offsets[i as usize] = o;
+    }
+    let (before, after) = (validate(&buffers, &loose, 1).unwrap(), validate(&buffers, &offsets, 1).unwrap());
+    assert!(after < before, "settled {after}, before {before}");
+    // A buffer held up by nothing drops to the floor; one on another stays on it.
+    let pair = [Buffer::new(0, 0, 4, 10), Buffer::new(1, 2, 6, 5), Buffer::new(2, 5, 8, 3)];
+    let (inst, part) = whole(&pair);
+    assert_eq!(settled(&inst, &part, &[7, 20, 40]), [(0, 0), (1, 10), (2, 15)]);
+}
