@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use super::portfolio::place_in_turn;
 use crate::instance::Instance;
-use crate::placed_index::{PlacedIndex, Span};
+use crate::placed_index::{free_elsewhere, PlacedIndex, Span};
 
 /// `order` (by start on `inst`) placed by the rule above, if done before `deadline` with no buffer's top
 /// above `beat`; and how many buffers were placed.
@@ -36,7 +36,10 @@ pub(crate) fn aligned_fit_before(
         gaps: Vec::new(),
         placed: Vec::with_capacity(order.len()),
     };
-    place_in_turn(inst, Vec::with_capacity(order.len()), order, (beat, deadline), |i| taken.place(inst, i, factor))
+    let done =
+        place_in_turn(inst, Vec::with_capacity(order.len()), order, (beat, deadline), |i| taken.place(inst, i, factor));
+    free_elsewhere(taken);
+    done
 }
 
 /// The bytes the placed buffers take, by lifetime and by the offsets where the buffers end and begin; and

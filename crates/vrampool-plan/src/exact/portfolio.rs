@@ -24,7 +24,7 @@ use super::component::Order;
 use crate::floors::{lowest_floor_first, squeaky_wheel, PATIENCE};
 use crate::greedy::best_fit;
 use crate::instance::Instance;
-use crate::placed_index::PlacedIndex;
+use crate::placed_index::{free_elsewhere, PlacedIndex};
 
 /// Which buffers best fit by start places before the rest, each phase in order of start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -289,7 +289,9 @@ pub(crate) fn fit_onto(
     deadline: Instant,
 ) -> (Option<Vec<(u32, u64)>>, usize) {
     let mut spans = Vec::new();
-    place_in_turn(inst, offsets, order, (beat, deadline), |i| best_fit(inst, &mut placed, i, &mut spans))
+    let done = place_in_turn(inst, offsets, order, (beat, deadline), |i| best_fit(inst, &mut placed, i, &mut spans));
+    free_elsewhere(placed);
+    done
 }
 
 /// `order`'s buffers, each at the offset `place` gives it (and records), appended to `offsets`, if done before
