@@ -224,7 +224,7 @@ fn settling_lowers_no_buffer_and_keeps_the_plan_valid() {
     }
     let (before, after) = (validate(&buffers, &loose, 1).unwrap(), validate(&buffers, &offsets, 1).unwrap());
     assert!(after < before, "settled {after}, before {before}");
-    // A buffer held up by nothing drops to the floor; one on another stays on it.
+    // A buffer held up by nothing drops to the floor, and each of the others onto the one below it that it meets.
     let pair = [Buffer::new(0, 0, 4, 10), Buffer::new(1, 2, 6, 5), Buffer::new(2, 5, 8, 3)];
     let (inst, part) = whole(&pair);
     assert_eq!(settled(&inst, &part, &[7, 20, 40]), [(0, 0), (1, 10), (2, 15)]);
