@@ -49,6 +49,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::exact::checked;
     use crate::greedy::best_fit_decreasing_until;
     use crate::{random_instance, validate};
 
@@ -58,9 +59,7 @@ mod tests {
         let inst = Instance::new(&buffers, 1).unwrap();
         let part: Vec<u32> = (0..inst.len() as u32).collect();
         let (plan, arena) = best_fit_in_classes(&inst, &part, Instant::now() + Duration::from_secs(60)).unwrap();
-        let mut offsets = vec![u64::MAX; inst.len()];
-        plan.iter().for_each(|&(i, o)| offsets[i as usize] = o);
-        assert_eq!(validate(&buffers, &offsets, 1).unwrap(), arena);
+        assert_eq!(checked(&buffers, &plan).1, arena);
         let as_given = validate(&buffers, &best_fit_decreasing_until(&inst, None).unwrap(), 1).unwrap();
         let bound = inst.lower_bound() as f64;
         let (ours, theirs) = (arena as f64 / bound, as_given as f64 / bound);

@@ -228,6 +228,16 @@ fn part_plan(inst: &Instance, part: &[u32], offsets: &[u64]) -> portfolio::Place
     (part.iter().map(|&i| (i, offsets[i as usize])).collect(), part_arena(inst, part, offsets))
 }
 
+/// `plan`'s offsets parallel to the buffers, checked by the validator (every buffer placed once), and its arena.
+#[cfg(test)]
+pub(crate) fn checked(buffers: &[Buffer], plan: &[(u32, u64)]) -> (Vec<u64>, u64) {
+    let mut offsets = vec![u64::MAX; buffers.len()];
+    plan.iter().for_each(|&(i, o)| offsets[i as usize] = o);
+    assert!(offsets.iter().all(|&o| o != u64::MAX), "every buffer placed once");
+    let arena = validate(buffers, &offsets, 1).unwrap();
+    (offsets, arena)
+}
+
 /// Whether the search takes on a part (see `MAX_BUFFERS` and `MAX_ENTRIES`).
 fn searchable(inst: &Instance, part: &[u32]) -> bool {
     part.len() <= MAX_BUFFERS && component::cost(inst, part) <= MAX_ENTRIES

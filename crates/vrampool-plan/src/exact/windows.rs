@@ -230,8 +230,9 @@ fn search_window(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::exact::checked;
     use crate::exact::portfolio::fit_before;
-    use crate::{random_instance, validate};
+    use crate::random_instance;
 
     /// A sweep with no time for windows is best fit by start alone, which gives way to the deadline and to the
     /// arena to beat as the portfolio's runs do.
@@ -250,9 +251,7 @@ mod tests {
         let soon = Instant::now() + Duration::from_secs(2);
         let plan = sweep_until(soon, u64::MAX).expect("time for best fit");
         assert_eq!(Some(&plan), fit_before(&inst, &order, u64::MAX, soon).0.as_ref());
-        let mut offsets = vec![0; inst.len()];
-        plan.iter().for_each(|&(i, o)| offsets[i as usize] = o);
-        let arena = validate(&buffers, &offsets, 1).unwrap();
+        let arena = checked(&buffers, &plan).1;
         assert_eq!(sweep_until(soon, arena + 1), Some(plan));
         assert_eq!(sweep_until(soon, arena), None);
         assert_eq!(nodes, 0, "no window searched");
@@ -275,9 +274,7 @@ mod tests {
         assert_eq!(sweeps(&inst, &part, target, None, now, &mut nodes), None);
         let soon = Instant::now() + Duration::from_secs(2);
         let (plan, arena) = sweeps(&inst, &part, target, Some(incumbent.clone()), soon, &mut nodes).unwrap();
-        let mut offsets = vec![0; inst.len()];
-        plan.iter().for_each(|&(i, o)| offsets[i as usize] = o);
-        assert_eq!(validate(&buffers, &offsets, 1).unwrap(), arena);
+        assert_eq!(checked(&buffers, &plan).1, arena);
         assert!(arena <= incumbent.1);
     }
 }

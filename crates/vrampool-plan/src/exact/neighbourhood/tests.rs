@@ -1,17 +1,9 @@
 use std::time::Duration;
 
 use super::*;
+use crate::exact::checked;
 use crate::exact::portfolio::fit_before;
 use crate::{random_instance, validate, Buffer};
-
-/// `plan`'s offsets parallel to the buffers, checked by the validator, and its arena.
-fn checked(buffers: &[Buffer], plan: &[(u32, u64)]) -> (Vec<u64>, u64) {
-    let mut offsets = vec![u64::MAX; buffers.len()];
-    plan.iter().for_each(|&(i, o)| offsets[i as usize] = o);
-    assert!(offsets.iter().all(|&o| o != u64::MAX), "every buffer placed once");
-    let arena = validate(buffers, &offsets, 1).unwrap();
-    (offsets, arena)
-}
 
 /// Lowers the plan `offsets` of `buffers` with a minute to spare.
 fn lowered(buffers: &[Buffer], offsets: &[u64]) -> (Vec<u64>, u64) {

@@ -1,15 +1,8 @@
 use std::time::Duration;
 
 use super::*;
-use crate::{large_graph, random_instance, validate, Buffer, GraphFamily};
-
-/// The plan's arena, checked by the validator.
-fn checked(buffers: &[Buffer], plan: &[(u32, u64)]) -> u64 {
-    let mut offsets = vec![u64::MAX; buffers.len()];
-    plan.iter().for_each(|&(i, o)| offsets[i as usize] = o);
-    assert!(offsets.iter().all(|&o| o != u64::MAX), "every buffer placed once");
-    validate(buffers, &offsets, 1).unwrap()
-}
+use crate::exact::checked;
+use crate::{large_graph, random_instance, Buffer, GraphFamily};
 
 #[test]
 fn best_fit_by_start_gives_way_to_the_deadline_and_to_the_arena_to_beat() {
@@ -21,7 +14,7 @@ fn best_fit_by_start_gives_way_to_the_deadline_and_to_the_arena_to_beat() {
     let (plan, placed) = fit_before(&inst, &order, u64::MAX, far);
     let plan = plan.unwrap();
     assert_eq!(placed, order.len());
-    let arena = checked(&buffers, &plan);
+    let arena = checked(&buffers, &plan).1;
     assert_eq!(plan.iter().map(|&(i, o)| o + inst.size[i as usize]).max(), Some(arena));
     assert_eq!(fit_before(&inst, &order, arena, far).0, Some(plan));
     let (none, stopped) = fit_before(&inst, &order, arena - 1, far);
@@ -139,7 +132,7 @@ fn each_run_s_arena(buffers: &[Buffer], inst: &Instance, order: &[u32], far: Ins
                     aligned_fit_before(timeline, &fit_order(timeline, order, first), factor, u64::MAX, far).0.unwrap()
                 }
             };
-            checked(buffers, &plan)
+            checked(buffers, &plan).1
         })
         .collect()
 }
@@ -157,7 +150,7 @@ fn on_serving_with_caches_regrown_at_every_step_the_neighbours_ends_pack_far_clo
             Some(factor) => aligned_fit_before(timeline, &order, factor, u64::MAX, far).0.unwrap(),
             None => fit_before(timeline, &order, u64::MAX, far).0.unwrap(),
         };
-        checked(&buffers, &plan) as f64 / inst.lower_bound() as f64
+        checked(&buffers, &plan).1 as f64 / inst.lower_bound() as f64
     };
     let fit = ratio(&inst, None).min(ratio(&mirrored, None));
     let aligned = ratio(&mirrored, Some(4));
@@ -173,7 +166,7 @@ fn on_serving_a_prompt_s_rows_placed_first_keep_their_slot_among_the_caches() {
     let far = Instant::now() + Duration::from_secs(300);
     let ratio = |first| {
         let plan = aligned_fit_before(&inst, &fit_order(&inst, &part, first), 16, u64::MAX, far).0.unwrap();
-        checked(&buffers, &plan) as f64 / inst.lower_bound() as f64
+        checked(&buffers, &plan).1 as f64 / inst.lower_bound() as f64
     };
     let (after, before) = (ratio(First::Nothing), ratio(First::Bytes(20)));
     assert!(before < 1.04 && after > 1.07, "the large buffers first {before:.4}, with the rest {after:.4}");
@@ -189,7 +182,7 @@ fn the_runs_keep_the_best_plan_of_them_all() {
     let least = *arenas.iter().min().unwrap();
     let Runs { best, fit_seconds, .. } = best_of_runs(&inst, &order, 0, u64::MAX, far);
     let (plan, arena) = best.unwrap();
-    assert_eq!((checked(&buffers, &plan), arena), (least, least));
+    assert_eq!((checked(&buffers, &plan).1, arena), (least, least));
     assert!(fit_seconds.is_some_and(|s| s > 0.0));
     // Only a plan that beats the ceiling is kept; one that meets the target ends the runs.
     assert_eq!(best_of_runs(&inst, &order, 0, least, far).best, None);
@@ -209,7 +202,7 @@ fn the_squeaky_wheel_takes_the_runs_best_below_every_run_s() {
     let bound = inst.lower_bound();
     assert!(least > bound);
     let (plan, arena) = best_of_runs(&inst, &order, bound, u64::MAX, far).best.unwrap();
-    assert_eq!(checked(&buffers, &plan), arena);
+    assert_eq!(checked(&buffers, &plan).1, arena);
     assert!(arena < least, "{arena} against the runs' {least}");
     assert_eq!(arena, bound, "found by trying seeds: the wheel reaches the bound here");
 }
