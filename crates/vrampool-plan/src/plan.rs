@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::exact::{deadline_after, exact_decide, search_instance, Verdict};
+use crate::exact::{deadline_after, exact_decide, fallback_plan, search_instance, Start, Verdict};
 use crate::floors::floors_by_start;
 use crate::greedy::{best_fit_decreasing_until, greedy_by_size_of, greedy_by_size_until};
 use crate::instance::Instance;
@@ -101,7 +101,13 @@ pub fn plan(buffers: &[Buffer], options: &PlanOptions) -> Result<Plan, PlanError
         Algorithm::GreedyBySize => (greedy_by_size_of(&inst), lower_bound),
         Algorithm::BestFit => (best_fit_decreasing_until(&inst, None).expect("no deadline"), lower_bound),
         Algorithm::Exact => {
-            let outcome = search_instance(&inst, search_deadline(start, options.budget, Duration::ZERO), None);
+            let fallback = fallback_plan(&inst, search_deadline(start, options.budget, Duration::ZERO));
+            // Checked now, so that the search keeps as long as a check takes for the one at the end.
+            let checking = Instant::now();
+            arena(&fallback)?;
+            let check = checking.elapsed();
+            let deadline = search_deadline(start, options.budget, check);
+            let outcome = search_instance(&inst, deadline, Start::Fallback(fallback));
             (outcome.offsets, outcome.bound_bytes)
         }
         Algorithm::Auto => {
@@ -122,7 +128,7 @@ pub fn plan(buffers: &[Buffer], options: &PlanOptions) -> Result<Plan, PlanError
                     greedy_arena,
                     start.checked_add(options.budget / 2),
                 )?;
-                let outcome = search_instance(&inst, search_deadline(start, options.budget, check), Some(&seed));
+                let outcome = search_instance(&inst, search_deadline(start, options.budget, check), Start::Seed(&seed));
                 (outcome.offsets, outcome.bound_bytes)
             }
         }
@@ -381,6 +387,16 @@ mod tests {
             assert_eq!(p.offsets, offsets, "{algorithm}");
             assert_eq!(decide(&buffers, arena - 1, &o).unwrap(), Decision::Unknown, "{algorithm}");
         }
+    }
+
+    #[test]
+    fn exact_with_no_time_hands_back_its_checked_fallback() {
+        // 200 buffers, so that a zero budget stops the bounded passes the fallback tries first.
+        let buffers: Vec<Buffer> = (0..200).map(|i| Buffer::new(i, i % 17, i % 17 + 1 + i % 5, 1 + i % 13)).collect();
+        let inst = Instance::new(&buffers, 1).unwrap();
+        let p = plan(&buffers, &PlanOptions { budget: Duration::ZERO, ..options(Algorithm::Exact) }).unwrap();
+        assert_eq!(p.offsets, floors_by_start(&inst));
+        assert_eq!(p.arena_bytes, validate(&buffers, &p.offsets, 1).unwrap());
     }
 
     #[test]

@@ -57,7 +57,7 @@ pub struct ExactOutcome {
 
 /// Branch and bound within `budget`, starting from `seed` (offsets of a valid plan, e.g. a heuristic's) when
 /// given. Returns the best plan found, never worse than the seed. Without a seed, parts the search could not
-/// solve in time fall back to greedy by size.
+/// solve in time fall back to greedy by size (see [`fallback_plan`]).
 pub fn exact_search(
     buffers: &[Buffer],
     alignment: u64,
@@ -66,29 +66,42 @@ pub fn exact_search(
 ) -> Result<ExactOutcome, PlanError> {
     let deadline = deadline_after(Instant::now(), budget);
     let inst = Instance::new(buffers, alignment)?;
-    if let Some(seed) = seed {
-        validate(buffers, seed, alignment)?;
-    }
-    Ok(search_instance(&inst, deadline, seed))
+    let start = match seed {
+        Some(seed) => {
+            validate(buffers, seed, alignment)?;
+            Start::Seed(seed)
+        }
+        None => Start::Fallback(fallback_plan(&inst, deadline)),
+    };
+    Ok(search_instance(&inst, deadline, start))
 }
 
-/// [`exact_search`] on the checked instance, until `deadline`, from a seed known to be valid.
-pub(crate) fn search_instance(inst: &Instance, deadline: Instant, seed: Option<&[u64]>) -> ExactOutcome {
-    let target = inst.lower_bound();
-    let needy = |part: &[u32]| seed.is_none_or(|s| part_arena(inst, part, s) > target);
+/// What the search starts from: a valid plan in either case.
+pub(crate) enum Start<'a> {
+    /// A plan to beat: its parts at the lower bound are kept, and the others' searches start below them.
+    Seed(&'a [u64]),
+    /// A plan kept only for the parts the search leaves unsolved.
+    Fallback(Vec<u64>),
+}
 
-    // Without a seed, the plan of the parts the search may leave: greedy by size's or else best fit's, each if
-    // done in an eighth of the time (where buffers overlap by the ten thousand, either can take longer than
-    // the budget), or else every buffer at its floor by start.
-    let fallback = match seed {
-        Some(seed) => seed.to_vec(),
-        None => {
-            let eighth = |now: Instant| Some(now + deadline.saturating_duration_since(now) / 8);
-            greedy_by_size_until(inst, eighth(Instant::now()))
-                .or_else(|| best_fit_decreasing_until(inst, eighth(Instant::now())))
-                .unwrap_or_else(|| floors_by_start(inst))
-        }
+/// The plan of the parts an unseeded search may leave: greedy by size's or else best fit's, each if done in an
+/// eighth of the time to `deadline` (where buffers overlap by the ten thousand, either can take longer than the
+/// budget), or else every buffer at its floor by start.
+pub(crate) fn fallback_plan(inst: &Instance, deadline: Instant) -> Vec<u64> {
+    let eighth = |now: Instant| Some(now + deadline.saturating_duration_since(now) / 8);
+    greedy_by_size_until(inst, eighth(Instant::now()))
+        .or_else(|| best_fit_decreasing_until(inst, eighth(Instant::now())))
+        .unwrap_or_else(|| floors_by_start(inst))
+}
+
+/// [`exact_search`] on the checked instance, until `deadline`.
+pub(crate) fn search_instance(inst: &Instance, deadline: Instant, start: Start) -> ExactOutcome {
+    let target = inst.lower_bound();
+    let (fallback, seed) = match start {
+        Start::Seed(seed) => (seed.to_vec(), Some(seed)),
+        Start::Fallback(fallback) => (fallback, None),
     };
+    let needy = |part: &[u32]| seed.is_none_or(|s| part_arena(inst, part, s) > target);
     let mut offsets = fallback;
     let mut nodes = 0;
     let bound = on_search_thread(|| {
