@@ -5,27 +5,35 @@
 //! `cargo run --release -p vrampool-plan --example window_bound -- FAMILY SEED HALF_WIDTH SLACK SECONDS
 //! [WINDOWS]`: windows of HALF_WIDTH steps either side of the WINDOWS (3) most loaded moments, each decided
 //! at (1 + SLACK) times the whole graph's bound within SECONDS; a half width past the last step decides the
-//! whole graph.
+//! whole graph. FAMILY `random-N` is the random instance of N buffers (`random_instance`) of that seed.
 
 use std::time::{Duration, Instant};
 
-use vrampool_plan::{decide, large_graph, lower_bound, Algorithm, Buffer, Decision, GraphFamily, PlanOptions};
+use vrampool_plan::{
+    decide, large_graph, lower_bound, random_instance, Algorithm, Buffer, Decision, GraphFamily, PlanOptions,
+};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [family, seed, half_width, slack, seconds, rest @ ..] = args.as_slice() else {
         return Err("usage: FAMILY SEED HALF_WIDTH SLACK SECONDS [WINDOWS]".into());
     };
-    let family = GraphFamily::ALL.into_iter().find(|f| f.name() == family).ok_or(format!("no family {family}"))?;
     let (seed, half_width, slack): (u64, u64, f64) = (seed.parse()?, half_width.parse()?, slack.parse()?);
     let budget = Duration::from_secs_f64(seconds.parse()?);
     let windows: usize = rest.first().map(|w| w.parse()).transpose()?.unwrap_or(3);
 
-    let buffers = large_graph(family, seed);
+    let buffers = match family.strip_prefix("random-") {
+        Some(n) => random_instance(n.parse()?, seed),
+        None => {
+            let graph =
+                GraphFamily::ALL.into_iter().find(|f| f.name() == family).ok_or(format!("no family {family}"))?;
+            large_graph(graph, seed)
+        }
+    };
     let bound = lower_bound(&buffers);
     let capacity = (bound as f64 * (1.0 + slack)).ceil() as u64;
     let load = load_by_step(&buffers);
-    println!("{} seed {seed}: {} buffers, bound {bound}, {} steps", family.name(), buffers.len(), load.len());
+    println!("{family} seed {seed}: {} buffers, bound {bound}, {} steps", buffers.len(), load.len());
     let mut moments: Vec<u64> = (0..load.len() as u64).collect();
     moments.sort_by_key(|&t| std::cmp::Reverse(load[t as usize]));
     let mut centres: Vec<u64> = Vec::new();
