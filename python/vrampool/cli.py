@@ -388,6 +388,11 @@ def plan_command(args: argparse.Namespace) -> int:
     if result is None:
         if decision.status == "infeasible":
             message = f"proven infeasible: no plan fits in {decision.capacity:,} B"
+        elif args.algorithm in ("greedy-by-size", "best-fit"):
+            message = (
+                f"{args.algorithm}'s plan does not fit in {decision.capacity:,} B; a heuristic searches"
+                " no further and proves nothing (--algorithm auto or exact does)"
+            )
         else:
             message = f"no plan found in the budget ({args.budget_ms} ms) within {decision.capacity:,} B, and no proof that none fits"
         print(json.dumps({"status": decision.status, "capacity": decision.capacity}) if args.json else message)
