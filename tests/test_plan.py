@@ -149,7 +149,7 @@ def test_cli_decides_a_capacity(tmp_path: Path, capsys: pytest.CaptureFixture[st
     # Greedy by size needs more than F's bound, and proves nothing.
     assert main(["plan", "--input", source, "--capacity", "1048576", "--algorithm", "greedy-by-size"]) == 2
     assert capsys.readouterr().out.startswith("greedy-by-size's plan does not fit in 1,048,576 B")
-    # The search's budget can run out: no plan and no proof in a millisecond.
+    # The search's budget can run out: with none, no plan and no proof.
     assert main(["plan", "--input", source, "--capacity", "1048576", "--budget-ms", "0"]) == 2
     assert capsys.readouterr().out.startswith("no plan found in the budget (0 ms) within 1,048,576 B")
 

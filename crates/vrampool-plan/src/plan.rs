@@ -96,16 +96,18 @@ pub fn plan(buffers: &[Buffer], options: &PlanOptions) -> Result<Plan, PlanError
     let inst = Instance::new(buffers, alignment)?;
     let lower_bound = inst.lower_bound();
     let arena = |offsets: &[u64]| validate(buffers, offsets, alignment);
+    // A first plan's arena, and how long its check took: the search keeps that long for the check at the end.
+    let timed_arena = |offsets: &[u64]| {
+        let checking = Instant::now();
+        arena(offsets).map(|bytes| (bytes, checking.elapsed()))
+    };
 
     let (offsets, bound) = match options.algorithm {
         Algorithm::GreedyBySize => (greedy_by_size_of(&inst), lower_bound),
         Algorithm::BestFit => (best_fit_decreasing_until(&inst, None).expect("no deadline"), lower_bound),
         Algorithm::Exact => {
             let fallback = fallback_plan(&inst, search_deadline(start, options.budget, Duration::ZERO));
-            // Checked now, so that the search keeps as long as a check takes for the one at the end.
-            let checking = Instant::now();
-            arena(&fallback)?;
-            let check = checking.elapsed();
+            let (_, check) = timed_arena(&fallback)?;
             let deadline = search_deadline(start, options.budget, check);
             let outcome = search_instance(&inst, deadline, Start::Fallback(fallback));
             (outcome.offsets, outcome.bound_bytes)
@@ -113,10 +115,8 @@ pub fn plan(buffers: &[Buffer], options: &PlanOptions) -> Result<Plan, PlanError
         Algorithm::Auto => {
             // Cheapest first; stop as soon as a plan meets the lower bound.
             let greedy = first_plan(&inst, start, options.budget);
-            let checking = Instant::now();
-            let greedy_arena = arena(&greedy)?;
             // The heuristics' time counts against the budget, and so does the check of the plan at the end.
-            let check = checking.elapsed();
+            let (greedy_arena, check) = timed_arena(&greedy)?;
             if greedy_arena <= lower_bound {
                 (greedy, lower_bound)
             } else {

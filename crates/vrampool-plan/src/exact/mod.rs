@@ -97,12 +97,11 @@ pub(crate) fn fallback_plan(inst: &Instance, deadline: Instant) -> Vec<u64> {
 /// [`exact_search`] on the checked instance, until `deadline`.
 pub(crate) fn search_instance(inst: &Instance, deadline: Instant, start: Start) -> ExactOutcome {
     let target = inst.lower_bound();
-    let (fallback, seed) = match start {
+    let (mut offsets, seed) = match start {
         Start::Seed(seed) => (seed.to_vec(), Some(seed)),
         Start::Fallback(fallback) => (fallback, None),
     };
     let needy = |part: &[u32]| seed.is_none_or(|s| part_arena(inst, part, s) > target);
-    let mut offsets = fallback;
     let mut nodes = 0;
     let bound = on_search_thread(|| {
         let mut bound = target;
