@@ -98,8 +98,8 @@ fn challenging_c() {
 #[test]
 fn challenging_d() {
     // The lower bound (986,112) is not reached; the best known is 1,048,576, and the search does better.
-    // The search cannot meet the bound and spends its whole budget. With 5 s (the targets', met in
-    // benches/planner.rs) it goes below 1 MiB on an idle machine but not on one whose two cores are busy
+    // The search cannot meet the bound and spends its whole budget. With 5 s (the targets' budget, measured
+    // in benches/planner.rs) it goes below 1 MiB on an idle machine but not on one whose two cores are busy
     // elsewhere; the test's generous budget does on both.
     let plan = check("minimalloc-challenging-D.csv", BUDGET);
     assert_eq!(plan.lower_bound_bytes, 986_112);
