@@ -78,7 +78,8 @@ fn ragged_sizes_are_planned_in_classes() {
     // Sizes a power of two plus up to 16 KiB: the portfolio's best plan is 1.054 of the bound and no run or band
     // takes it lower; best fit decreasing on sizes rounded up to classes of 8 bits, settled, is at 1.007. It
     // gets a quarter of the time after the heuristics: in 5 s that is 0.8 s for its 0.5 s on an idle machine,
-    // too little where other tests share the cores, so the test gives 20 s (the 5 s figure is the bench's).
+    // too little where other tests share the cores, so the test gives 20 s (the 5 s figure is BENCHMARKS.md's,
+    // from `random_plan 60000 5 6`).
     let buffers = random_instance(60_000, 6);
     let p = auto(&buffers, Duration::from_secs(20));
     let ratio = p.arena_bytes as f64 / p.lower_bound_bytes as f64;
