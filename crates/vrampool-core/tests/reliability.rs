@@ -524,3 +524,39 @@ fn sizes_the_live_table_cannot_hold_are_refused_and_the_largest_taken_is_recorde
         }
     }
 }
+
+#[test]
+fn a_segment_the_device_fails_to_free_stays_the_pools_and_the_next_trim_frees_it() {
+    let config = PoolConfig { strategy: StrategyKind::BestFit, expandable: false, ..PoolConfig::default() };
+    let (pool, dev) = pool_with(64 * MIB, config);
+    let a = pool.allocate(2 * MIB, StreamId(0)).unwrap();
+    pool.free(a, None, None).unwrap();
+    let reserved = pool.stats().reserved_bytes.current;
+    dev.fail_free_in(1);
+    assert!(pool.trim().is_err(), "the failed free is reported");
+    assert_eq!(pool.stats().reserved_bytes.current, reserved, "still reserved");
+    let shown: u64 = pool.snapshot().iter().map(|s| s.size).sum();
+    assert_eq!(shown, reserved, "and still in the snapshot");
+    assert_eq!(pool.trim().unwrap(), reserved, "the next trim gives it back");
+    assert_eq!((pool.stats().reserved_bytes.current, dev.counters().live_segments), (0, 0));
+    let b = pool.allocate(2 * MIB, StreamId(0)).unwrap();
+    pool.free(b, None, None).unwrap();
+    dev.fail_free_in(1);
+    assert!(pool.trim().is_err());
+    assert!(pool.close().is_empty(), "no block is live");
+    assert_eq!(dev.counters().live_segments, 0, "close tried the free again");
+}
+
+#[test]
+fn memory_goes_back_after_waiting_for_its_own_streams_alone() {
+    let (pool, dev) = pool_with(GIB, PoolConfig::default());
+    dev.set_auto_complete(false);
+    let (s1, s2) = (StreamId(11), StreamId(12));
+    let a = pool.allocate(8 * MIB, s1).unwrap();
+    let b = pool.allocate(8 * MIB, s2).unwrap();
+    pool.free(a, None, None).unwrap();
+    let syncs = dev.counters().stream_syncs;
+    assert!(pool.trim().unwrap() > 0);
+    assert_eq!(dev.counters().stream_syncs - syncs, 1, "one wait, for the stream whose memory went back");
+    pool.free(b, None, None).unwrap();
+}

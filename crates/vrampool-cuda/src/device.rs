@@ -278,6 +278,12 @@ impl Device for CudaDevice {
         Ok(base)
     }
 
+    fn synchronize_stream(&self, stream: StreamId) -> DeviceResult<()> {
+        // A stream destroyed since the pool used it has no work left, but its handle is no
+        // longer valid: the context's sync then stands in for it.
+        CudaDevice::synchronize_stream(self, stream).or_else(|_| self.synchronize())
+    }
+
     fn free_segment(&self, base: u64, size: u64) -> DeviceResult<()> {
         // Claim the segment first so that two frees of it cannot both reach the driver.
         let segment = {
@@ -289,9 +295,8 @@ impl Device for CudaDevice {
         }
         .ok_or_else(|| DeviceError::Driver(format!("free of unknown segment {base:#x} ({size} B)")))?;
         let result = self.enter().and_then(|_current| {
-            // Like PyTorch before it releases cached blocks: no stream may still use the memory.
-            calls::ctx_synchronize()?;
-            // SAFETY: the segment is ours, claimed above (so freed once), and the context is idle.
+            // SAFETY: the segment is ours, claimed above (so freed once); the caller waited for the
+            // streams that used it (`Device::synchronize_stream`).
             unsafe { calls::mem_free(segment.raw) }
         });
         if result.is_err() {
@@ -380,9 +385,8 @@ impl Device for CudaDevice {
         .ok_or_else(|| DeviceError::Driver(format!("unmap of {addr:#x}+{size} that was not mapped")))?;
         let bytes = size as usize;
         let result = self.enter().and_then(|_current| {
-            calls::ctx_synchronize()?;
-            // SAFETY: one whole range we mapped, claimed above (so unmapped once), and the
-            // context is idle, so no queued work still touches it.
+            // SAFETY: one whole range we mapped, claimed above (so unmapped once); the caller
+            // waited for the streams whose work touched it (`Device::synchronize_stream`).
             unsafe { calls::mem_unmap(addr, bytes) }
         });
         let mut vm = self.vm.lock();

@@ -246,6 +246,7 @@ fn emulated_growth_is_at_most_32_maps_and_trim_unmaps_each() {
         "cuEventRecord",
         "cuEventQuery",
         "cuEventCreate",
+        "cuStreamSynchronize",
     ];
     let calls = |from: &[u64]| -> Vec<u64> { counted.iter().zip(from).map(|(n, f)| call_count(n) - f).collect() };
     let now = || counted.iter().map(|n| call_count(n)).collect::<Vec<_>>();
@@ -268,6 +269,7 @@ fn emulated_growth_is_at_most_32_maps_and_trim_unmaps_each() {
     let trim = calls(&start);
     println!("calls for a trim of both growths: {:?}", counted.iter().zip(&trim).filter(|(_, &c)| c > 0).collect::<Vec<_>>());
     assert_eq!(&trim[4..7], &[50, 50, 1], "one unmap and one release per piece, then the range goes");
+    assert_eq!((trim[9], trim[13]), (0, 1), "the trim waits for the stream that used the memory, not the context");
     assert_eq!(dev.mapped_bytes(), 0);
     // A cross-stream reuse: one event recorded at the free, queried until done.
     let other = dev.create_stream().unwrap();

@@ -46,8 +46,16 @@ pub trait Device: Send + Sync {
     /// Allocates a segment of `size` bytes (device memory, like `cuMemAlloc`), aligned to >= 512 B.
     fn alloc_segment(&self, size: u64) -> DeviceResult<u64>;
 
-    /// Frees a segment that `alloc_segment` returned, with the size it was allocated with.
+    /// Frees a segment that `alloc_segment` returned, with the size it was allocated with. It
+    /// waits for no stream: the caller waits first (`synchronize_stream`) for the streams whose
+    /// work may still touch the memory.
     fn free_segment(&self, base: u64, size: u64) -> DeviceResult<()>;
+
+    /// Waits until the work queued so far on `stream` is done (`cuStreamSynchronize`). The pool
+    /// calls it before memory that the stream's blocks used goes back to the device.
+    fn synchronize_stream(&self, _stream: StreamId) -> DeviceResult<()> {
+        Ok(())
+    }
 
     fn mem_info(&self) -> DeviceResult<MemInfo>;
 
@@ -73,7 +81,8 @@ pub trait Device: Send + Sync {
         Err(DeviceError::Unsupported("virtual-memory growth"))
     }
 
-    /// Unmaps a range `map` mapped and gives its physical memory back.
+    /// Unmaps a range `map` mapped and gives its physical memory back; like `free_segment`, it
+    /// waits for no stream.
     fn unmap(&self, _addr: u64, _size: u64) -> DeviceResult<()> {
         Err(DeviceError::Unsupported("virtual-memory growth"))
     }

@@ -71,6 +71,7 @@ impl Drop for HostMemory {
 struct Faults {
     /// Fail the segment allocation whose 1-based call number equals this.
     alloc_at: Option<u64>,
+    free_at: Option<u64>,
     map_at: Option<u64>,
     record_at: Option<u64>,
 }
@@ -87,6 +88,8 @@ pub struct SimCounters {
     /// Bytes of physical memory in use: live segments plus mapped ranges.
     pub used: u64,
     pub zero_fills: u64,
+    /// `synchronize_stream` calls.
+    pub stream_syncs: u64,
 }
 
 struct Range {
@@ -160,6 +163,12 @@ impl SimDevice {
     pub fn fail_alloc_in(&self, n: u64) {
         let mut state = self.state.lock();
         state.faults.alloc_at = Some(state.counters.alloc_calls + n);
+    }
+
+    /// Makes the `n`-th segment free from now fail with an injected fault (the segment stays).
+    pub fn fail_free_in(&self, n: u64) {
+        let mut state = self.state.lock();
+        state.faults.free_at = Some(state.counters.free_calls + n);
     }
 
     /// Makes the `n`-th map from now fail with an injected fault.
@@ -306,9 +315,18 @@ impl Device for SimDevice {
         }
     }
 
+    fn synchronize_stream(&self, stream: StreamId) -> DeviceResult<()> {
+        self.state.lock().counters.stream_syncs += 1;
+        self.complete_stream(stream);
+        Ok(())
+    }
+
     fn free_segment(&self, base: u64, size: u64) -> DeviceResult<()> {
         let mut state = self.state.lock();
         state.counters.free_calls += 1;
+        if state.faults.free_at == Some(state.counters.free_calls) {
+            return Err(DeviceError::InjectedFault("free"));
+        }
         match state.segments.get(&base) {
             Some(range) if range.size == size => {}
             _ => return Err(DeviceError::Driver(format!("free of unknown segment {base:#x} ({size} B)"))),

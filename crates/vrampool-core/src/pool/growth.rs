@@ -88,13 +88,27 @@ impl PoolCore {
         let mut chosen = choose_spares(self.spares(growing), need);
         chosen.sort_unstable_by_key(|s| (s.stream, s.tier, s.reservation, s.range.base));
         let (mut bytes, mut first_error) = (0, None);
+        // Design: the memory goes back once the streams whose blocks used it are idle, each
+        // waited for alone: a context-wide sync would also wait for every other stream's work.
+        // (Other streams that used a block were waited for through events before it was freed.)
+        // A stream that cannot be waited for keeps its memory.
+        let mut idle = Vec::new();
+        for stream in chosen.iter().map(|s| s.stream).collect::<std::collections::BTreeSet<_>>() {
+            match self.device.synchronize_stream(stream) {
+                Ok(()) => idle.push(stream),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        chosen.retain(|s| idle.contains(&s.stream));
         let mut released = Vec::new();
         for group in chosen.chunk_by(|a, b| (a.stream, a.tier) == (b.stream, b.tier)) {
             let (stream, tier) = (group[0].stream, group[0].tier);
             let arena = self.arena(stream);
             let mut strategy = self.lock_tier(&arena, tier);
             let plain: Vec<Segment> = group.iter().filter(|s| s.reservation.is_none()).map(|s| s.range).collect();
-            released.extend(strategy.release_segments(&plain).into_iter().map(|s| (s, stream)));
+            released.extend(strategy.release_segments(&plain).into_iter().map(|s| (s, stream, tier)));
             if self.vm.as_ref().is_some_and(|vm| vm.tier == tier) {
                 let (unmapped, error) = self.unmap_spares(&mut **strategy, &arena, group);
                 bytes += unmapped;
@@ -103,7 +117,7 @@ impl PoolCore {
                 }
             }
         }
-        for (segment, stream) in released {
+        for (segment, stream, tier) in released {
             self.counters.num_device_free.fetch_add(1, Relaxed);
             match self.device.free_segment(segment.base, segment.size) {
                 Ok(()) => {
@@ -114,6 +128,9 @@ impl PoolCore {
                     self.log(EventKind::SegmentFree, segment.base, segment.size, stream);
                 }
                 Err(e) => {
+                    // Still the pool's: back into its tier, where snapshots show it and the next
+                    // trim, close or drop tries again.
+                    self.lock_tier(&self.arena(stream), tier).add_segment(segment);
                     first_error.get_or_insert(e);
                 }
             }

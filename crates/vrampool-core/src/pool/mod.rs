@@ -452,6 +452,9 @@ impl Drop for PoolCore {
         for e in std::mem::take(&mut *self.deferred.lock()) {
             e.events.into_iter().for_each(|ev| self.device.release_event(ev));
         }
+        self.for_each_arena(|arena| {
+            let _ = self.device.synchronize_stream(arena.stream);
+        });
         // An expandable segment's runs show in the snapshot too: they go with their reservation.
         segments.retain(|s| !reservations.iter().any(|r| r.contains(s.base)));
         for s in segments {
