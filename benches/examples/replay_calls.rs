@@ -32,7 +32,10 @@ fn main() {
         ("torch", ReplayTarget::Peer(PeerConfig::named("torch").expect("a model"))),
         ("torch+expandable", ReplayTarget::Peer(PeerConfig::named("torch+expandable").expect("a model"))),
     ];
-    println!("{:<16} {:>9} {:<17} {:>8} {:>8} {:>8}", "trace", "bound MiB", "row", "reserved", "allocs", "frees");
+    println!(
+        "{:<16} {:>9} {:<17} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10}",
+        "trace", "bound MiB", "row", "pass 1", "reserved", "allocs", "frees", "last alloc", "last frees"
+    );
     for path in traces {
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| fail(&format!("{path}: {e}")));
         let buffers = read_trace_csv(&text).unwrap_or_else(|e| fail(&format!("{path}: {e}")));
@@ -42,9 +45,13 @@ fn main() {
         for (row, target) in &targets {
             let options = ReplayOptions { samples: 0, capacity: None, repeat, trim_each_pass };
             let r = replay_prepared(&prepared, target, options).unwrap_or_else(|e| fail(&format!("{path}: {e}")));
-            let ratio = r.peak_reserved_bytes as f64 / r.lower_bound_bytes as f64;
+            let ratio = |bytes: u64| bytes as f64 / r.lower_bound_bytes as f64;
+            let (first, last) = (ratio(r.first_pass_peak_reserved_bytes), ratio(r.peak_reserved_bytes));
             let bound = r.lower_bound_bytes >> 20;
-            println!("{name:<16} {bound:>9} {row:<17} {ratio:>8.3} {:>8} {:>8}", r.device_allocs, r.device_frees);
+            println!(
+                "{name:<16} {bound:>9} {row:<17} {first:>8.3} {last:>8.3} {:>8} {:>8} {:>10} {:>10}",
+                r.device_allocs, r.device_frees, r.last_pass_device_allocs, r.last_pass_device_frees
+            );
         }
     }
 }

@@ -136,6 +136,12 @@ pub struct ReplayReport {
     pub device_allocs: u64,
     /// Segments given back to the device (frees, or unmap calls).
     pub device_frees: u64,
+    /// The peak reserved at the end of the first copy of the trace (the whole replay's, for one).
+    pub first_pass_peak_reserved_bytes: u64,
+    /// Device allocations and frees made during the last copy alone: a repeating workload's
+    /// steady state (every call, for one copy).
+    pub last_pass_device_allocs: u64,
+    pub last_pass_device_frees: u64,
     /// External fragmentation (1 - largest free range / bytes in free ranges) at the sample with
     /// the most bytes allocated: how scattered the spare memory is when memory is tightest (0
     /// when the replay samples no timeline).
@@ -455,10 +461,20 @@ fn run<R: Replayed>(prepared: &PreparedTrace, target: &mut R, options: ReplayOpt
     let mut until_sample = stride;
     let mut out_of_memory = None;
     let mut done = events;
+    let pass = prepared.ops.len();
+    let last_pass = events - pass;
+    let (mut first_pass_peak, mut before_last_pass) = (None, (0, 0));
     let start = Instant::now();
     for (index, &(slot, size, stream)) in prepared.ops.iter().cycle().take(events).enumerate() {
-        if trim_each_pass && index > 0 && index % prepared.ops.len() == 0 {
+        if index == pass {
+            first_pass_peak = Some(target.totals().0);
+        }
+        if trim_each_pass && index > 0 && index % pass == 0 {
             target.trim().map_err(|source| ReplayError::Pool { index, source })?;
+        }
+        if index == last_pass {
+            let (_, _, allocs, frees) = target.totals();
+            before_last_pass = (allocs, frees);
         }
         let result = if size > 0 {
             target.allocate(size, stream).map(|addr| addrs[slot as usize] = addr)
@@ -496,6 +512,9 @@ fn run<R: Replayed>(prepared: &PreparedTrace, target: &mut R, options: ReplayOpt
         events_per_s: if seconds > 0.0 { done as f64 / seconds } else { 0.0 },
         device_allocs,
         device_frees,
+        first_pass_peak_reserved_bytes: first_pass_peak.unwrap_or(peak_reserved_bytes),
+        last_pass_device_allocs: device_allocs - before_last_pass.0,
+        last_pass_device_frees: device_frees - before_last_pass.1,
         fragmentation,
         timeline,
         out_of_memory,

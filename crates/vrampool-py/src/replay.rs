@@ -135,6 +135,9 @@ fn report_dict<'py>(py: Python<'py>, r: &ReplayReport) -> PyResult<Bound<'py, Py
     out.set_item("events_per_s", r.events_per_s)?;
     out.set_item("device_allocs", r.device_allocs)?;
     out.set_item("device_frees", r.device_frees)?;
+    out.set_item("first_pass_peak_reserved_bytes", r.first_pass_peak_reserved_bytes)?;
+    out.set_item("last_pass_device_allocs", r.last_pass_device_allocs)?;
+    out.set_item("last_pass_device_frees", r.last_pass_device_frees)?;
     out.set_item("fragmentation", r.fragmentation)?;
     match &r.out_of_memory {
         None => out.set_item("out_of_memory", py.None())?,
