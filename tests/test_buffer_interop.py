@@ -593,6 +593,16 @@ def fake_numba(monkeypatch: pytest.MonkeyPatch) -> Any:
     return cuda
 
 
+class RawDevice:
+    """cuda.bindings' ``CUdevice``: no ``id``, ``int()`` is the ordinal."""
+
+    def __init__(self, ordinal: int) -> None:
+        self.ordinal = ordinal
+
+    def __int__(self) -> int:
+        return self.ordinal
+
+
 def test_numba_plugin_glue(monkeypatch: pytest.MonkeyPatch, sim_shared_pool: DevicePool) -> None:
     import vrampool.numba
 
@@ -601,18 +611,32 @@ def test_numba_plugin_glue(monkeypatch: pytest.MonkeyPatch, sim_shared_pool: Dev
     cls = vrampool.numba._numba_memory_manager  # what NUMBA_CUDA_MEMORY_MANAGER=vrampool.numba reads
     assert cls is vrampool.numba.VrampoolMemoryManager
     assert issubclass(cls, cuda.HostOnlyCUDAMemoryManager)
-    context = types.SimpleNamespace(device=types.SimpleNamespace(id=0))
+    synced: List[int] = []
+    context = types.SimpleNamespace(device=types.SimpleNamespace(id=0), create_stream=lambda: 77, synchronize=lambda: synced.append(1))
     manager = cls(context=context)
     manager.initialize()
     assert manager.interface_version == 1
+    native(sim_shared_pool).sim_set_auto_complete(False)  # the simulated streams' work stays pending
     mp = manager.memalloc(3000)
     assert mp.size == 3000 and mp.context is context
     (block,) = native(sim_shared_pool).live_blocks()
-    assert mp.device_pointer.value == block[0]
+    assert mp.device_pointer.value == block[0] and block[3] == 77, "on the manager's own stream"
     ctypes.memset(mp.device_pointer.value, 7, 3000)
     mp.finalizer()
     mp.finalizer()  # Numba calls it once; a second call still frees nothing twice
     assert counts(sim_shared_pool) == {"current": 0, "allocated": 1, "freed": 1}
+    # The free names no stream: the block waits for the legacy default stream (which waits for
+    # every blocking stream) before the next array may have it.
+    second = manager.memalloc(3000)
+    assert second.device_pointer.value != mp.device_pointer.value, "reused before the streams passed the free"
+    second.finalizer()
+    native(sim_shared_pool).sim_complete_stream(0)
+    third = manager.memalloc(3000)
+    assert third.device_pointer.value in (mp.device_pointer.value, second.device_pointer.value)
+    third.finalizer()
+    native(sim_shared_pool).sim_complete_stream(0)
+    assert counts(sim_shared_pool) == {"current": 0, "allocated": 3, "freed": 3} and not synced
+    native(sim_shared_pool).sim_set_auto_complete(True)
     assert manager.memalloc(0).device_pointer.value == 0
     info = manager.get_memory_info()
     assert 0 < info.free <= info.total == 1 << 30
@@ -623,6 +647,10 @@ def test_numba_plugin_glue(monkeypatch: pytest.MonkeyPatch, sim_shared_pool: Dev
     assert counts(sim_shared_pool)["current"] == 0
     manager.reset()
     assert manager.resets == 1 and sim_shared_pool.stats()["reserved_bytes.all.current"] == 0
+    # A context wrapped from a third party's names its device by the raw CUdevice (int() of it).
+    raw = cls(context=types.SimpleNamespace(device=RawDevice(0)))
+    raw.initialize()
+    assert raw.pool is sim_shared_pool
     with pytest.raises(AttributeError):
         vrampool.numba.no_such_thing  # noqa: B018
     vrampool.numba.install()

@@ -147,6 +147,32 @@ def test_bad_input_is_one_line_and_exit_1(args: List[str], message: str, trace_f
     assert captured.out == ""
 
 
+def test_capture_refuses_an_output_it_cannot_write_before_capturing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import vrampool.workloads
+
+    def no_capture(*_: object, **__: object) -> None:
+        raise AssertionError("captured before the output path was checked")
+
+    monkeypatch.setattr(vrampool.workloads, "capture_workload", no_capture)
+    for output, message in [(tmp_path / "missing" / "t.jsonl", "no folder"), (tmp_path, "it is a folder")]:
+        assert main(["capture", "--model", "cnn", "--output", str(output)]) == 1
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1 and err.startswith("vrampool capture: cannot write"), err
+    assert not (tmp_path / "missing").exists()
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_capture_of_a_model_function_that_exits_is_one_line_and_no_file(code: int, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    script = tmp_path / "quitter.py"
+    script.write_text(f"import sys\ndef build():\n    sys.exit({code})\nclass Halt(BaseException):\n    pass\ndef halt():\n    raise Halt('no more')\n")
+    out = tmp_path / "t.jsonl"
+    for function, message in [("build", f"build exited with code {code} before its steps finished"), ("halt", "halt raised Halt: no more")]:
+        done = run(["capture", "--model", f"{script}:{function}", "--output", str(out)])
+        assert done.returncode == 1 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr and done.stdout == "" and not out.exists()
+
+
 def test_as_a_process(trace_file: Path, tmp_path: Path) -> None:
     done = run(["replay", str(trace_file), "--strategy", "all", "--json"])
     assert done.returncode == 0, done.stderr

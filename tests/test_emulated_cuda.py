@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import json
 import os
 import random
+import subprocess
+import sys
 from ctypes import POINTER, byref, c_char_p, c_double, c_int, c_size_t, c_uint, c_uint64, c_void_p
 from typing import Callable, Dict, Iterator, List, Tuple
 
@@ -461,3 +464,65 @@ def test_emulated_async_copies_with_pageable_memory_behave_as_the_drivers(pool: 
     assert DRIVER.read(buf.ptr, MIB) == b"\x01" * MIB
     pool.deallocate(buf)
     DRIVER.check(DRIVER.lib.cuStreamDestroy_v2(c_void_p(a)))
+
+
+#: Four threads of Numba arrays through the EMM plugin, each dropping the source of an async
+#: copy still queued on its own stream (behind a delayed kernel), while the others allocate and
+#: fill arrays on theirs: prints the race reports and the wrong bytes the copies delivered.
+NUMBA_DROPS_SOURCES = """
+import ctypes, json, threading
+import numpy as np
+from numba import cuda
+
+lib = ctypes.CDLL("libcuda.so.1")
+lib.emucuda_races.restype = ctypes.c_uint64
+lib.emucuda_launch_fill.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint8, ctypes.c_uint, ctypes.c_void_p]
+N, ROUNDS, THREADS = 64 << 10, 10, 4
+assert type(cuda.current_context().memory_manager).__name__ == "VrampoolMemoryManager"
+
+def ptr(array):
+    return array.__cuda_array_interface__["data"][0]
+
+def fill(array, value, delay_us, stream):
+    assert lib.emucuda_launch_fill(ptr(array), array.nbytes, value, delay_us, ctypes.c_void_p(int(stream))) == 0
+
+before = lib.emucuda_races()
+wrong = [0] * THREADS
+start = threading.Barrier(THREADS)
+
+def worker(t):
+    stream = cuda.stream()
+    busy = cuda.device_array(512, np.uint8, stream=stream)
+    copies = []
+    start.wait()
+    for i in range(ROUNDS):
+        value = 1 + (t * ROUNDS + i) % 250
+        src = cuda.device_array(N, np.uint8, stream=stream)
+        fill(src, value, 0, stream)
+        dst = cuda.device_array(N, np.uint8, stream=stream)
+        fill(busy, 0, 20_000, stream)  # the copy below waits for this kernel
+        dst.copy_to_device(src, stream=stream)
+        del src  # freed while the copy that reads it is still queued
+        scribble = cuda.device_array(N, np.uint8, stream=stream)
+        fill(scribble, 0xEE, 0, stream)
+        copies.append((value, dst, scribble))
+    stream.synchronize()
+    wrong[t] = sum(int((dst.copy_to_host() != value).sum()) for value, dst, _ in copies)
+
+threads = [threading.Thread(target=worker, args=(t,)) for t in range(THREADS)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+cuda.synchronize()
+print(json.dumps({"races": lib.emucuda_races() - before, "wrong": sum(wrong)}))
+"""
+
+
+def test_emulated_numba_arrays_dropped_under_pending_copies_are_not_reused_early() -> None:
+    pytest.importorskip("numba.cuda")
+    # Not strict: a race is counted rather than ending the child, so the figures say how many.
+    env = dict(os.environ, NUMBA_CUDA_MEMORY_MANAGER="vrampool.numba", EMULATED_CUDA_STRICT="0")
+    done = subprocess.run([sys.executable, "-c", NUMBA_DROPS_SOURCES], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == {"races": 0, "wrong": 0}

@@ -408,6 +408,90 @@ def test_daemon_threads_inside_pool_calls_at_interpreter_exit_do_not_abort_the_p
         assert "FATAL" not in done.stderr
 
 
+def test_a_fork_while_threads_hammer_a_planned_pool_gives_children_that_raise_and_never_hang() -> None:
+    done = _run(
+        """
+        import os, threading, time
+        from vrampool import DevicePool, PoolClosedError
+        planned = DevicePool("sim", capacity=1 << 30).planned()
+        stop = False
+        def churn(t):
+            i = 0
+            while not stop:
+                ptrs = [planned.allocate(512 * (1 + (i + k + t) % 9)) for k in range(16)]
+                for p in ptrs:
+                    planned.deallocate(p)
+                planned.step(i % 3)
+                planned.stats()
+                i += 1
+        threads = [threading.Thread(target=churn, args=(t,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        hung = failed = 0
+        for _ in range(30):
+            time.sleep(0.005)
+            pid = os.fork()
+            if pid == 0:
+                code = 0
+                for call in (lambda: planned.allocate(4096), lambda: planned.step(), planned.stats, planned.release_arena,
+                             lambda: planned.deallocate(1 << 20), lambda: planned.record_stream(1 << 20, 7)):
+                    try:
+                        call()
+                        code = 3
+                    except PoolClosedError as e:
+                        code = code or (0 if "forked" in str(e) else 4)
+                os._exit(code)
+            deadline = time.time() + 10
+            while True:
+                got, status = os.waitpid(pid, os.WNOHANG)
+                if got:
+                    failed += os.waitstatus_to_exitcode(status) != 0
+                    break
+                if time.time() > deadline:
+                    os.kill(pid, 9)
+                    os.waitpid(pid, 0)
+                    hung += 1
+                    break
+                time.sleep(0.01)
+        stop = True
+        for t in threads:
+            t.join()
+        print(hung, failed)
+        """,
+        timeout=400,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["0", "0"], f"children hung, failed: {done.stdout}"
+
+
+def test_a_daemon_thread_inside_long_native_calls_at_interpreter_exit_leaves_exit_code_0() -> None:
+    # Each step plans 300 buffers for up to 200 ms and each plan searches for up to 200 ms: the
+    # interpreter finalizes while the thread is inside one, the GIL released.
+    code = """
+        import threading, time
+        from vrampool import DevicePool, planner
+        planned = DevicePool("sim", capacity=1 << 30).planned(budget_ms=200)
+        rows = [(i, i % 50, i % 50 + 1 + i % 7, 512 * (1 + i * 7 % 97)) for i in range(400)]
+        def steps():
+            i = 0
+            while True:
+                ptrs = [planned.allocate(512 * (1 + (i * 7 + k) % 97)) for k in range(300)]
+                for p in ptrs[::2] + ptrs[1::2]:
+                    planned.deallocate(p)
+                planned.step(i % 5)
+                i += 1
+        def plans():
+            while True:
+                planner.plan(rows, budget_ms=200)
+        threading.Thread(target=steps, daemon=True).start()
+        threading.Thread(target=plans, daemon=True).start()
+        time.sleep(0.3)
+        """
+    for _ in range(6):
+        done = _run(code)
+        assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"
+
+
 def test_a_plain_malloc_never_throws_even_after_install() -> None:
     pytest.importorskip("torch")
     done = _run(

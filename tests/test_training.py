@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import json
+import sys
 from pathlib import Path
 from typing import Any, List, Tuple
 
@@ -120,6 +121,29 @@ def wrong() -> Any:
     return 42
 
 
+def exits_0() -> Any:
+    sys.exit(0)
+
+
+def exits_3() -> Any:
+    sys.exit(3)
+
+
+class Halt(BaseException):
+    pass
+
+
+def raises_base() -> Any:
+    raise Halt("stop here")
+
+
+def exits_in_its_step() -> Any:
+    def step() -> None:
+        sys.exit(5)
+
+    return step
+
+
 def not_a_module() -> Any:
     return "model", torch.zeros(2)
 
@@ -149,6 +173,10 @@ def bad_batch() -> Any:
     [
         (raises, "raises raised KeyError: 'no such checkpoint' (under fake tensors: if it runs for real, capture with --real)"),
         (wrong, "wrong returned a int; expected (model, batch)"),
+        (exits_0, "exits_0 exited with code 0 before its steps finished"),
+        (exits_3, "exits_3 exited with code 3 before its steps finished"),
+        (exits_in_its_step, "exits_in_its_step's training step exited with code 5 before its steps finished"),
+        (raises_base, "raises_base raised Halt: stop here"),
         (not_a_module, "returned a str as the model"),
         (data_dependent, "op aten._local_scalar_dense.default cannot run on fake tensors: its result depends on the data"),
         (bad_batch, "gave a tuple of 2 (str, str) as a batch"),
@@ -166,11 +194,14 @@ def test_model_functions_are_found_by_module_or_path(tmp_path: Path) -> None:
     script = tmp_path / "mymodel.py"
     script.write_text("import torch\ndef build():\n    return torch.nn.Linear(8, 8), torch.randn(4, 8)\n")
     assert capture_model(load_model_function(f"{script}:build")).peak_allocated_bytes() > 0
+    quits = tmp_path / "quits.py"
+    quits.write_text("import sys\nsys.exit(4)\n")
     for spec, message in [
         ("nocolon", "expected module:function"),
         ("no_such_module_here:build", "importing no_such_module_here raised ModuleNotFoundError"),
         (f"{script}:missing", "has no function missing"),
         (f"{tmp_path}/absent.py:build", "no file"),
+        (f"{quits}:build", "quits.py exited with code 4"),
     ]:
         with pytest.raises(ModelFunctionError, match=message):
             load_model_function(spec)

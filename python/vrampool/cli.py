@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -206,6 +207,18 @@ def _write(path: Path, text: str) -> None:
         raise CommandError(f"cannot write {path}: {e}") from None
 
 
+def _check_writable(paths: List[Path]) -> None:
+    """Refuses output paths that cannot be written before a capture that may take minutes."""
+    for path in paths:
+        folder = path.parent
+        if path.is_dir():
+            raise CommandError(f"cannot write {path}: it is a folder")
+        if not folder.is_dir():
+            raise CommandError(f"cannot write {path}: no folder {folder}")
+        if not os.access(folder, os.W_OK):
+            raise CommandError(f"cannot write {path}: the folder {folder} is not writable")
+
+
 def capture_command(args: argparse.Namespace) -> int:
     """`vrampool capture`: records a model's training steps as a trace file (one per rank with
     ``--ranks``), under fake tensors unless ``--real``."""
@@ -219,6 +232,10 @@ def capture_command(args: argparse.Namespace) -> int:
         raise CommandError(f"--model {args.model!r}: a built-in ({', '.join(MODELS)}) or module:function (path/to/file.py:function)")
     if args.ranks > 1 and not args.parallel:
         raise CommandError("--ranks needs --parallel ddp or --parallel fsdp")
+    stem = Path(args.model.split(":")[-1]).name if not builtin else args.model
+    output = Path(args.output or f"{stem}-trace.jsonl")
+    paths = [output] if args.ranks == 1 else [output.with_name(f"{output.stem}-rank{r}{output.suffix}") for r in range(args.ranks)]
+    _check_writable(paths)
     bar = lambda items, what=f"capture {args.model}": _progress(items, steps, what, args.json)  # noqa: E731
     try:
         if builtin and not args.parallel:
@@ -242,9 +259,6 @@ def capture_command(args: argparse.Namespace) -> int:
         raise CommandError(f"--model {args.model}: {e}") from None
     except (RuntimeError, MemoryError) as e:  # torch's own refusal, at a size past this machine
         raise CommandError(f"{args.model}: {e}") from None
-    stem = Path(args.model.split(":")[-1]).name if not builtin else args.model
-    output = Path(args.output or f"{stem}-trace.jsonl")
-    paths = [output] if len(traces) == 1 else [output.with_name(f"{output.stem}-rank{r}{output.suffix}") for r in range(len(traces))]
     for trace, path in zip(traces, paths):
         try:
             trace.write(path)

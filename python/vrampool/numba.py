@@ -14,6 +14,14 @@ Each device's allocations come from its shared pool (:func:`vrampool.shared_pool
 :func:`vrampool.pool.set_shared_pool` first to pick one of your own). Host allocations stay
 Numba's (``HostOnlyCUDAMemoryManager``). IPC handles are not supported: blocks are parts of
 larger segments.
+
+A freed array's memory is reused only once the work queued before its free on the legacy
+default stream and on every blocking stream (Numba's streams are blocking) has completed, as
+Numba's own manager, whose ``cuMemFree`` waits, guarantees: Numba's free names no stream, so
+the plugin orders each free after an event on the legacy default stream, which waits for the
+blocking streams. A non-blocking stream does not wait for the legacy default stream: work
+queued on one before a free is not covered, so synchronize such a stream before dropping the
+arrays its work reads or writes.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from typing import Any
 
 from vrampool._native import InvalidSizeError, OutOfMemoryError, PoolClosedError
 from vrampool.pool import DevicePool, shared_pool
+from vrampool.streams import LEGACY_DEFAULT_STREAM
 
 __all__ = ["install"]  # and VrampoolMemoryManager, made on first use (it needs numba)
 
@@ -39,9 +48,14 @@ def _manager_class() -> Any:
         """Numba's device allocations from vrampool (EMM interface version 1)."""
 
         _pool: Any = None
+        #: A stream of this context that no one else uses (kept alive here), and its handle: the
+        #: plugin's blocks, whose last users the pool cannot know, are allocated on it, so they
+        #: stay apart from the blocks others free to streams they use.
+        _own_stream: Any = None
+        _own_handle = 0
 
         def initialize(self) -> None:
-            self._pool = shared_pool(self.context.device.id)
+            self._pool = shared_pool(_ordinal(self.context.device))
 
         @property
         def pool(self) -> DevicePool:
@@ -52,12 +66,24 @@ def _manager_class() -> Any:
         def memalloc(self, size: int) -> Any:
             if size == 0:
                 return cuda.MemoryPointer(self.context, _device_pointer(0), 0)
+            if self._own_stream is None:
+                self._own_stream = self.context.create_stream()
+                self._own_handle = int(self._own_stream)
             try:
-                buf = self.pool.allocate(size)
+                buf = self._allocate(size)
             except InvalidSizeError as e:
                 # More than the pool may ever hold: to Numba's users that is out of memory.
                 raise OutOfMemoryError(str(e)) from e
             return cuda.MemoryPointer(self.context, _device_pointer(buf.ptr), size, finalizer=_finalizer(buf))
+
+        def _allocate(self, size: int) -> Any:
+            try:
+                return self.pool.allocate(size, self._own_handle)
+            except OutOfMemoryError:
+                # Freed blocks may still wait for their events: once the device is idle they
+                # are free, as Numba's own manager finds its memory after cuMemFree's wait.
+                self.context.synchronize()
+                return self.pool.allocate(size, self._own_handle)
 
         def get_memory_info(self) -> Any:
             # The device's free memory, plus what the pool holds cached: both can back an allocation.
@@ -82,10 +108,18 @@ def _manager_class() -> Any:
     return _class
 
 
+def _ordinal(device: Any) -> int:
+    """The ordinal of a context's device: Numba's ``Device`` (``id``), or the raw ``CUdevice``
+    of a context wrapped from a third party's (``int()`` of it)."""
+    ordinal = getattr(device, "id", None)
+    return int(device) if ordinal is None else ordinal
+
+
 def _finalizer(buf: Any) -> Any:
     def finalizer() -> None:
         try:
-            buf.free()
+            # Reused once the legacy default stream passes this point (see the module's text).
+            buf.free(stream=LEGACY_DEFAULT_STREAM)
         except PoolClosedError:
             pass  # the pool went first; its segments go with it
 

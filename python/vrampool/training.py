@@ -73,10 +73,10 @@ def load_model_function(spec: str) -> Callable[[], Any]:
             module_spec.loader.exec_module(module)
         else:
             module = importlib.import_module(module_name)
-    except ModelFunctionError:
+    except (ModelFunctionError, KeyboardInterrupt):
         raise
-    except Exception as e:  # the user's module: anything may go wrong at import
-        raise ModelFunctionError(f"{spec}: importing {module_name} raised {type(e).__name__}: {_first_line(e)}") from None
+    except BaseException as e:  # the user's module: anything may go wrong at import, sys.exit too
+        raise ModelFunctionError(f"{spec}: importing {module_name} {_outcome(e)}") from None
     function = getattr(module, function_name, None)
     if not callable(function):
         raise ModelFunctionError(f"{spec}: {module_name} has no function {function_name}")
@@ -91,15 +91,31 @@ def _first_line(error: BaseException) -> str:
 def _call(fn: Callable[[], Any], name: str, fake: bool) -> Any:
     try:
         return fn()
-    except ModelFunctionError:
+    except (ModelFunctionError, KeyboardInterrupt):
         raise
-    except Exception as e:
-        raise ModelFunctionError(_failure(name, "raised", e, fake)) from None
+    except BaseException as e:
+        raise ModelFunctionError(_failure(name, e, fake)) from None
 
 
-def _failure(name: str, what: str, error: BaseException, fake: bool) -> str:
-    """One line for an exception out of the user's code; under fake tensors, one naming the op
-    fake tensors cannot run, with ``--real`` as the way out."""
+def _outcome(error: BaseException) -> str:
+    """How the user's code ended, for a line: ``raised KeyError: ...``, or ``exited with code N``
+    (``sys.exit``, which would otherwise end the capture with no word and no trace)."""
+    if isinstance(error, SystemExit):
+        code = error.code
+        if code is None or isinstance(code, int):
+            return f"exited with code {code or 0}"
+        return f"exited with code 1 ({_first_line(error)})"
+    return f"raised {type(error).__name__}: {_first_line(error)}"
+
+
+def _failure(name: str, error: BaseException, fake: bool) -> str:
+    """One line for an exception out of the user's code (any but ``KeyboardInterrupt``, which
+    stays an interrupt); under fake tensors, one naming the op fake tensors cannot run, with
+    ``--real`` as the way out."""
+    if isinstance(error, SystemExit):
+        return f"{name} {_outcome(error)} before its steps finished"
+    if not isinstance(error, Exception):
+        return f"{name} {_outcome(error)}"
     op = getattr(error, "func", None)
     from torch._subclasses.fake_tensor import (
         DataDependentOutputException,
@@ -118,7 +134,7 @@ def _failure(name: str, what: str, error: BaseException, fake: bool) -> str:
     if fake and isinstance(error, UnsupportedFakeTensorException):
         return f"{name}: fake tensors cannot run it: {error.reason}; capture with --real instead"
     hint = " (under fake tensors: if it runs for real, capture with --real)" if fake else ""
-    return f"{name} {what} {type(error).__name__}: {_first_line(error)}{hint}"
+    return f"{name} {_outcome(error)}{hint}"
 
 
 def _module_type() -> type:
@@ -377,10 +393,10 @@ def _capture(
         for _ in progress(range(steps)):
             try:
                 step()
-            except ModelFunctionError:
+            except (ModelFunctionError, KeyboardInterrupt):
                 raise
-            except Exception as e:
-                raise ModelFunctionError(_failure(f"{name}'s training step", "raised", e, fake)) from None
+            except BaseException as e:
+                raise ModelFunctionError(_failure(f"{name}'s training step", e, fake)) from None
             recorder.step()
     return recorder.trace
 

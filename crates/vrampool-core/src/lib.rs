@@ -24,7 +24,7 @@ pub mod event_log;
 mod expandable;
 pub mod failures;
 mod fast_gate;
-mod fork;
+pub mod fork;
 mod kept_run;
 mod live_table;
 mod magazine;

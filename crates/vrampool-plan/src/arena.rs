@@ -20,9 +20,9 @@
 //!     let b = planned.allocate(8192, StreamId(0))?;
 //!     planned.free(a, None, None)?;
 //!     planned.free(b, None, None)?;
-//!     planned.step(0);
+//!     planned.step(0)?;
 //! }
-//! let stats = planned.stats();
+//! let stats = planned.stats()?;
 //! assert_eq!((stats.dynamic_allocations, stats.planned_allocations), (2, 4)); // recorded once, then served
 //! # Ok::<(), vrampool_core::PoolError>(())
 //! ```
@@ -31,7 +31,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use vrampool_core::{InvalidFreeReason, MemoryResource, PoolError, StreamId};
+use vrampool_core::{fork, InvalidFreeReason, MemoryResource, PoolError, StreamId};
 
 use crate::{plan, Algorithm, Buffer, PlanOptions};
 
@@ -167,10 +167,13 @@ struct State {
 }
 
 /// A planned arena over a pool: see the module documentation. `Send + Sync`; every call takes one lock.
+/// In a process forked from the one that made it, every call refuses (`PoolError::Forked`) before the
+/// lock, which a thread of the parent may have held at the fork, as the core pool does.
 pub struct PlannedPool<B: MemoryResource> {
     backing: B,
     budget: Duration,
     alignment: u64,
+    generation: u64,
     state: Mutex<State>,
 }
 
@@ -191,7 +194,7 @@ impl<B: MemoryResource> PlannedPool<B> {
             stats: PlannedStats::default(),
         };
         let alignment = backing.alignment();
-        PlannedPool { backing, budget, alignment, state: Mutex::new(state) }
+        PlannedPool { backing, budget, alignment, generation: fork::generation(), state: Mutex::new(state) }
     }
 
     /// Arena offsets in multiples of `alignment` (by default the backing's alignment).
@@ -204,14 +207,17 @@ impl<B: MemoryResource> PlannedPool<B> {
         &self.backing
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn lock(&self) -> Result<MutexGuard<'_, State>, PoolError> {
+        if fork::forked_since(self.generation) {
+            return Err(PoolError::Forked);
+        }
+        Ok(self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
     }
 
     /// Allocates `size` bytes for `stream`: from the arena when this allocation follows the key's plan, else
     /// from the pool.
     pub fn allocate(&self, size: u64, stream: StreamId) -> Result<u64, PoolError> {
-        let mut guard = self.lock();
+        let mut guard = self.lock()?;
         let state = &mut *guard;
         let event = Event::Alloc { size, stream };
         let follows = state.iteration.follows(&event);
@@ -245,7 +251,7 @@ impl<B: MemoryResource> PlannedPool<B> {
     /// Frees a buffer this pool handed out. `size`, when given, must be the size it was allocated with;
     /// `stream`, when given, is a stream that used it last. Arena buffers cost no pool call.
     pub fn free(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> Result<(), PoolError> {
-        let mut guard = self.lock();
+        let mut guard = self.lock()?;
         let state = &mut *guard;
         let Some(&live) = state.live.get(&addr) else {
             return Err(PoolError::InvalidFree { ptr: addr, reason: InvalidFreeReason::NotAllocated });
@@ -286,7 +292,7 @@ impl<B: MemoryResource> PlannedPool<B> {
     /// its free, so the arena is replaced rather than reused once it is idle. Planned sequences leave such
     /// buffers to the pool.
     pub fn record_stream(&self, addr: u64, stream: StreamId) -> Result<(), PoolError> {
-        let mut guard = self.lock();
+        let mut guard = self.lock()?;
         let state = &mut *guard;
         let Some(&live) = state.live.get(&addr) else {
             return Err(PoolError::InvalidFree { ptr: addr, reason: InvalidFreeReason::NotAllocated });
@@ -310,15 +316,15 @@ impl<B: MemoryResource> PlannedPool<B> {
         Ok(())
     }
 
-    /// Whether `addr` is a live buffer of this pool.
+    /// Whether `addr` is a live buffer of this pool (never in a forked child).
     pub fn owns(&self, addr: u64) -> bool {
-        self.lock().live.contains_key(&addr)
+        self.lock().is_ok_and(|state| state.live.contains_key(&addr))
     }
 
     /// Whether a free of `addr` is this pool's to answer: a live buffer of it, or an address inside its arena
     /// (a double free there must not reach the pool, where the arena's own block would go).
     pub fn claims(&self, addr: u64) -> bool {
-        let state = self.lock();
+        let Ok(state) = self.lock() else { return false };
         state.live.contains_key(&addr)
             || state.arena.as_ref().is_some_and(|a| a.base <= addr && addr < a.base + a.bytes)
     }
@@ -326,8 +332,8 @@ impl<B: MemoryResource> PlannedPool<B> {
     /// Ends the iteration and starts the next, whose signature is `key`. The iteration that ends is planned
     /// and its plan stored under its key when it had no plan or diverged from it; an iteration without
     /// allocations or frees leaves the plans as they are.
-    pub fn step(&self, key: u64) {
-        let mut guard = self.lock();
+    pub fn step(&self, key: u64) -> Result<(), PoolError> {
+        let mut guard = self.lock()?;
         let state = &mut *guard;
         let serial = state.iteration.serial + 1;
         let ended = std::mem::replace(&mut state.iteration, Iteration::new(serial, key));
@@ -359,11 +365,12 @@ impl<B: MemoryResource> PlannedPool<B> {
                 let _ = self.backing.trim();
             }
         }
+        Ok(())
     }
 
     /// The pool's figures of the planned arena.
-    pub fn stats(&self) -> PlannedStats {
-        let state = self.lock();
+    pub fn stats(&self) -> Result<PlannedStats, PoolError> {
+        let state = self.lock()?;
         let mut stats = state.stats.clone();
         stats.arena_bytes = state.arena.as_ref().map_or(0, |a| a.bytes);
         stats.arena_live = state.arena_live;
@@ -383,13 +390,13 @@ impl<B: MemoryResource> PlannedPool<B> {
             })
             .collect();
         stats.plans.sort_by_key(|p| p.key);
-        stats
+        Ok(stats)
     }
 
     /// Gives the arena back to the pool if no arena buffer is live; returns the bytes given back. The next
     /// planned allocation takes a new one.
     pub fn release_idle_arena(&self) -> Result<u64, PoolError> {
-        let mut state = self.lock();
+        let mut state = self.lock()?;
         if state.arena_live > 0 {
             return Ok(0);
         }

@@ -65,12 +65,13 @@ impl<U: MemoryResource> PlannedMode<U> {
     /// An iteration boundary; `key` names the next iteration's signature (see
     /// [`PlannedPool::step`]).
     pub fn step(&self, key: u64) {
-        self.planned.step(key);
+        // Refused only in a forked child, where the upstream refuses every call too.
+        let _ = self.planned.step(key);
     }
 
-    /// The arena's figures, or None before the first planned allocation.
+    /// The arena's figures, or None before the first planned allocation (or in a forked child).
     pub fn planned_stats(&self) -> Option<PlannedStats> {
-        self.engaged.load(Relaxed).then(|| self.planned.stats())
+        self.engaged.load(Relaxed).then(|| self.planned.stats().ok()).flatten()
     }
 
     fn engaged(&self) -> bool {

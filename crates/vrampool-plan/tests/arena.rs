@@ -57,12 +57,12 @@ impl Harness {
                 Op::Free(n) => self.free(addrs[n]),
             }
         }
-        self.planned.step(next_key);
+        self.planned.step(next_key).unwrap();
         addrs
     }
 
     fn stats(&self) -> PlannedStats {
-        self.planned.stats()
+        self.planned.stats().unwrap()
     }
 }
 
@@ -174,7 +174,7 @@ fn two_keys_alternate_without_fallbacks_once_each_is_recorded() {
     let mut h = Harness::new();
     let (small, large) = (training_like(1), training_like(3));
     // `step(key)` names the next iteration: small ones run under key 1, large ones under key 2.
-    h.planned.step(1);
+    h.planned.step(1).unwrap();
     h.iteration(&small, 2);
     h.iteration(&large, 1);
     let recorded = h.stats();
@@ -229,7 +229,7 @@ fn a_free_naming_another_stream_retires_the_arena() {
     let a = h.planned.allocate(4096, S0).unwrap();
     assert_eq!(a, first[0]);
     h.planned.free(a, None, Some(StreamId(5))).unwrap();
-    h.planned.step(DEFAULT_KEY);
+    h.planned.step(DEFAULT_KEY).unwrap();
     h.iteration(&ops, DEFAULT_KEY); // diverges from that short iteration, and is planned
     let pool_allocations = |h: &Harness| h.planned.backing().stats().allocation.allocated;
     let before = (pool_allocations(&h), h.stats().planned_allocations);
@@ -248,7 +248,7 @@ fn buffers_used_on_another_stream_stay_with_the_pool() {
         h.planned.record_stream(a, side).unwrap();
         h.free(a);
         h.free(b);
-        h.planned.step(DEFAULT_KEY);
+        h.planned.step(DEFAULT_KEY).unwrap();
     };
     run(&mut h);
     let plan = h.stats().plans[0];
@@ -280,7 +280,7 @@ fn bad_frees_are_errors_not_panics() {
     assert!(!h.planned.claims(a), "a pool buffer, freed");
     // Once served from an arena, a freed arena address stays the planned pool's to refuse.
     let mut h = h;
-    h.planned.step(DEFAULT_KEY);
+    h.planned.step(DEFAULT_KEY).unwrap();
     let ops = training_like(1);
     h.iteration(&ops, DEFAULT_KEY);
     let arena_addrs = h.iteration(&ops, DEFAULT_KEY);
@@ -351,12 +351,12 @@ fn threads_share_one_planned_pool() {
                     assert!(sim.read(addr, size).unwrap().iter().all(|&b| b == t + 1), "overlap across threads");
                     planned.free(addr, Some(size), None).unwrap();
                     if t == 0 && i % 10 == 0 {
-                        planned.step(DEFAULT_KEY);
+                        planned.step(DEFAULT_KEY).unwrap();
                     }
                 }
             });
         }
     });
-    let stats = planned.stats();
+    let stats = planned.stats().unwrap();
     assert_eq!((stats.planned_allocations + stats.dynamic_allocations, stats.arena_live), (800, 0));
 }

@@ -5,6 +5,7 @@ mod c_abi;
 mod c_abi_py;
 mod config;
 mod errors;
+mod exit;
 mod figures;
 mod plan;
 mod planned;
@@ -26,6 +27,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(canonical_stream, m)?)?;
     errors::register(m)?;
+    exit::register(m)?;
     c_abi_py::register(m)?;
     config::register(m)?;
     plan::register(m)?;

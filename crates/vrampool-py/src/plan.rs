@@ -41,7 +41,7 @@ fn plan_buffers<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let options = options_of(algorithm, budget_ms, alignment)?;
     let buffers = buffers_of(rows);
-    let plan: Plan = py.detach(|| vrampool_plan::plan(&buffers, &options)).map_err(value_error)?;
+    let plan: Plan = crate::exit::detach(py, || vrampool_plan::plan(&buffers, &options)).map_err(value_error)?;
     plan_dict(py, plan)
 }
 
@@ -59,7 +59,7 @@ fn decide_buffers<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let options = options_of(algorithm, budget_ms, alignment)?;
     let buffers = buffers_of(rows);
-    let decision = py.detach(|| vrampool_plan::decide(&buffers, capacity, &options)).map_err(value_error)?;
+    let decision = crate::exit::detach(py, || vrampool_plan::decide(&buffers, capacity, &options)).map_err(value_error)?;
     let (status, plan) = match decision {
         Decision::Fits(plan) => ("fits", Some(plan)),
         Decision::Infeasible => ("infeasible", None),

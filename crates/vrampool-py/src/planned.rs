@@ -52,9 +52,9 @@ impl NativePlannedPool {
     }
 
     /// Detached: a step may plan the iteration just recorded, for up to the budget.
-    fn step(&self, py: Python<'_>, key: u64) {
+    fn step(&self, py: Python<'_>, key: u64) -> PyResult<()> {
         let inner = &self.inner;
-        py.detach(|| inner.step(key));
+        crate::exit::detach(py, || inner.step(key)).map_err(to_py)
     }
 
     fn owns(&self, ptr: u64) -> bool {
@@ -64,11 +64,11 @@ impl NativePlannedPool {
     /// Gives the arena back to the pool unless arena buffers are live; returns the bytes.
     fn release_idle_arena(&self, py: Python<'_>) -> PyResult<u64> {
         let inner = &self.inner;
-        py.detach(|| inner.release_idle_arena()).map_err(to_py)
+        crate::exit::detach(py, || inner.release_idle_arena()).map_err(to_py)
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        planned_stats_dict(py, &self.inner.stats())
+        planned_stats_dict(py, &self.inner.stats().map_err(to_py)?)
     }
 }
 

@@ -48,7 +48,7 @@ impl NativePool {
     #[pyo3(signature = (ordinal, conf = ""))]
     fn cuda(py: Python<'_>, ordinal: i32, conf: &str) -> PyResult<Self> {
         let config = config_from(conf)?;
-        let resource = py.detach(|| DeviceResource::open(Backend::Cuda, ordinal, config, conf.to_string())).map_err(to_py)?;
+        let resource = crate::exit::detach(py, || DeviceResource::open(Backend::Cuda, ordinal, config, conf.to_string())).map_err(to_py)?;
         Ok(Self { resource: Arc::new(resource) })
     }
 

@@ -69,7 +69,7 @@ fn trace_buffers(rows: Vec<Row>) -> Vec<TraceBuffer> {
 #[pyo3(signature = (rows, samples = replay::DEFAULT_SAMPLES))]
 fn live_bytes(py: Python<'_>, rows: Vec<Row>, samples: usize) -> PyResult<(u64, Vec<usize>, Vec<u64>)> {
     let buffers = trace_buffers(rows);
-    let live = py.detach(|| LiveBytes::new(&buffers)).map_err(value_error)?;
+    let live = crate::exit::detach(py, || LiveBytes::new(&buffers)).map_err(value_error)?;
     let (events, bytes) = live.timeline(samples).into_iter().unzip();
     Ok((live.lower_bound_bytes(), events, bytes))
 }
@@ -83,7 +83,7 @@ fn peak_segments<'py>(py: Python<'py>, rows: Vec<Row>, row: &str, conf: &str) ->
         return Err(value_error(format!("{row} has no vrampool segments: pick a pool strategy")));
     };
     let buffers = trace_buffers(rows);
-    let segments = py.detach(|| LiveBytes::new(&buffers)?.peak_segments(config)).map_err(value_error)?;
+    let segments = crate::exit::detach(py, || LiveBytes::new(&buffers)?.peak_segments(config)).map_err(value_error)?;
     let list = PyList::empty(py);
     for segment in segments {
         list.append(segment_dict(py, 0, &PoolSegment { pool: PoolId::MAIN, segment })?)?;
@@ -114,12 +114,11 @@ fn replay_trace<'py>(
     }
     let buffers = trace_buffers(rows);
     let options = ReplayOptions { samples, capacity, repeat, trim_each_pass: false };
-    let reports: Vec<ReplayReport> = py
-        .detach(|| {
-            let prepared = PreparedTrace::new(&replay::events_from_buffers(&buffers)?)?;
-            targets.iter().map(|target| replay::replay_prepared(&prepared, target, options)).collect::<Result<Vec<_>, _>>()
-        })
-        .map_err(value_error)?;
+    let reports: Vec<ReplayReport> = crate::exit::detach(py, || {
+        let prepared = PreparedTrace::new(&replay::events_from_buffers(&buffers)?)?;
+        targets.iter().map(|target| replay::replay_prepared(&prepared, target, options)).collect::<Result<Vec<_>, _>>()
+    })
+    .map_err(value_error)?;
     reports.iter().map(|r| report_dict(py, r)).collect()
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::put;
 use crate::abi::{self, CuResult};
 use crate::emulator;
-use crate::streams::{Event, Stream};
+use crate::streams::{self, Event, Stream};
 
 // ---- streams ----
 
@@ -149,6 +149,10 @@ fn event_record(event: u64, stream: u64) -> Result<(), CuResult> {
     let e = emulator();
     let event = e.event(event)?;
     let stream = e.stream(stream)?;
+    // A record is work on the stream too: on the legacy default stream, its event stands for the
+    // blocking streams' work before it (on a blocking stream, for the legacy stream's), as in CUDA.
+    let waits = e.contexts[stream.device as usize].implicit_waits(&stream);
+    streams::enqueue(&stream, waits, None, &[]);
     event.record(&stream);
     Ok(())
 }
