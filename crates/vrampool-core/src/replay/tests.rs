@@ -205,12 +205,19 @@ fn large_tensors_cost_the_default_pool_at_most_a_page_each() {
     assert!(buddy.peak_allocated_bytes >= 2 * 256 * MIB, "{buddy:?}");
 }
 
-fn shared_traces() -> Vec<(String, Vec<TraceEvent>)> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces/static");
-    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    let mut paths: Vec<_> =
-        entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "csv")).collect();
-    paths.sort();
+/// The instances in the repository (`tests/data/static`), and those in `../shared/traces/static` beside it
+/// where it is there.
+fn static_traces() -> Vec<(String, Vec<TraceEvent>)> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut paths: Vec<_> = [root.join("tests/data/static"), root.join("../shared/traces/static")]
+        .iter()
+        .filter_map(|dir| std::fs::read_dir(dir).ok())
+        .flatten()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "csv"))
+        .collect();
+    paths.sort_by_key(|p| p.file_name().map(|n| n.to_owned()));
+    paths.dedup_by_key(|p| p.file_name().map(|n| n.to_owned()));
     paths
         .into_iter()
         .map(|path| {
@@ -221,10 +228,11 @@ fn shared_traces() -> Vec<(String, Vec<TraceEvent>)> {
         .collect()
 }
 
-#[vrampool_shared_traces::needs_shared_traces]
 #[test]
-fn replay_shared_instances_with_every_strategy() {
-    for (name, events) in shared_traces() {
+fn replay_static_instances_with_every_strategy() {
+    let traces = static_traces();
+    assert!(traces.len() >= 6, "the six carried in tests/data/static");
+    for (name, events) in traces {
         for report in replay_all(&events, &PoolConfig::default()).unwrap() {
             assert_eq!(report.events, events.len());
             assert!(report.lower_bound_bytes > 0);
@@ -244,7 +252,10 @@ fn replay_shared_instances_with_every_strategy() {
 #[test]
 #[ignore = "a measurement: run in release"]
 fn replay_throughput() {
-    let (_, events) = shared_traces().into_iter().find(|(n, _)| n == "somas-resnet50.csv").expect("somas-resnet50.csv");
+    let (_, events) = static_traces()
+        .into_iter()
+        .find(|(n, _)| n == "somas-resnet50.csv")
+        .expect("somas-resnet50.csv in ../shared/traces/static (the repository does not carry it)");
     // Repeat the trace so the loop runs long enough to time.
     let mut long = Vec::new();
     for round in 0..500u64 {
