@@ -104,7 +104,7 @@ def test_a_whole_number_limit_is_bytes_and_a_point_makes_a_fraction(abi: None) -
     # Issue 17: DevicePool(limit=1) meant the whole device.
     one_byte = DevicePool("sim", capacity=64 * MIB, limit=1)
     assert one_byte._native.capacity == 1
-    with pytest.raises(vrampool.InvalidSizeError):
+    with pytest.raises(vrampool.OutOfMemoryError):
         one_byte.allocate(512)
     assert DevicePool("sim", capacity=64 * MIB, limit=1.0)._native.capacity == 64 * MIB
     assert DevicePool("sim", capacity=64 * MIB, limit=0.5)._native.capacity == 32 * MIB
@@ -175,3 +175,4 @@ def test_replay_conf_cannot_rename_a_row(tmp_path: Path, capsys: pytest.CaptureF
     assert main(["replay", str(trace), "--strategy", "best_fit,buddy,hybrid", "--conf", "strategy:slab"]) == 1
     err = capsys.readouterr().err
     assert "the row `best_fit` is named for its strategy" in err and "--strategy slab" in err and err.count("\n") == 1
+

@@ -1,4 +1,5 @@
 use super::*;
+use crate::peers::PEER_NAMES;
 use crate::sizes::MIB;
 
 fn config(strategy: StrategyKind) -> PoolConfig {
@@ -184,6 +185,23 @@ fn a_capacity_limited_replay_stops_at_the_first_out_of_memory() {
     }
     let roomy = ReplayOptions { samples: 10, capacity: Some(100 * MIB), repeat: 1, trim_each_pass: false };
     assert!(replay_prepared(&prepared, &ReplayTarget::Pool(PoolConfig::default()), roomy).unwrap().out_of_memory.is_none());
+}
+
+#[test]
+fn a_buffer_larger_than_the_device_is_an_out_of_memory_in_every_row() {
+    // Issue 48: past the device, the pool said "invalid size" and the whole replay stopped.
+    let buffers = [TraceBuffer::new(0, 0, 1, 4096)];
+    let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap();
+    let mut targets: Vec<ReplayTarget> = ALL_STRATEGIES.into_iter().map(|s| ReplayTarget::Pool(config(s))).collect();
+    targets.extend(PEER_NAMES.iter().map(|name| ReplayTarget::Peer(PeerConfig::named(name).unwrap())));
+    for capacity in [1, 512, 4095] {
+        let options = ReplayOptions { samples: 10, capacity: Some(capacity), repeat: 1, trim_each_pass: false };
+        for target in &targets {
+            let report = replay_prepared(&prepared, target, options).unwrap_or_else(|e| panic!("{} on {capacity} B: {e}", target.name()));
+            let oom = report.out_of_memory.unwrap_or_else(|| panic!("{} on {capacity} B: {report:?}", target.name()));
+            assert_eq!((oom.event, oom.report.requested), (0, 4096), "{} on {capacity} B", target.name());
+        }
+    }
 }
 
 #[test]
