@@ -176,3 +176,18 @@ def test_replay_conf_cannot_rename_a_row(tmp_path: Path, capsys: pytest.CaptureF
     err = capsys.readouterr().err
     assert "the row `best_fit` is named for its strategy" in err and "--strategy slab" in err and err.count("\n") == 1
 
+
+@pytest.mark.parametrize("conf", ["foo:[1", "small_max:16KB,foo:[1,colour:blue", "a:1],colour:blue", "roundup_power2_divisions:[256:1"])
+def test_replay_conf_with_unbalanced_brackets_stops_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], conf: str
+) -> None:
+    # Issue 48: the rest of the option after an unclosed `[` was dropped, unknown keys and all, and the run went on.
+    with pytest.raises(ValueError, match="unbalanced brackets"):
+        check_conf(conf)
+    trace = tmp_path / "t.csv"
+    trace.write_text("id,lower,upper,size\n" + "".join(f"{i},{lo},{up},{size}\n" for i, lo, up, size in ROWS))
+    assert main(["replay", str(trace), "--strategy", "default,torch", "--conf", conf]) == 1
+    out, err = capsys.readouterr()
+    assert "unbalanced brackets" in err and err.count("\n") == 1, err
+    assert out == ""
+
