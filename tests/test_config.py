@@ -5,6 +5,10 @@ keys and give the same text the same meaning. Each symptom of issue 17 is a test
 from __future__ import annotations
 
 import ctypes
+import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -191,3 +195,23 @@ def test_replay_conf_with_unbalanced_brackets_stops_with_one_line(
     assert "unbalanced brackets" in err and err.count("\n") == 1, err
     assert out == ""
 
+
+def test_a_vrampool_conf_that_is_not_utf8_is_an_error_that_names_it() -> None:
+    # Issue 48: bytes that are not UTF-8 read as an unset VRAMPOOL_CONF, and the defaults served.
+    code = textwrap.dedent(
+        """
+        from vrampool import _native
+        for call in (_native.configuration, lambda: _native.configure("strategy:slab")):
+            try:
+                print("no error", call())
+            except ValueError as e:
+                print(type(e).__name__, e)
+        """
+    )
+    env = {k: v for k, v in os.environb.items() if k != b"VRAMPOOL_CONF"}
+    env[b"VRAMPOOL_CONF"] = b"device:sim,limit:\xff"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, env=env, timeout=120)
+    lines = proc.stdout.decode().splitlines()
+    assert proc.returncode == 0 and len(lines) == 2, proc.stdout + proc.stderr
+    for line in lines:
+        assert line.startswith("ValueError") and "VRAMPOOL_CONF is not UTF-8 text" in line, line
