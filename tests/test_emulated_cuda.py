@@ -12,6 +12,8 @@ import ctypes
 import gc
 import os
 import random
+import subprocess
+import sys
 from ctypes import POINTER, byref, c_char_p, c_double, c_int, c_size_t, c_uint, c_uint64, c_void_p
 from typing import Callable, Dict, Iterator, List, Tuple
 
@@ -461,3 +463,22 @@ def test_emulated_async_copies_with_pageable_memory_behave_as_the_drivers(pool: 
     assert DRIVER.read(buf.ptr, MIB) == b"\x01" * MIB
     pool.deallocate(buf)
     DRIVER.check(DRIVER.lib.cuStreamDestroy_v2(c_void_p(a)))
+
+
+def test_emulated_fault_plans_take_v2_names_and_refuse_unknown_ones() -> None:
+    # Issue 48: `cuMemAlloc_v2:1` (the symbol's own name) never fired, and said nothing.
+    code = (
+        "import ctypes; lib = ctypes.CDLL('libcuda.so.1'); total = ctypes.c_size_t();"
+        "print(lib.cuInit(0), lib.cuDeviceTotalMem_v2(ctypes.byref(total), 0), lib.cuDeviceTotalMem_v2(ctypes.byref(total), 0))"
+    )
+
+    def run(plan: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "EMULATED_CUDA_FAIL": plan}
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+    for plan in ("cuDeviceTotalMem_v2:1:OUT_OF_MEMORY", "cuDeviceTotalMem:1:OUT_OF_MEMORY"):
+        fired = run(plan)
+        assert (fired.returncode, fired.stdout.split()) == (0, ["0", "2", "0"]), fired.stdout + fired.stderr
+    refused = run("cuInit:5,cuMemAllocate:1")
+    assert refused.returncode == 2 and refused.stdout == "", refused.stdout + refused.stderr
+    assert refused.stderr.strip() == 'emulated CUDA driver: EMULATED_CUDA_FAIL entry "cuMemAllocate:1": the driver has no function cuMemAllocate'
