@@ -67,6 +67,7 @@ impl OomRecord {
             PoolError::InvalidSize { .. } => {
                 let report = OomReport {
                     requested: size,
+                    block: 0,
                     allocated: stats.allocated_bytes.current,
                     reserved: stats.reserved_bytes.current,
                     largest_free: stats.largest_free_bytes,

@@ -645,3 +645,23 @@ fn a_pool_dropped_by_a_thread_local_destructor_at_thread_exit_does_not_abort() {
     worker.join().unwrap();
     assert_eq!(dev.counters().live_segments, 0, "the pool was dropped, by the worker's exit");
 }
+
+/// Issue 48: a plain buddy asked for 44 MiB on a 48 MiB device needs a 64 MiB block, and its
+/// out-of-memory says so rather than leaving "44 MiB of 48 MiB" unexplained.
+#[test]
+fn a_buddy_out_of_memory_names_the_power_of_two_it_needed() {
+    for expandable in [false, true] {
+        let dev = Arc::new(SimDevice::new(48 * MIB, SimMode::AddressOnly));
+        let config = PoolConfig { strategy: StrategyKind::Buddy, expandable, ..PoolConfig::default() };
+        let pool = Pool::new(dev as Arc<dyn Device>, config).unwrap();
+        let err = pool.allocate(44 * MIB, S0).unwrap_err();
+        let PoolError::OutOfMemory(report) = &err else { panic!("expandable={expandable}: {err}") };
+        assert_eq!((report.requested, report.block, report.reserved), (44 * MIB, 64 * MIB, 0), "expandable={expandable}");
+        assert!(err.to_string().contains("tried to allocate 44.00 MiB (which the strategy rounds to 64.00 MiB); pool has"), "{err}");
+        assert!(pool.allocate(32 * MIB, S0).is_ok(), "expandable={expandable}: a power of two that fits is served");
+    }
+    // A strategy that does not round past the alignment says nothing of it.
+    let (pool, _) = pool_on(48 * MIB, StrategyKind::BestFit);
+    let PoolError::OutOfMemory(report) = pool.allocate(50 * MIB, S0).unwrap_err() else { panic!() };
+    assert_eq!(report.block, 0);
+}

@@ -70,6 +70,7 @@ impl Figures {
 fn out_of_memory(requested: u64, figures: &Figures, blocks: &blocks::BlockList, device: &dyn Device, limit: Option<u64>) -> PoolError {
     PoolError::OutOfMemory(OomReport {
         requested,
+        block: 0,
         allocated: figures.allocated,
         reserved: figures.reserved,
         largest_free: blocks.free_summary().0,
