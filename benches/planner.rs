@@ -1,5 +1,5 @@
-//! Static planner benchmarks: every algorithm on every shared instance (`shared/traces/static`, one level above
-//! the repository), on large LLM-like graphs and on 60,000 seeded random buffers.
+//! Static planner benchmarks: every algorithm on every static instance (`tests/data/static` in the repository,
+//! and `../shared/traces/static` beside it where it is there), on large LLM-like graphs and on 60,000 seeded random buffers.
 //!
 //! `cargo bench -p vrampool-benches --bench planner` first prints, once:
 //! - per MiniMalloc challenging instance, our time to its best known arena (1 MiB) beside MiniMalloc's
@@ -131,13 +131,16 @@ fn print_large(cases: &[(String, Vec<Buffer>)]) {
 }
 
 fn instances() -> Vec<(String, Vec<Buffer>)> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces/static");
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut paths: Vec<PathBuf> = [root.join("tests/data/static"), root.join("../shared/traces/static")]
+        .iter()
+        .filter_map(|dir| std::fs::read_dir(dir).ok())
+        .flatten()
         .map(|entry| entry.expect("directory entry").path())
         .filter(|p| p.extension().is_some_and(|e| e == "csv"))
         .collect();
-    paths.sort();
+    paths.sort_by_key(|p| p.file_name().map(|n| n.to_owned()));
+    paths.dedup_by_key(|p| p.file_name().map(|n| n.to_owned()));
     paths
         .into_iter()
         .map(|path| {

@@ -422,9 +422,11 @@ def test_bad_sizes_raise_and_change_nothing(size: Any) -> None:
 
 def test_absurd_sizes_within_u64_are_invalid_sizes() -> None:
     pool = DevicePool("sim", capacity=1 << 30)
-    for size in (1 << 40, (1 << 64) - 1, (1 << 63) + 5):
-        with pytest.raises(vrampool.InvalidSizeError):
+    for size in ((1 << 64) - 1, (1 << 63) + 5, (1 << 47) + 1):
+        with pytest.raises(vrampool.InvalidSizeError, match="128 TiB"):
             pool.allocate(size)
+    with pytest.raises(MemoryError):  # past the device, not past any block: out of memory
+        pool.allocate(1 << 40)
     assert pool.stats()["allocation.all.allocated"] == 0
     assert pool.stats()["reserved_bytes.all.current"] == 0
 

@@ -5,6 +5,10 @@ keys and give the same text the same meaning. Each symptom of issue 17 is a test
 from __future__ import annotations
 
 import ctypes
+import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -104,7 +108,7 @@ def test_a_whole_number_limit_is_bytes_and_a_point_makes_a_fraction(abi: None) -
     # Issue 17: DevicePool(limit=1) meant the whole device.
     one_byte = DevicePool("sim", capacity=64 * MIB, limit=1)
     assert one_byte._native.capacity == 1
-    with pytest.raises(vrampool.InvalidSizeError):
+    with pytest.raises(vrampool.OutOfMemoryError):
         one_byte.allocate(512)
     assert DevicePool("sim", capacity=64 * MIB, limit=1.0)._native.capacity == 64 * MIB
     assert DevicePool("sim", capacity=64 * MIB, limit=0.5)._native.capacity == 32 * MIB
@@ -175,3 +179,39 @@ def test_replay_conf_cannot_rename_a_row(tmp_path: Path, capsys: pytest.CaptureF
     assert main(["replay", str(trace), "--strategy", "best_fit,buddy,hybrid", "--conf", "strategy:slab"]) == 1
     err = capsys.readouterr().err
     assert "the row `best_fit` is named for its strategy" in err and "--strategy slab" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("conf", ["foo:[1", "small_max:16KB,foo:[1,colour:blue", "a:1],colour:blue", "roundup_power2_divisions:[256:1"])
+def test_replay_conf_with_unbalanced_brackets_stops_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], conf: str
+) -> None:
+    # Issue 48: the rest of the option after an unclosed `[` was dropped, unknown keys and all, and the run went on.
+    with pytest.raises(ValueError, match="unbalanced brackets"):
+        check_conf(conf)
+    trace = tmp_path / "t.csv"
+    trace.write_text("id,lower,upper,size\n" + "".join(f"{i},{lo},{up},{size}\n" for i, lo, up, size in ROWS))
+    assert main(["replay", str(trace), "--strategy", "default,torch", "--conf", conf]) == 1
+    out, err = capsys.readouterr()
+    assert "unbalanced brackets" in err and err.count("\n") == 1, err
+    assert out == ""
+
+
+def test_a_vrampool_conf_that_is_not_utf8_is_an_error_that_names_it() -> None:
+    # Issue 48: bytes that are not UTF-8 read as an unset VRAMPOOL_CONF, and the defaults served.
+    code = textwrap.dedent(
+        """
+        from vrampool import _native
+        for call in (_native.configuration, lambda: _native.configure("strategy:slab")):
+            try:
+                print("no error", call())
+            except ValueError as e:
+                print(type(e).__name__, e)
+        """
+    )
+    env = {k: v for k, v in os.environb.items() if k != b"VRAMPOOL_CONF"}
+    env[b"VRAMPOOL_CONF"] = b"device:sim,limit:\xff"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, env=env, timeout=120)
+    lines = proc.stdout.decode().splitlines()
+    assert proc.returncode == 0 and len(lines) == 2, proc.stdout + proc.stderr
+    for line in lines:
+        assert line.startswith("ValueError") and "VRAMPOOL_CONF is not UTF-8 text" in line, line

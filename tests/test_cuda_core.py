@@ -149,7 +149,7 @@ def test_bad_sizes_and_closed_pools(mr: PoolMemoryResource, pool: DevicePool) ->
     for size in (0, -1, 1 << 70):
         with pytest.raises((ValueError, OverflowError)):
             mr.allocate(size)
-    with pytest.raises(vrampool.InvalidSizeError):
+    with pytest.raises(vrampool.OutOfMemoryError):
         mr.allocate(2 << 30)
     assert mr.live_blocks == 0 and pool.stats()["allocation.all.allocated"] == 0
     pool.close()

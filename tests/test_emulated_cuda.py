@@ -526,3 +526,22 @@ def test_emulated_numba_arrays_dropped_under_pending_copies_are_not_reused_early
     done = subprocess.run([sys.executable, "-c", NUMBA_DROPS_SOURCES], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.splitlines()[-1]) == {"races": 0, "wrong": 0}
+
+
+def test_emulated_fault_plans_take_v2_names_and_refuse_unknown_ones() -> None:
+    # Issue 48: `cuMemAlloc_v2:1` (the symbol's own name) never fired, and said nothing.
+    code = (
+        "import ctypes; lib = ctypes.CDLL('libcuda.so.1'); total = ctypes.c_size_t();"
+        "print(lib.cuInit(0), lib.cuDeviceTotalMem_v2(ctypes.byref(total), 0), lib.cuDeviceTotalMem_v2(ctypes.byref(total), 0))"
+    )
+
+    def run(plan: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "EMULATED_CUDA_FAIL": plan}
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+    for plan in ("cuDeviceTotalMem_v2:1:OUT_OF_MEMORY", "cuDeviceTotalMem:1:OUT_OF_MEMORY"):
+        fired = run(plan)
+        assert (fired.returncode, fired.stdout.split()) == (0, ["0", "2", "0"]), fired.stdout + fired.stderr
+    refused = run("cuInit:5,cuMemAllocate:1")
+    assert refused.returncode == 2 and refused.stdout == "", refused.stdout + refused.stderr
+    assert refused.stderr.strip() == 'emulated CUDA driver: EMULATED_CUDA_FAIL entry "cuMemAllocate:1": the driver has no function cuMemAllocate'

@@ -44,6 +44,18 @@ def test_the_answer_follows_from_each_allocators_rules() -> None:
     assert fit(capture, 2 * MIB, ["torch"]).largest == {"torch": 0}
 
 
+def test_a_buffer_larger_than_the_memory_does_not_fit_rather_than_stop_the_search() -> None:
+    # Issue 48: past the device, each pool row raised InvalidSizeError and the search stopped.
+    def one_buffer(size: int) -> Trace:
+        return Trace.from_rows([(0, 0, 1, size * MIB)])
+
+    pools = ["default", "slab", "best_fit", "buddy", "hybrid"]
+    result = fit(one_buffer, 10 * MIB, pools, max_size=64)
+    assert all(0 < result.largest[n] <= 10 for n in pools), result.largest
+    past = result.probe(16)
+    assert past is not None and past.fits and not any(past.fits.values()), past
+
+
 def tiny_mlp(batch: int) -> Any:
     import torch
 

@@ -167,4 +167,7 @@ def config_keys() -> List[Tuple[str, str, str]]:
 def parse_size(text: str) -> int:
     """Bytes from ``1024``, ``64KB``, ``80GB`` (a whole number, binary units); ``ValueError`` otherwise."""
 
+def conf_pairs(text: str) -> List[Tuple[str, str]]:
+    """The ``(key, value)`` pairs of a configuration text; unbalanced brackets are a ``ValueError``."""
+
 ALLOCATOR_MODELS: List[str]

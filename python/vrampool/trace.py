@@ -132,23 +132,6 @@ def pool_conf(name: str, conf: str = "") -> str:
     return _native.row_conf(name, conf)
 
 
-def _conf_pairs(conf: str) -> List[Tuple[str, str]]:
-    """``key:value`` pairs of a ``--conf`` text; a bracketed value may hold commas."""
-    pairs, depth, item = [], 0, ""
-    for ch in conf + ",":
-        depth += (ch == "[") - (ch == "]")
-        if ch == "," and depth == 0:
-            if item.strip():
-                key, sep, value = item.partition(":") if ":" in item else item.partition("=")
-                if not sep:
-                    raise ValueError(f"`{item.strip()}` is not key:value")
-                pairs.append((key.strip(), value.strip()))
-            item = ""
-        else:
-            item += ch
-    return pairs
-
-
 def _owner(name: str) -> str:
     """Whose options a row takes: the pool's, or its allocator model's."""
     return name if name in PEERS else "pool"
@@ -160,7 +143,7 @@ def split_conf(names: Sequence[str], conf: str) -> Dict[str, str]:
     takes is a ``ValueError`` that lists the keys each row takes; a share that would change what
     a row's name says (``strategy:slab`` for ``best_fit``, ``expandable_segments:True`` for
     ``torch``) is refused by the replay itself."""
-    pairs = _conf_pairs(conf)
+    pairs = _native.conf_pairs(conf)
     owners = {_owner(n) for n in names if n != PLAN}
     keys = {owner: set(_native.allocator_options(owner)) for owner in owners}
     for key, _ in pairs:

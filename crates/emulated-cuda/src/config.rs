@@ -7,11 +7,12 @@
 //! | `EMULATED_CUDA_DRIVER_VERSION` | 13000 | what `cuDriverGetVersion` says |
 //! | `EMULATED_CUDA_VMM` | 1 | 0: no virtual-memory management (the attribute reads 0, the calls fail) |
 //! | `EMULATED_CUDA_GRANULARITY` | 2MiB | the virtual-memory granularity |
-//! | `EMULATED_CUDA_FAIL` | | `cuMemCreate:3,cuMemMap:1:OUT_OF_MEMORY`: fail the Nth call of a function (code: name or number; default CUDA_ERROR_UNKNOWN) |
+//! | `EMULATED_CUDA_FAIL` | | `cuMemCreate:3,cuMemMap:1:OUT_OF_MEMORY`: fail the Nth call of a function (code: name or number; default CUDA_ERROR_UNKNOWN); `cuMemAlloc_v2` and `cuMemAlloc` name the same function; a name the driver does not export, or an entry it cannot read, stops the process at the first driver call |
 //! | `EMULATED_CUDA_STRICT` | 0 | 1: a stream-order race or an illegal address aborts the process |
 //! | `EMULATED_CUDA_TRACE` | 0 | 1: every driver call is printed to stderr |
 
 use crate::abi::{self, CuResult};
+use crate::calls::base_name;
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -31,6 +32,7 @@ pub struct Config {
 /// Fail the `nth` call (1-based, counted from the start) of `function` with `code`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fault {
+    /// Without its `_vN` suffix, the name calls are counted under.
     pub function: String,
     pub nth: u64,
     pub code: CuResult,
@@ -38,12 +40,18 @@ pub struct Fault {
 
 impl Config {
     /// The configuration from the environment; a malformed value is reported on stderr and its
-    /// default used (the driver has no caller to return an error to at this point).
+    /// default used (the driver has no caller to return an error to at this point). A bad fault
+    /// plan ends the process instead: a fault that never fires would let a test pass unexercised.
     pub fn from_env() -> Self {
-        Self::from_lookup(|name| std::env::var(name).ok())
+        Self::from_lookup(|name| std::env::var(name).ok(), crate::proc_address::exports).unwrap_or_else(|message| {
+            eprintln!("emulated CUDA driver: {message}");
+            std::process::exit(2)
+        })
     }
 
-    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Self {
+    /// The configuration from `get`'s variables; an error for a fault plan that names a
+    /// function `exports` denies, or that cannot be read.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>, exports: impl Fn(&str) -> bool) -> Result<Self, String> {
         let read = |name: &str, default: u64, parse: fn(&str) -> Option<u64>| match get(name) {
             None => default,
             Some(text) => parse(text.trim()).unwrap_or_else(|| {
@@ -52,17 +60,17 @@ impl Config {
             }),
         };
         let granularity = read("EMULATED_CUDA_GRANULARITY", 2 * MIB, |t| parse_bytes(t).filter(|g| g.is_power_of_two() && *g >= 4096));
-        Self {
+        Ok(Self {
             devices: read("EMULATED_CUDA_DEVICES", 1, |t| t.parse().ok().filter(|&n| n <= 64)) as i32,
             memory: read("EMULATED_CUDA_MEMORY", 8 * GIB, |t| parse_bytes(t).filter(|&m| m > 0)),
             driver_version: read("EMULATED_CUDA_DRIVER_VERSION", 13000, |t| t.parse().ok().filter(|&v| v > 0 && v < i32::MAX as u64))
                 as i32,
             vmm: read("EMULATED_CUDA_VMM", 1, parse_flag) == 1,
             granularity,
-            faults: get("EMULATED_CUDA_FAIL").map(|t| parse_faults(&t)).unwrap_or_default(),
+            faults: get("EMULATED_CUDA_FAIL").map(|t| parse_faults(&t, exports)).transpose()?.unwrap_or_default(),
             strict: read("EMULATED_CUDA_STRICT", 0, parse_flag) == 1,
             trace: read("EMULATED_CUDA_TRACE", 0, parse_flag) == 1,
-        }
+        })
     }
 }
 
@@ -90,24 +98,28 @@ pub fn parse_bytes(text: &str) -> Option<u64> {
     number.checked_mul(1 << shift)
 }
 
-/// `cuMemCreate:3,cuMemMap:1:OUT_OF_MEMORY`; malformed entries are reported and skipped.
-pub fn parse_faults(text: &str) -> Vec<Fault> {
+/// `cuMemCreate:3,cuMemMap:1:OUT_OF_MEMORY`; an entry that cannot be read, or that names a
+/// function `exports` denies, is an error.
+pub fn parse_faults(text: &str, exports: impl Fn(&str) -> bool) -> Result<Vec<Fault>, String> {
     text.split(',')
         .map(str::trim)
         .filter(|t| !t.is_empty())
-        .filter_map(|entry| {
-            let parsed = parse_fault(entry);
-            if parsed.is_none() {
-                eprintln!("emulated CUDA driver: ignoring EMULATED_CUDA_FAIL entry {entry:?} (want FUNCTION:N[:CODE])");
+        .map(|entry| {
+            let fault = parse_fault(entry).ok_or_else(|| {
+                format!("EMULATED_CUDA_FAIL entry {entry:?} is not FUNCTION:N[:CODE] (N from 1, CODE a CUDA_ERROR_ name or number)")
+            })?;
+            let function = entry.split(':').next().unwrap_or_default();
+            match exports(function) {
+                true => Ok(fault),
+                false => Err(format!("EMULATED_CUDA_FAIL entry {entry:?}: the driver has no function {function}")),
             }
-            parsed
         })
         .collect()
 }
 
 fn parse_fault(entry: &str) -> Option<Fault> {
     let mut parts = entry.split(':');
-    let function = parts.next().filter(|f| f.starts_with("cu"))?.to_string();
+    let function = base_name(parts.next().filter(|f| f.starts_with("cu"))?).to_string();
     let nth = parts.next()?.parse().ok().filter(|&n| n > 0)?;
     let code = match parts.next() {
         None => 999,
@@ -120,8 +132,13 @@ fn parse_fault(entry: &str) -> Option<Fault> {
 mod tests {
     use super::*;
 
+    /// Some of the driver's exports (the library's own symbol table is not the test binary's).
+    fn exports(name: &str) -> bool {
+        ["cuInit", "cuMemAlloc_v2", "cuMemCreate", "cuMemMap"].contains(&name)
+    }
+
     fn with(vars: &[(&str, &str)]) -> Config {
-        Config::from_lookup(|name| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| v.to_string()))
+        Config::from_lookup(|name| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| v.to_string()), exports).unwrap()
     }
 
     #[test]
@@ -157,13 +174,40 @@ mod tests {
 
     #[test]
     fn fault_lists() {
-        let f = parse_faults("cuMemCreate:3, cuMemMap:1:OUT_OF_MEMORY,bogus,cuInit:0,cuX:1:NOPE,cuY:2:2:9");
+        let f = parse_faults("cuMemCreate:3, cuMemMap:1:OUT_OF_MEMORY,,cuInit:2:2", exports).unwrap();
         assert_eq!(
             f,
             vec![
                 Fault { function: "cuMemCreate".into(), nth: 3, code: 999 },
                 Fault { function: "cuMemMap".into(), nth: 1, code: abi::OUT_OF_MEMORY },
+                Fault { function: "cuInit".into(), nth: 2, code: abi::OUT_OF_MEMORY },
             ]
         );
+    }
+
+    #[test]
+    fn a_fault_on_a_v2_name_fires_on_its_calls() {
+        // Issue 48: `cuMemAlloc_v2:1` was planned under that name, calls are counted under
+        // `cuMemAlloc`, and the fault never fired.
+        let config = with(&[("EMULATED_CUDA_FAIL", "cuMemAlloc_v2:1:OUT_OF_MEMORY")]);
+        assert_eq!(config.faults, [Fault { function: "cuMemAlloc".into(), nth: 1, code: abi::OUT_OF_MEMORY }]);
+        let calls = crate::calls::Calls::new(&config.faults);
+        assert_eq!(calls.count("cuMemAlloc_v2"), Some(abi::OUT_OF_MEMORY));
+        assert_eq!(calls.count("cuMemAlloc_v2"), None);
+    }
+
+    #[test]
+    fn a_bad_fault_plan_is_refused_with_the_reason() {
+        for (text, says) in [
+            ("cuMemAllocate:1", "the driver has no function cuMemAllocate"),
+            ("cuInit:1,cuBogus_v2:1", "the driver has no function cuBogus_v2"),
+            ("bogus", "is not FUNCTION:N[:CODE]"),
+            ("cuInit:0", "is not FUNCTION:N[:CODE]"),
+            ("cuInit:1:NOPE", "is not FUNCTION:N[:CODE]"),
+            ("cuInit:2:2:9", "is not FUNCTION:N[:CODE]"),
+        ] {
+            let err = Config::from_lookup(|n| (n == "EMULATED_CUDA_FAIL").then(|| text.to_string()), exports).unwrap_err();
+            assert!(err.starts_with("EMULATED_CUDA_FAIL entry") && err.contains(says), "{text}: {err}");
+        }
     }
 }

@@ -52,6 +52,12 @@ fn resolve(symbol: &str, version: c_int) -> Option<*mut c_void> {
     implemented.or_else(|| forms.iter().find_map(|f| own_symbol(f)))
 }
 
+/// Whether the driver has the function `name`, in that form or another (`cuMemAlloc` for
+/// `cuMemAlloc_v2`).
+pub fn exports(name: &str) -> bool {
+    resolve(name, c_int::MAX).is_some()
+}
+
 fn lookup(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int) -> Result<(), CuResult> {
     if symbol.is_null() || pfn.is_null() {
         return Err(abi::INVALID_VALUE);

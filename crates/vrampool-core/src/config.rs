@@ -256,13 +256,38 @@ fn invalid(message: String) -> PoolError {
     PoolError::InvalidConfig(message)
 }
 
-/// The `key:value` (or `key=value`) pairs of a text, separated by commas.
-fn pairs(text: &str) -> impl Iterator<Item = Result<(&str, &str), PoolError>> {
-    text.split(',').map(str::trim).filter(|p| !p.is_empty()).map(|pair| {
-        let (key, value) =
-            pair.split_once(':').or_else(|| pair.split_once('=')).ok_or_else(|| invalid(format!("`{pair}` is not key:value")))?;
-        Ok((key.trim(), value.trim()))
-    })
+/// The `key:value` (or `key=value`) pairs of a text, separated by commas; a value may be a bracketed
+/// list with commas inside (`roundup_power2_divisions:[256:1,>:4]`). Brackets must balance: an open
+/// one would take the rest of the text into one value, and a stray `]` would join the pairs after it.
+pub fn split_pairs(text: &str) -> Result<Vec<(&str, &str)>, PoolError> {
+    let unbalanced = |what: &str| invalid(format!("unbalanced brackets in `{}`: {what}", text.trim()));
+    let mut items = Vec::new();
+    let (mut depth, mut start) = (0usize, 0usize);
+    for (i, c) in text.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth = depth.checked_sub(1).ok_or_else(|| unbalanced("a `]` closes no `[`"))?,
+            ',' if depth == 0 => {
+                items.push(&text[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if depth > 0 {
+        return Err(unbalanced("a `[` is never closed"));
+    }
+    items.push(&text[start..]);
+    items
+        .into_iter()
+        .map(str::trim)
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (key, value) =
+                pair.split_once(':').or_else(|| pair.split_once('=')).ok_or_else(|| invalid(format!("`{pair}` is not key:value")))?;
+            Ok((key.trim(), value.trim()))
+        })
+        .collect()
 }
 
 impl PoolConfig {
@@ -292,8 +317,7 @@ impl PoolConfig {
     /// Nothing is applied from a text with an error in it.
     pub fn apply_text(&mut self, text: &str) -> Result<(), PoolError> {
         let mut next = self.clone();
-        for pair in pairs(text) {
-            let (key, value) = pair?;
+        for (key, value) in split_pairs(text)? {
             if !next.set(key, value)? {
                 return Err(invalid(format!("unknown configuration key `{key}` (pool keys: {})", key_names(Scope::Pool).join(", "))));
             }
@@ -378,8 +402,7 @@ impl AllocatorConfig {
 
     fn apply_text(&mut self, text: &str) -> Result<(), PoolError> {
         let mut next = self.clone();
-        for pair in pairs(text) {
-            let (key, value) = pair?;
+        for (key, value) in split_pairs(text)? {
             match key {
                 "device" => {
                     next.device = if parse_choice(key, value, &DEVICE_NAMES)? == "sim" { DeviceKind::Sim } else { DeviceKind::Cuda }
@@ -647,6 +670,23 @@ mod tests {
             let err = PoolConfig::default().apply_text(text).unwrap_err();
             assert!(matches!(err, PoolError::InvalidConfig(_)), "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn unbalanced_brackets_are_an_error_not_a_lost_rest() {
+        for (text, what) in [
+            ("foo:[1", "a `[` is never closed"),
+            ("strategy:slab,foo:[1,bar:2", "a `[` is never closed"),
+            ("a:1],colour:blue", "a `]` closes no `[`"),
+            ("a:[1]],b:2", "a `]` closes no `[`"),
+        ] {
+            let err = split_pairs(text).unwrap_err();
+            assert!(matches!(err, PoolError::InvalidConfig(_)), "{text}: {err}");
+            assert!(err.to_string().contains(&format!("unbalanced brackets in `{text}`: {what}")), "{text}: {err}");
+            assert!(PoolConfig::default().apply_text(text).is_err(), "{text}");
+            assert!(AllocatorConfig::parse(text, "").unwrap_err().to_string().contains("unbalanced brackets"), "{text}");
+        }
+        assert_eq!(split_pairs(" a:[1,2] , b=3,").unwrap(), [("a", "[1,2]"), ("b", "3")]);
     }
 
     #[test]

@@ -6,6 +6,9 @@ use thiserror::Error;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct OomReport {
     pub requested: u64,
+    /// The block the pool's strategy needs for the request where it rounds it past the
+    /// alignment (a buddy's power of two: 44 MiB takes 64 MiB); 0 where it does not.
+    pub block: u64,
     pub allocated: u64,
     pub reserved: u64,
     pub largest_free: u64,
@@ -17,10 +20,13 @@ pub struct OomReport {
 
 impl std::fmt::Display for OomReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "tried to allocate {}", human(self.requested))?;
+        if self.block > 0 {
+            write!(f, " (which the strategy rounds to {})", human(self.block))?;
+        }
         write!(
             f,
-            "tried to allocate {}; pool has {} allocated, {} reserved ({} reserved but unallocated, largest free block {})",
-            human(self.requested),
+            "; pool has {} allocated, {} reserved ({} reserved but unallocated, largest free block {})",
             human(self.allocated),
             human(self.reserved),
             human(self.reserved.saturating_sub(self.allocated)),

@@ -63,10 +63,11 @@ impl OomRecord {
     pub fn of(error: &PoolError, device: i32, stream: StreamId, size: u64, pool: &PoolCore, stats: &Stats, limited: bool) -> Option<Self> {
         let capacity = pool.capacity();
         let (mut report, too_large) = match error {
-            PoolError::OutOfMemory(report) => (*report, false),
+            PoolError::OutOfMemory(report) => (*report, pool.config().padded(size).is_none_or(|rounded| rounded > capacity)),
             PoolError::InvalidSize { .. } => {
                 let report = OomReport {
                     requested: size,
+                    block: 0,
                     allocated: stats.allocated_bytes.current,
                     reserved: stats.reserved_bytes.current,
                     largest_free: stats.largest_free_bytes,

@@ -6,6 +6,7 @@
 //! lives (`unhook_all` only unhooks them), so a reference to one stays valid as long as the
 //! registry it came from.
 
+use std::env::VarError;
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicPtr, Ordering::Acquire, Ordering::Release};
 use std::sync::{Mutex, MutexGuard};
@@ -115,7 +116,7 @@ impl<E: Send + Sync> DeviceRegistry<E> {
     /// one exists, unless it would make the same pools. Returns the text in force.
     pub fn configure(&self, text: &str) -> Result<String, RegistryError> {
         let mut state = self.lock();
-        let config = AllocatorConfig::parse(&env_text(), text)?;
+        let config = AllocatorConfig::parse(&env_text()?, text)?;
         let devices: Vec<i32> = self.entries().into_iter().map(|(o, _)| o).collect();
         if !devices.is_empty() {
             let current = config_in(&mut state)?;
@@ -150,13 +151,18 @@ impl<E> Drop for DeviceRegistry<E> {
     }
 }
 
-fn env_text() -> String {
-    std::env::var(ENV_VAR).unwrap_or_default()
+/// `VRAMPOOL_CONF`'s text, empty when it is unset; one that is not UTF-8 is an error, not unset.
+fn env_text() -> Result<String, PoolError> {
+    match std::env::var(ENV_VAR) {
+        Ok(text) => Ok(text),
+        Err(VarError::NotPresent) => Ok(String::new()),
+        Err(VarError::NotUnicode(raw)) => Err(PoolError::InvalidConfig(format!("{ENV_VAR} is not UTF-8 text: {raw:?}"))),
+    }
 }
 
 fn config_in(state: &mut State) -> Result<&AllocatorConfig, PoolError> {
     if state.config.is_none() {
-        state.config = Some(AllocatorConfig::parse(&env_text(), "")?);
+        state.config = Some(AllocatorConfig::parse(&env_text()?, "")?);
     }
     Ok(state.config.as_ref().expect("set just above"))
 }

@@ -146,6 +146,7 @@ fn out_of_memory_report_and_message_of_a_known_layout() {
     let PoolError::OutOfMemory(report) = err.clone() else { panic!("{err}") };
     let expected = OomReport {
         requested: 15 * MIB,
+        block: 0,
         allocated: 300 * KIB,
         reserved: 2 * MIB,
         largest_free: 1148 * KIB,

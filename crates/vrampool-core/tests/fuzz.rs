@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use proptest::test_runner::{Config, FileFailurePersistence, RngSeed, TestCaseError, TestError, TestRunner};
-use vrampool_core::sizes::MIB;
+use vrampool_core::sizes::{MAX_REQUEST, MIB};
 use vrampool_core::strategy::StrategyKind;
 use vrampool_core::{Device, InvalidFreeReason, Pool, PoolConfig, PoolError, SimDevice, SimMode, StreamId};
 
@@ -394,7 +394,7 @@ mod harness {
                     self.live.insert(addr, Live { requested: size, size: block_size, stream, tag, users: Vec::new() });
                     self.recently_freed.retain(|&a| a != addr);
                 }
-                Err(PoolError::InvalidSize { .. }) => ensure!(size == 0 || size > CAPACITY, "{size} B refused as invalid"),
+                Err(PoolError::InvalidSize { .. }) => ensure!(size == 0 || size > MAX_REQUEST, "{size} B refused as invalid"),
                 Err(PoolError::OutOfMemory(report)) => {
                     ensure!(report.requested == size, "the OOM report names {} B, not {size}", report.requested);
                     ensure!(self.observe().live == live_before, "an OOM changed the live blocks");

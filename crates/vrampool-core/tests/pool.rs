@@ -5,7 +5,8 @@ use std::sync::Arc;
 use vrampool_core::sizes::{GIB, KIB, MIB};
 use vrampool_core::strategy::StrategyKind;
 use vrampool_core::{
-    BlockState, Device, DeviceError, EventKind, InvalidFreeReason, Limit, Pool, PoolConfig, PoolError, SimDevice, SimMode, StreamId,
+    BlockState, Device, DeviceError, EventKind, InvalidFreeReason, Limit, OomReport, Pool, PoolConfig, PoolError, SimDevice, SimMode,
+    Stats, StreamId,
 };
 
 const S0: StreamId = StreamId(0);
@@ -204,7 +205,6 @@ fn bad_input_is_refused_and_changes_nothing() {
     let before = pool.stats();
     let size_err = |r: Result<u64, PoolError>| matches!(r, Err(PoolError::InvalidSize { .. }));
     assert!(size_err(pool.allocate(0, S0)));
-    assert!(size_err(pool.allocate(2 * GIB, S0)), "more than the device holds");
     assert!(size_err(pool.allocate(u64::MAX, S0)), "absurd size, no overflow");
     let not_allocated = |r| matches!(r, Err(PoolError::InvalidFree { reason: InvalidFreeReason::NotAllocated, .. }));
     assert!(not_allocated(pool.free(0xdead_beef, None, None)), "foreign pointer");
@@ -214,6 +214,12 @@ fn bad_input_is_refused_and_changes_nothing() {
         Err(PoolError::InvalidFree { reason: InvalidFreeReason::WrongSize { expected: 4096, given: 100 }, .. })
     ));
     assert_eq!(pool.stats(), before, "refused calls change no counter");
+    // More than the device holds is out of memory (callers catching that must see it), and only
+    // counts as one.
+    let err = pool.allocate(2 * GIB, S0).unwrap_err();
+    let PoolError::OutOfMemory(report) = err else { panic!("more than the device holds gave {err}") };
+    assert_eq!((report.requested, report.allocated), (2 * GIB, 4096));
+    assert_eq!(pool.stats(), Stats { num_ooms: before.num_ooms + 1, ..before });
     pool.free(a, Some(4096), None).unwrap();
     assert!(not_allocated(pool.free(a, None, None)), "double free");
     assert!(matches!(pool.check_device(1), Err(PoolError::WrongDevice { pool: 0, given: 1 })));
@@ -259,7 +265,11 @@ fn a_limit_caps_reservation_and_can_change() {
     let config = PoolConfig { limit: Some(Limit::Fraction(0.25)), ..PoolConfig::default() };
     let pool = Pool::new(dev as Arc<dyn Device>, config).unwrap();
     assert_eq!(pool.capacity(), GIB / 4);
-    assert!(matches!(pool.allocate(300 * MIB, S0), Err(PoolError::InvalidSize { .. })));
+    let err = pool.allocate(300 * MIB, S0).unwrap_err();
+    assert!(
+        matches!(err, PoolError::OutOfMemory(OomReport { requested, limit: Some(l), .. }) if requested == 300 * MIB && l == GIB / 4),
+        "{err}"
+    );
     let a = pool.allocate(200 * MIB, S0).unwrap();
     let err = pool.allocate(100 * MIB, S0).unwrap_err();
     let PoolError::OutOfMemory(report) = err else { panic!("expected OOM") };
@@ -279,7 +289,7 @@ fn a_lowered_limit_refuses_even_blocks_a_thread_has_cached() {
         pool.free(a, None, None).unwrap();
     }
     pool.set_limit(Some(Limit::Bytes(4 * KIB))).unwrap();
-    assert!(matches!(pool.allocate(large, S0), Err(PoolError::InvalidSize { .. })), "a cached block above the cap is not handed out");
+    assert!(matches!(pool.allocate(large, S0), Err(PoolError::OutOfMemory(_))), "a cached block above the cap is not handed out");
     let hits = pool.stats().fast_path_hits;
     let a = pool.allocate(small, S0).unwrap();
     assert_eq!(pool.stats().fast_path_hits, hits + 1, "one below the cap still is");
@@ -634,4 +644,24 @@ fn a_pool_dropped_by_a_thread_local_destructor_at_thread_exit_does_not_abort() {
     go.send(()).unwrap();
     worker.join().unwrap();
     assert_eq!(dev.counters().live_segments, 0, "the pool was dropped, by the worker's exit");
+}
+
+/// Issue 48: a plain buddy asked for 44 MiB on a 48 MiB device needs a 64 MiB block, and its
+/// out-of-memory says so rather than leaving "44 MiB of 48 MiB" unexplained.
+#[test]
+fn a_buddy_out_of_memory_names_the_power_of_two_it_needed() {
+    for expandable in [false, true] {
+        let dev = Arc::new(SimDevice::new(48 * MIB, SimMode::AddressOnly));
+        let config = PoolConfig { strategy: StrategyKind::Buddy, expandable, ..PoolConfig::default() };
+        let pool = Pool::new(dev as Arc<dyn Device>, config).unwrap();
+        let err = pool.allocate(44 * MIB, S0).unwrap_err();
+        let PoolError::OutOfMemory(report) = &err else { panic!("expandable={expandable}: {err}") };
+        assert_eq!((report.requested, report.block, report.reserved), (44 * MIB, 64 * MIB, 0), "expandable={expandable}");
+        assert!(err.to_string().contains("tried to allocate 44.00 MiB (which the strategy rounds to 64.00 MiB); pool has"), "{err}");
+        assert!(pool.allocate(32 * MIB, S0).is_ok(), "expandable={expandable}: a power of two that fits is served");
+    }
+    // A strategy that does not round past the alignment says nothing of it.
+    let (pool, _) = pool_on(48 * MIB, StrategyKind::BestFit);
+    let PoolError::OutOfMemory(report) = pool.allocate(50 * MIB, S0).unwrap_err() else { panic!() };
+    assert_eq!(report.block, 0);
 }

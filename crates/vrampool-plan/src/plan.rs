@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use crate::exact::{deadline_after, exact_decide, fallback_plan, search_instance, Start, Verdict};
 use crate::floors::floors_by_start;
-use crate::greedy::{best_fit_decreasing_until, greedy_by_size_of, greedy_by_size_until};
+use crate::greedy::{best_fit_decreasing_until, greedy_by_size_of, greedy_by_size_until, greedy_is_cheap};
 use crate::instance::Instance;
 use crate::{validate, Buffer, PlanError};
 
@@ -120,7 +120,7 @@ pub fn plan(buffers: &[Buffer], options: &PlanOptions) -> Result<Plan, PlanError
             if greedy_arena <= lower_bound {
                 (greedy, lower_bound)
             } else {
-                let seed = better_heuristic(
+                let (seed, seed_arena) = better_heuristic(
                     &inst,
                     buffers,
                     alignment,
@@ -129,7 +129,9 @@ pub fn plan(buffers: &[Buffer], options: &PlanOptions) -> Result<Plan, PlanError
                     start.checked_add(options.budget / 2),
                 )?;
                 let outcome = search_instance(&inst, search_deadline(start, options.budget, check), Start::Seed(&seed));
-                (outcome.offsets, outcome.bound_bytes)
+                // The search's plan only where it beats its seed: no plan Auto gives is worse than the heuristics'.
+                let offsets = if arena(&outcome.offsets)? < seed_arena { outcome.offsets } else { seed };
+                (offsets, outcome.bound_bytes)
             }
         }
     };
@@ -175,7 +177,7 @@ pub fn decide(buffers: &[Buffer], capacity: u64, options: &PlanOptions) -> Resul
             let greedy_arena = arena(&greedy)?;
             if greedy_arena > capacity {
                 let deadline = start.checked_add(options.budget / 2);
-                better_heuristic(&inst, buffers, alignment, greedy, greedy_arena, deadline)?
+                better_heuristic(&inst, buffers, alignment, greedy, greedy_arena, deadline)?.0
             } else {
                 greedy
             }
@@ -204,14 +206,17 @@ fn search_deadline(start: Instant, budget: Duration, check: Duration) -> Instant
     deadline_after(start, budget.saturating_sub(check).saturating_sub(budget / 100))
 }
 
-/// Greedy by size's plan if done within a quarter of `budget` from `start`, else each buffer at its floor in
-/// order of start (`floors_by_start`, whose time does not depend on the gaps), so that the budget holds.
+/// Greedy by size's plan: whole where it is cheap (`greedy_is_cheap`), whatever the budget, since the floors
+/// plan can be far worse (a sliding window stacks every buffer on the last); else if done within a quarter of
+/// `budget` from `start`, else each buffer at its floor in order of start (`floors_by_start`, whose time does
+/// not depend on the gaps), so that the budget holds.
 fn first_plan(inst: &Instance, start: Instant, budget: Duration) -> Vec<u64> {
-    greedy_by_size_until(inst, start.checked_add(budget / 4)).unwrap_or_else(|| floors_by_start(inst))
+    let deadline = if greedy_is_cheap(inst) { None } else { start.checked_add(budget / 4) };
+    greedy_by_size_until(inst, deadline).unwrap_or_else(|| floors_by_start(inst))
 }
 
-/// Best fit's plan where it beats greedy by size's. Best fit is only the search's seed, so it gets half the
-/// budget: on the largest graphs its two orders alone can take longer than the whole budget.
+/// Best fit's plan where it beats greedy by size's, with its arena. Best fit is only the search's seed, so it
+/// gets half the budget: on the largest graphs its two orders alone can take longer than the whole budget.
 fn better_heuristic(
     inst: &Instance,
     buffers: &[Buffer],
@@ -219,9 +224,10 @@ fn better_heuristic(
     greedy: Vec<u64>,
     greedy_arena: u64,
     deadline: Option<Instant>,
-) -> Result<Vec<u64>, PlanError> {
-    let Some(best_fit) = best_fit_decreasing_until(inst, deadline) else { return Ok(greedy) };
-    Ok(if validate(buffers, &best_fit, alignment)? < greedy_arena { best_fit } else { greedy })
+) -> Result<(Vec<u64>, u64), PlanError> {
+    let Some(best_fit) = best_fit_decreasing_until(inst, deadline) else { return Ok((greedy, greedy_arena)) };
+    let best_fit_arena = validate(buffers, &best_fit, alignment)?;
+    Ok(if best_fit_arena < greedy_arena { (best_fit, best_fit_arena) } else { (greedy, greedy_arena) })
 }
 
 /// The plan of `offsets`, validated, with its bounds.

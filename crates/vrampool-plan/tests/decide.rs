@@ -1,4 +1,4 @@
-//! `decide` at MiniMalloc's capacity on its challenging instances (`shared/traces/static`): each fits in
+//! `decide` at MiniMalloc's capacity on its challenging instances (`tests/data/static`): each fits in
 //! 1 MiB, the best arena known for all of them. The search is much slower in a debug build, so there a
 //! decision may be "unknown"; a plan, whenever one comes, must be valid and within the capacity.
 
@@ -11,7 +11,7 @@ const CAPACITY: u64 = 1 << 20;
 
 #[test]
 fn every_challenging_instance_fits_in_one_mib() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces/static");
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/static");
     let budget = Duration::from_secs(if cfg!(debug_assertions) { 1 } else { 20 });
     for name in ["A", "B", "C", "D", "E", "F"] {
         let path = dir.join(format!("minimalloc-challenging-{name}.csv"));

@@ -1,5 +1,6 @@
-//! The shared static instances (`shared/traces/static`, one level above the repository): every algorithm
-//! gives a valid plan, and Auto reaches the lower bound where it is known to be reachable.
+//! The static instances (MiniMalloc's in `tests/data/static`, ResNet-50's in `../shared/traces/static` beside
+//! the repository): every algorithm gives a valid plan, and Auto reaches the lower bound where it is known to be
+//! reachable.
 //!
 //! The exact search is much slower in a debug build, so reaching the bound is asserted in release builds only
 //! (`cargo test --release -p vrampool-plan`); a debug build checks validity with a 1 s budget.
@@ -10,12 +11,16 @@ use std::time::Duration;
 use vrampool_plan::{plan, read_csv, read_plan_csv, validate, Algorithm, Buffer, PlanOptions};
 use vrampool_shared_traces::needs_shared_traces;
 
-fn instances_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces/static")
+/// The repository's folder of instances, and the shared one beside the repository.
+fn instance_dirs() -> [PathBuf; 2] {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    [root.join("tests/data/static"), root.join("../shared/traces/static")]
 }
 
+/// An instance from the repository's folder, else from the shared one.
 fn load(name: &str) -> Vec<Buffer> {
-    let path = instances_dir().join(name);
+    let [carried, shared] = instance_dirs();
+    let path = if carried.join(name).exists() { carried.join(name) } else { shared.join(name) };
     let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     read_csv(file).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
@@ -54,22 +59,20 @@ const BUDGET: Duration = Duration::from_secs(if cfg!(debug_assertions) { 1 } els
 /// The tests take turns, so that their searches do not compete for the CPU.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-#[needs_shared_traces]
 #[test]
-fn reads_every_shared_instance() {
-    let mut names: Vec<String> = std::fs::read_dir(instances_dir())
-        .expect("shared/traces/static next to the repository")
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".csv"))
-        .collect();
-    names.sort();
-    assert!(names.len() >= 7, "{names:?}");
-    for name in names {
-        assert!(!load(&name).is_empty(), "{name}");
+fn reads_every_instance() {
+    let [carried, shared] = instance_dirs();
+    let csv_names = |dir: &PathBuf| -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+        entries.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.ends_with(".csv")).collect()
+    };
+    let carried_names = csv_names(&carried);
+    assert_eq!(carried_names.len(), 6, "{carried_names:?}");
+    for name in carried_names.iter().chain(&csv_names(&shared)) {
+        assert!(!load(name).is_empty(), "{name}");
     }
 }
 
-#[needs_shared_traces]
 #[test]
 fn challenging_a() {
     let plan = check("minimalloc-challenging-A.csv", BUDGET);
@@ -77,7 +80,6 @@ fn challenging_a() {
     assert_reaches_bound("A", &plan);
 }
 
-#[needs_shared_traces]
 #[test]
 fn challenging_b() {
     let plan = check("minimalloc-challenging-B.csv", BUDGET);
@@ -85,7 +87,6 @@ fn challenging_b() {
     assert_reaches_bound("B", &plan);
 }
 
-#[needs_shared_traces]
 #[test]
 fn challenging_c() {
     // The lower bound is below the best known 1,048,576, and reachable.
@@ -94,7 +95,6 @@ fn challenging_c() {
     assert_reaches_bound("C", &plan);
 }
 
-#[needs_shared_traces]
 #[test]
 fn challenging_d() {
     // The lower bound (986,112) is not reached; the best known is 1,048,576, and the search does better.
@@ -111,7 +111,6 @@ fn challenging_d() {
 /// D's best plan known, 1,003,520 bytes (980 units of 1,024 against the bound's 963), found by searches at fixed
 /// capacities with jittered orders (`exact::restarts::descend_on_d`, ignored): the buffers must be D's, and the
 /// plan valid.
-#[needs_shared_traces]
 #[test]
 fn challenging_d_stored_plan() {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/minimalloc-challenging-D-plan.csv");
@@ -121,7 +120,6 @@ fn challenging_d_stored_plan() {
     assert_eq!(validate(&buffers, &offsets, 1).unwrap(), 1_003_520);
 }
 
-#[needs_shared_traces]
 #[test]
 fn challenging_e() {
     let plan = check("minimalloc-challenging-E.csv", BUDGET);
@@ -129,7 +127,6 @@ fn challenging_e() {
     assert_reaches_bound("E", &plan);
 }
 
-#[needs_shared_traces]
 #[test]
 fn challenging_f() {
     let plan = check("minimalloc-challenging-F.csv", BUDGET);

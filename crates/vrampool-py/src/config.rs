@@ -3,11 +3,12 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use vrampool_core::config::{parse_bytes, Scope, KEYS};
+use vrampool_core::config::{parse_bytes, split_pairs, Scope, KEYS};
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(config_keys, m)?)?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
+    m.add_function(wrap_pyfunction!(conf_pairs, m)?)?;
     Ok(())
 }
 
@@ -22,4 +23,12 @@ fn config_keys() -> Vec<(&'static str, &'static str, &'static str)> {
 #[pyfunction]
 fn parse_size(text: &str) -> PyResult<u64> {
     parse_bytes(text).map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// The `(key, value)` pairs of a configuration text (`key:value` separated by commas; a bracketed
+/// value may hold commas); unbalanced brackets or a pair without a value are a `ValueError`.
+#[pyfunction]
+fn conf_pairs(text: &str) -> PyResult<Vec<(String, String)>> {
+    let pairs = split_pairs(text).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(pairs.into_iter().map(|(k, v)| (k.to_owned(), v.to_owned())).collect())
 }

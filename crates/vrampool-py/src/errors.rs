@@ -12,7 +12,12 @@ create_exception!(
     PyValueError,
     "A free of a pointer that is not a live block of this pool (double free, foreign pointer, wrong size)."
 );
-create_exception!(vrampool, InvalidSizeError, PyValueError, "A size of zero, or larger than the pool may ever hold.");
+create_exception!(
+    vrampool,
+    InvalidSizeError,
+    PyValueError,
+    "A size of zero, or past one block's 128 TiB (more than the device or the limit holds is an OutOfMemoryError)."
+);
 create_exception!(vrampool, WrongDeviceError, PyValueError, "A call that names another device than the pool's.");
 create_exception!(vrampool, PoolClosedError, PyRuntimeError, "A call on a pool that was closed.");
 create_exception!(vrampool, DeviceError, PyRuntimeError, "The device (driver or simulator) failed.");

@@ -19,7 +19,7 @@ mod rmm;
 
 use std::sync::Arc;
 
-use crate::config::parse_bytes;
+use crate::config::{parse_bytes, split_pairs};
 use crate::device::Device;
 use crate::error::{OomReport, PoolError};
 use crate::sizes::MIB;
@@ -70,6 +70,7 @@ impl Figures {
 fn out_of_memory(requested: u64, figures: &Figures, blocks: &blocks::BlockList, device: &dyn Device, limit: Option<u64>) -> PoolError {
     PoolError::OutOfMemory(OomReport {
         requested,
+        block: 0,
         allocated: figures.allocated,
         reserved: figures.reserved,
         largest_free: blocks.free_summary().0,
@@ -123,12 +124,12 @@ impl PeerConfig {
         let mut config = Self::named(name).ok_or_else(|| {
             PoolError::InvalidConfig(format!("unknown allocator model `{name}` (choose one of {})", PEER_NAMES.join(", ")))
         })?;
-        for (key, value) in pairs(conf)? {
+        for (key, value) in split_pairs(conf)? {
             let applied = match &mut config {
-                Self::Torch(o) => o.apply(&key, &value),
-                Self::Rmm(o) => o.apply(&key, &value),
-                Self::Cupy(o) => o.apply(&key, &value),
-                Self::Async(o) => o.apply(&key, &value),
+                Self::Torch(o) => o.apply(key, value),
+                Self::Rmm(o) => o.apply(key, value),
+                Self::Cupy(o) => o.apply(key, value),
+                Self::Async(o) => o.apply(key, value),
             };
             match applied {
                 Some(result) => result.map_err(|e| PoolError::InvalidConfig(format!("{name}: {key}: {e}")))?,
@@ -178,37 +179,6 @@ impl PeerConfig {
             Self::Cupy(o) => Box::new(cupy::Cupy::new(o.clone(), device)),
         }
     }
-}
-
-/// `key:value` (or `key=value`) pairs separated by commas; a value may be a bracketed list with
-/// commas inside (`roundup_power2_divisions:[256:1,>:4]`).
-fn pairs(text: &str) -> Result<Vec<(String, String)>, PoolError> {
-    let mut items = Vec::new();
-    let (mut depth, mut start) = (0i32, 0usize);
-    for (i, c) in text.char_indices() {
-        match c {
-            '[' => depth += 1,
-            ']' => depth -= 1,
-            ',' if depth == 0 => {
-                items.push(&text[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    items.push(&text[start..]);
-    items
-        .into_iter()
-        .map(str::trim)
-        .filter(|item| !item.is_empty())
-        .map(|item| {
-            let (key, value) = item
-                .split_once(':')
-                .or_else(|| item.split_once('='))
-                .ok_or_else(|| PoolError::InvalidConfig(format!("`{item}` is not key:value")))?;
-            Ok((key.trim().to_string(), value.trim().to_string()))
-        })
-        .collect()
 }
 
 fn parse_u64(value: &str) -> Result<u64, String> {

@@ -423,21 +423,24 @@ impl PoolCore {
         }
     }
 
-    /// The size the strategies see: aligned, optionally padded to a bucket; refuses 0 and sizes
-    /// no segment could hold.
+    /// The size the strategies see: aligned, optionally padded to a bucket. Zero and sizes past
+    /// one block's 128 TiB are invalid; a size past the cap (the device, or the limit) is out of
+    /// memory, as any request the pool cannot get memory for, so that callers catching
+    /// out-of-memory see it. No cache is given back for it: nothing could make room.
     pub(super) fn round_request(&self, size: u64) -> Result<u64> {
         if size == 0 {
             return Err(PoolError::InvalidSize { size, reason: "zero bytes requested" });
         }
-        let cap = self.capacity();
-        match self.config.padded(size) {
-            Some(rounded) if rounded > cap => Err(PoolError::InvalidSize { size, reason: "larger than the pool may ever reserve" }),
-            Some(rounded) if rounded > MAX_REQUEST => {
-                Err(PoolError::InvalidSize { size, reason: "larger than one block can be (128 TiB)" })
-            }
-            Some(rounded) => Ok(rounded),
-            None => Err(PoolError::InvalidSize { size, reason: "larger than the pool may ever reserve" }),
+        let rounded = self
+            .config
+            .padded(size)
+            .filter(|&rounded| rounded <= MAX_REQUEST)
+            .ok_or(PoolError::InvalidSize { size, reason: "larger than one block can be (128 TiB)" })?;
+        if rounded > self.capacity() {
+            self.counters.num_ooms.fetch_add(1, Relaxed);
+            return Err(PoolError::OutOfMemory(self.oom_report(size)));
         }
+        Ok(rounded)
     }
 
     #[inline(always)]

@@ -86,8 +86,11 @@ impl PoolCore {
 
     pub(super) fn oom_report(&self, requested: u64) -> OomReport {
         let stats = self.stats();
+        let rounded = self.config.padded(requested).unwrap_or(u64::MAX);
+        let block = self.config.block_size_for(rounded, self.tier_of(rounded));
         OomReport {
             requested,
+            block: if block > rounded { block } else { 0 },
             allocated: stats.allocated_bytes.current,
             reserved: stats.reserved_bytes.current,
             largest_free: stats.largest_free_bytes,

@@ -1,4 +1,5 @@
 use super::*;
+use crate::peers::PEER_NAMES;
 use crate::sizes::MIB;
 
 fn config(strategy: StrategyKind) -> PoolConfig {
@@ -187,6 +188,23 @@ fn a_capacity_limited_replay_stops_at_the_first_out_of_memory() {
 }
 
 #[test]
+fn a_buffer_larger_than_the_device_is_an_out_of_memory_in_every_row() {
+    // Issue 48: past the device, the pool said "invalid size" and the whole replay stopped.
+    let buffers = [TraceBuffer::new(0, 0, 1, 4096)];
+    let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap();
+    let mut targets: Vec<ReplayTarget> = ALL_STRATEGIES.into_iter().map(|s| ReplayTarget::Pool(config(s))).collect();
+    targets.extend(PEER_NAMES.iter().map(|name| ReplayTarget::Peer(PeerConfig::named(name).unwrap())));
+    for capacity in [1, 512, 4095] {
+        let options = ReplayOptions { samples: 10, capacity: Some(capacity), repeat: 1, trim_each_pass: false };
+        for target in &targets {
+            let report = replay_prepared(&prepared, target, options).unwrap_or_else(|e| panic!("{} on {capacity} B: {e}", target.name()));
+            let oom = report.out_of_memory.unwrap_or_else(|| panic!("{} on {capacity} B: {report:?}", target.name()));
+            assert_eq!((oom.event, oom.report.requested), (0, 4096), "{} on {capacity} B", target.name());
+        }
+    }
+}
+
+#[test]
 fn large_tensors_cost_the_default_pool_at_most_a_page_each() {
     // Logits-like pairs (output and gradient) of a sequence length that changes every step.
     let mut buffers = Vec::new();
@@ -205,12 +223,19 @@ fn large_tensors_cost_the_default_pool_at_most_a_page_each() {
     assert!(buddy.peak_allocated_bytes >= 2 * 256 * MIB, "{buddy:?}");
 }
 
-fn shared_traces() -> Vec<(String, Vec<TraceEvent>)> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces/static");
-    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    let mut paths: Vec<_> =
-        entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "csv")).collect();
-    paths.sort();
+/// The instances in the repository (`tests/data/static`), and those in `../shared/traces/static` beside it
+/// where it is there.
+fn static_traces() -> Vec<(String, Vec<TraceEvent>)> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut paths: Vec<_> = [root.join("tests/data/static"), root.join("../shared/traces/static")]
+        .iter()
+        .filter_map(|dir| std::fs::read_dir(dir).ok())
+        .flatten()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "csv"))
+        .collect();
+    paths.sort_by_key(|p| p.file_name().map(|n| n.to_owned()));
+    paths.dedup_by_key(|p| p.file_name().map(|n| n.to_owned()));
     paths
         .into_iter()
         .map(|path| {
@@ -221,10 +246,11 @@ fn shared_traces() -> Vec<(String, Vec<TraceEvent>)> {
         .collect()
 }
 
-#[vrampool_shared_traces::needs_shared_traces]
 #[test]
-fn replay_shared_instances_with_every_strategy() {
-    for (name, events) in shared_traces() {
+fn replay_static_instances_with_every_strategy() {
+    let traces = static_traces();
+    assert!(traces.len() >= 6, "the six carried in tests/data/static");
+    for (name, events) in traces {
         for report in replay_all(&events, &PoolConfig::default()).unwrap() {
             assert_eq!(report.events, events.len());
             assert!(report.lower_bound_bytes > 0);
@@ -244,7 +270,10 @@ fn replay_shared_instances_with_every_strategy() {
 #[test]
 #[ignore = "a measurement: run in release"]
 fn replay_throughput() {
-    let (_, events) = shared_traces().into_iter().find(|(n, _)| n == "somas-resnet50.csv").expect("somas-resnet50.csv");
+    let (_, events) = static_traces()
+        .into_iter()
+        .find(|(n, _)| n == "somas-resnet50.csv")
+        .expect("somas-resnet50.csv in ../shared/traces/static (the repository does not carry it)");
     // Repeat the trace so the loop runs long enough to time.
     let mut long = Vec::new();
     for round in 0..500u64 {

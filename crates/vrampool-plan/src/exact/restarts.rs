@@ -31,8 +31,8 @@ fn env_or(name: &str, default: u64) -> u64 {
 #[test]
 #[ignore = "a search of minutes, run by hand"]
 fn descend_on_d() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/traces/static/minimalloc-challenging-D.csv");
-    let buffers = read_csv(std::fs::File::open(path).expect("shared/traces/static")).unwrap();
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/static/minimalloc-challenging-D.csv");
+    let buffers = read_csv(std::fs::File::open(path).expect("tests/data/static")).unwrap();
     let inst = Instance::new(&buffers, 1).unwrap();
     let part = Component::new(&inst, &(0..inst.len() as u32).collect::<Vec<_>>());
     let secs = env_or("DESCEND_SECS", 600);
