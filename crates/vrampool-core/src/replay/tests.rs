@@ -356,3 +356,12 @@ fn a_huge_request_costs_every_model_its_events_not_its_bytes() {
         }
     }
 }
+
+#[test]
+fn live_bytes_past_u64_make_the_bound_the_largest_count_not_a_panic() {
+    let buffers = [TraceBuffer::new(0, 0, 2, 1 << 63), TraceBuffer::new(1, 1, 3, 1 << 63), TraceBuffer::new(2, 4, 5, 1)];
+    let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap();
+    assert_eq!(prepared.lower_bound_bytes(), u64::MAX);
+    let report = replay_prepared(&prepared, &ReplayTarget::Peer(PeerConfig::named("torch").unwrap()), ReplayOptions::default()).unwrap();
+    assert_eq!(report.out_of_memory.map(|oom| oom.event), Some(0));
+}
