@@ -285,7 +285,8 @@ impl PreparedTrace {
         let mut live: HashMap<u64, (u32, u64)> = HashMap::new();
         let mut spare: Vec<u32> = Vec::new();
         let mut slots = 0u32;
-        let (mut now, mut lower_bound) = (0u64, 0u64);
+        // Live bytes can pass u64 (two 2^63 B buffers): counted wide, the bound saturates.
+        let (mut now, mut lower_bound) = (0u128, 0u128);
         let mut ops = Vec::with_capacity(events.len());
         for (index, event) in events.iter().enumerate() {
             match *event {
@@ -300,19 +301,19 @@ impl PreparedTrace {
                     if live.insert(id, (slot, size)).is_some() {
                         return Err(ReplayError::DuplicateId { index, id });
                     }
-                    now += size;
+                    now += u128::from(size);
                     lower_bound = lower_bound.max(now);
                     ops.push((slot, size, stream));
                 }
                 TraceEvent::Free { id } => {
                     let (slot, size) = live.remove(&id).ok_or(ReplayError::UnknownId { index, id })?;
-                    now -= size;
+                    now -= u128::from(size);
                     spare.push(slot);
                     ops.push((slot, 0, 0));
                 }
             }
         }
-        Ok(Self { ops, slots: slots as usize, lower_bound })
+        Ok(Self { ops, slots: slots as usize, lower_bound: u64::try_from(lower_bound).unwrap_or(u64::MAX) })
     }
 
     /// Allocations and frees.
@@ -324,7 +325,7 @@ impl PreparedTrace {
         self.ops.is_empty()
     }
 
-    /// The most requested bytes live at once.
+    /// The most requested bytes live at once (u64::MAX where they pass it).
     pub fn lower_bound_bytes(&self) -> u64 {
         self.lower_bound
     }

@@ -14,7 +14,10 @@
 //! over for a moment. A thread that exits gives its lists back itself.
 
 use std::cell::{Cell, UnsafeCell};
+use std::collections::HashMap;
 use std::sync::{Arc, Weak};
+
+use foldhash::fast::FixedState;
 
 use crate::barrier;
 use crate::stats::LocalCounters;
@@ -57,9 +60,14 @@ struct Lists {
     /// The default stream's (the stream most threads use only), and the other streams'.
     home: StreamCache,
     others: Vec<StreamCache>,
+    /// Where each other stream's lists are in `others`.
+    slots: HashMap<u64, usize, FixedState>,
 }
 
 impl Lists {
+    /// Takes every block out. Only the home stream's lists stay: the others' are made again at
+    /// their stream's next push, so that a take (one at each growth) costs the streams used
+    /// since the last one, not every stream the thread ever used.
     fn take_all(&mut self) -> Vec<(u64, u64)> {
         let mut out = Vec::new();
         for sc in std::iter::once(&mut self.home).chain(&mut self.others) {
@@ -67,6 +75,8 @@ impl Lists {
                 out.extend(list.drain(..).map(|addr| (sc.stream, addr)));
             }
         }
+        self.others.clear();
+        self.slots.clear();
         out
     }
 
@@ -80,13 +90,12 @@ impl Lists {
 
     #[cold]
     fn other_stream(&mut self, stream: u64) -> &mut StreamCache {
-        match self.others.iter().position(|s| s.stream == stream) {
-            Some(i) => &mut self.others[i],
-            None => {
-                self.others.push(StreamCache::new(stream));
-                self.others.last_mut().expect("just pushed")
-            }
+        let next = self.others.len();
+        let i = *self.slots.entry(stream).or_insert(next);
+        if i == next {
+            self.others.push(StreamCache::new(stream));
         }
+        &mut self.others[i]
     }
 }
 
@@ -347,7 +356,7 @@ fn find_or_make(caches: *mut Caches, pool: &PoolHandle<'_>) -> Option<*const Poo
         counters: (pool.register)(),
         since_checkpoint: Cell::new(0),
         thread: this_thread(),
-        lists: StealCell::new(Lists { home: StreamCache::new(HOME_STREAM), others: Vec::new() }),
+        lists: StealCell::new(Lists { home: StreamCache::new(HOME_STREAM), others: Vec::new(), slots: HashMap::default() }),
     });
     (pool.enlist)(CacheOfThread(Arc::clone(&cache)));
     let ptr = Arc::as_ptr(&cache);
@@ -402,4 +411,22 @@ fn first_list(sc: &mut StreamCache, index: usize, class_size: u64) -> &mut Vec<u
     // The depth is fixed per class: reserve it once, so the fast path needs no division.
     list.reserve_exact(((CLASS_BYTES / class_size) as usize).max(CLASS_MIN_DEPTH));
     list
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_take_leaves_only_the_home_streams_lists() {
+        let mut lists = Lists { home: StreamCache::new(HOME_STREAM), others: Vec::new(), slots: HashMap::default() };
+        for stream in 0..=100 {
+            lists.stream(stream).classes[0].push(stream * 512);
+        }
+        assert_eq!(lists.stream(42).classes[0], vec![42 * 512], "each stream finds its own lists");
+        assert_eq!(lists.take_all().len(), 101);
+        // The next take costs the streams used since, not the hundred used before.
+        assert!(lists.others.is_empty() && lists.slots.is_empty());
+        assert!(lists.stream(42).classes[0].is_empty());
+    }
 }

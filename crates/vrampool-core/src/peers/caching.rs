@@ -12,6 +12,7 @@ use std::sync::Arc;
 use foldhash::fast::FixedState;
 
 use super::blocks::{BlockList, State, NIL};
+use super::mappings::Mappings;
 use super::{out_of_memory, parse_flag, parse_mb, parse_size, parse_u64, Figures, PeerModel};
 use crate::device::Device;
 use crate::error::PoolError;
@@ -183,6 +184,8 @@ pub(super) struct Caching {
     pool_info: Vec<PoolInfo>,
     /// Expandable segments: base -> (reserved size, pool).
     expandable: BTreeMap<u64, (u64, u32)>,
+    /// What is mapped inside them.
+    mappings: Mappings,
     /// `get_free_blocks_call_count` of the small and the large pool (garbage collection's clock).
     free_block_calls: [u64; 2],
     /// The memory garbage collection counts against (`allowed_memory_maximum`), when on.
@@ -220,6 +223,7 @@ impl Caching {
             pools: HashMap::default(),
             pool_info: Vec::new(),
             expandable: BTreeMap::new(),
+            mappings: Mappings::default(),
             free_block_calls: [0; 2],
             gc_limit,
             reservation,
@@ -381,19 +385,15 @@ impl Caching {
         Some(self.blocks.add_segment(pool, base, self.reservation, State::Unmapped))
     }
 
-    /// `map_block`: maps whole pages from the start of unmapped block `n` to cover `size` bytes,
-    /// and merges the mapped part with a free block before it; returns the merged block.
+    /// `map_block`: maps whole pages (as one run) from the start of unmapped block `n` to cover
+    /// `size` bytes, and merges the mapped part with a free block before it; returns the merged
+    /// block.
     fn map_block(&mut self, n: u32, size: u64) -> Option<u32> {
         let page = self.page(self.blocks.node(n).pool);
         let node = *self.blocks.node(n);
         let bytes = round_up(size, page)?.min(node.size);
-        for k in 0..bytes / page {
-            if self.device.map(node.addr + k * page, page).is_err() {
-                for j in 0..k {
-                    let _ = self.device.unmap(node.addr + j * page, page);
-                }
-                return None;
-            }
+        if !self.mappings.map(self.device.as_ref(), node.addr, bytes) {
+            return None;
         }
         if bytes < node.size {
             self.blocks.split(n, bytes);
@@ -422,9 +422,7 @@ impl Caching {
         if end < node.addr + node.size {
             self.blocks.split(middle, end - begin);
         }
-        for k in 0..(end - begin) / page {
-            let _ = self.device.unmap(begin + k * page, page);
-        }
+        self.mappings.unmap(self.device.as_ref(), begin, end);
         self.blocks.set_state(middle, State::Unmapped);
         let middle = self.blocks.coalesce(middle);
         self.figures.release(end - begin);

@@ -15,6 +15,7 @@
 mod blocks;
 mod caching;
 mod cupy;
+mod mappings;
 mod rmm;
 
 use std::sync::Arc;

@@ -140,8 +140,8 @@ impl PoolCore {
             // Best effort, as a failed give-back only leaves memory reserved.
             let growth = self.growth_estimate(arena, tier, rounded);
             let after = self.committed.load(Relaxed).saturating_add(growth);
-            let stats = self.stats();
-            let live_peak = stats.allocated_bytes.current + rounded > stats.allocated_bytes.peak;
+            let allocated = self.allocated_bytes();
+            let live_peak = allocated.current + rounded > allocated.peak;
             let over = after.saturating_sub(self.give_back_mark.load(Relaxed));
             if over > 0 {
                 let base = self.committed_at_live_peak.load(Relaxed);

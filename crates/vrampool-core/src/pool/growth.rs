@@ -57,6 +57,7 @@ impl PoolCore {
     /// A new segment of `size` bytes from the device, within the cap.
     pub(super) fn grow(&self, size: u64, stream: StreamId) -> Result<u64> {
         self.commit(size)?;
+        self.holding.note_growth(stream);
         self.counters.num_device_alloc.fetch_add(1, Relaxed);
         match self.device.alloc_segment(size) {
             Ok(base) => {
@@ -146,7 +147,7 @@ impl PoolCore {
     /// unmap failed), less the free tail of the newest range of `growing`.
     pub(super) fn spares(&self, growing: Option<(StreamId, u8)>) -> Vec<Spare> {
         let mut spares = Vec::new();
-        self.for_each_arena(|arena| {
+        self.for_each_holding_arena(|arena| {
             let stream = arena.stream;
             for tier_index in 0..arena.tiers.len() as u8 {
                 // A kept run's segment may be otherwise free: the lock files the run back first.
@@ -188,7 +189,7 @@ impl PoolCore {
         let _one_flush = self.flushing.lock();
         let blocks = thread_cache::take_all(&self.thread_caches.lock());
         self.adopt(blocks);
-        self.for_each_arena(|arena| {
+        self.for_each_holding_arena(|arena| {
             // Locking the first tier files its kept run back, whether or not the magazines hold any of its blocks.
             drop(self.lock_tier(arena, 0));
             arena.magazines.drain(

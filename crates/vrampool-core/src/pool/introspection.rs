@@ -8,6 +8,12 @@ impl PoolCore {
         self.counters.read(largest, free_ranges)
     }
 
+    /// Allocated bytes, from the counters alone: unlike `stats`, no strategy is visited, so the
+    /// cost does not grow with the streams.
+    pub(super) fn allocated_bytes(&self) -> CounterValues {
+        self.counters.read(0, 0).allocated_bytes
+    }
+
     pub fn reset_peak_stats(&self) {
         self.counters.reset_peaks();
     }
@@ -74,7 +80,7 @@ impl PoolCore {
     /// The largest free range of any strategy, and the bytes of all their free ranges.
     pub(super) fn free_ranges(&self) -> (u64, u64) {
         let (mut largest, mut bytes) = (0, 0);
-        self.for_each_arena(|arena| {
+        self.for_each_holding_arena(|arena| {
             for tier in arena.tiers.iter() {
                 let usage = tier.lock().usage();
                 largest = largest.max(usage.largest_free);

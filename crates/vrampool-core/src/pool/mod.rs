@@ -32,14 +32,16 @@ use crate::expandable::{pieces, Expandable, Reservation, PIECES_PER_HIGH_WATER};
 use crate::fast_gate::FastGate;
 use crate::live_table::{LiveBlock, LiveTable, Removal};
 use crate::sizes::{class_size, round_up, MAX_REQUEST, MIN_BLOCK};
-use crate::stats::{Counters, Fast, Stats};
+use crate::stats::{CounterValues, Counters, Fast, Stats};
 use crate::strategy::{BestFit, BestFitConfig, Block, BlockInfo, Buddy, BuddyConfig, Segment, Slab, SlabConfig, Strategy, StrategyKind};
 use crate::thread_cache::{self, CacheOfThread, CacheOwner, PoolCache, PoolHandle, HOME_STREAM};
+use holding::Holding;
 
 type FastMap<K, V> = papaya::HashMap<K, V, FixedState>;
 
 mod general;
 mod growth;
+mod holding;
 mod introspection;
 mod stream_order;
 mod vm;
@@ -148,6 +150,8 @@ pub struct PoolCore {
     // give its cache back, or drop the pool, from a thread-local destructor, when the state
     // behind papaya's thread-local guards is already gone (pinning then panics, which aborts).
     arenas: FastMap<StreamId, Arena>,
+    /// The arenas that may hold memory (see `holding`).
+    holding: Holding,
     /// Live blocks: the lock-free direct-mapped table, and the map for blocks whose slot was taken.
     live: LiveTable<LIVE_TABLE_SLOTS>,
     overflow: FastMap<u64, LiveBlock>,
@@ -198,6 +202,7 @@ impl Pool {
             thread_classes,
             thread_class_of,
             arenas: FastMap::default(),
+            holding: Holding::default(),
             live: LiveTable::default(),
             overflow: FastMap::default(),
             recorded: Mutex::default(),

@@ -96,6 +96,7 @@ impl PoolCore {
         let gaps: Vec<Segment> = r.gaps(range).into_iter().flat_map(|gap| pieces(gap, unit, least)).collect();
         let total: u64 = gaps.iter().map(|g| g.size).sum();
         self.commit(total)?;
+        self.holding.note_growth(stream);
         for (k, &gap) in gaps.iter().enumerate() {
             self.counters.num_device_alloc.fetch_add(1, Relaxed);
             if let Err(e) = self.device.map(gap.base, gap.size) {

@@ -360,3 +360,37 @@ fn a_csv_error_quotes_at_most_a_hundred_bytes_of_its_input() {
         assert!(message.len() < 250, "{} bytes: {}", message.len(), &message[..250.min(message.len())]);
     }
 }
+
+#[test]
+fn a_huge_request_costs_every_model_its_events_not_its_bytes() {
+    // One buffer of 2^50 B (the default device's whole memory) and one of 2^63 B: a model that
+    // kept a record per page would need billions of them. Every model and pool answers at once:
+    // out of memory, or (a pool whose blocks cannot be that large) an error at that event.
+    let buffers = [TraceBuffer::new(0, 0, 2, 1 << 50), TraceBuffer::new(1, 1, 3, 1 << 63)];
+    let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap();
+    let mut targets: Vec<ReplayTarget> =
+        crate::peers::PEER_NAMES.iter().map(|name| ReplayTarget::Peer(PeerConfig::named(name).unwrap())).collect();
+    targets.extend(ALL_STRATEGIES.iter().map(|&strategy| ReplayTarget::Pool(config(strategy))));
+    for target in &targets {
+        for capacity in [None, Some(1 << 40)] {
+            let options = ReplayOptions { samples: 10, capacity, repeat: 1, trim_each_pass: false };
+            match replay_prepared(&prepared, target, options) {
+                Ok(report) => {
+                    let oom = report.out_of_memory.unwrap_or_else(|| panic!("{}: {report:?}", target.name()));
+                    assert!(oom.report.requested >= 1 << 50, "{}: {oom:?}", target.name());
+                }
+                Err(ReplayError::Pool { source: PoolError::InvalidSize { size, .. }, .. }) => assert!(size >= 1 << 50),
+                Err(e) => panic!("{}: {e}", target.name()),
+            }
+        }
+    }
+}
+
+#[test]
+fn live_bytes_past_u64_make_the_bound_the_largest_count_not_a_panic() {
+    let buffers = [TraceBuffer::new(0, 0, 2, 1 << 63), TraceBuffer::new(1, 1, 3, 1 << 63), TraceBuffer::new(2, 4, 5, 1)];
+    let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap();
+    assert_eq!(prepared.lower_bound_bytes(), u64::MAX);
+    let report = replay_prepared(&prepared, &ReplayTarget::Peer(PeerConfig::named("torch").unwrap()), ReplayOptions::default()).unwrap();
+    assert_eq!(report.out_of_memory.map(|oom| oom.event), Some(0));
+}
