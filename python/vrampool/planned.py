@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 
 #: The key of iterations whose caller names none.
 DEFAULT_KEY = 0
+#: The key that lets an iteration's first allocation pick its plan (the plan of an iteration that began
+#: with an allocation of the same size on the same stream): what automatic boundaries use.
+AUTO_KEY = (1 << 64) - 1
 
 
 def signature_key(key: Optional[Hashable]) -> int:
@@ -97,8 +100,9 @@ class PlannedPool:
     def stats(self) -> Dict[str, Any]:
         """``planned_allocations`` (from the arena), ``dynamic_allocations`` (from the pool),
         ``fallbacks`` (iterations that left their plan), ``recorded_iterations`` (iterations
-        without a plan yet), ``replayed_iterations``, ``arena_bytes``, ``arena_live``, and
-        ``plans``: per key, ``arena_bytes`` against ``lower_bound_bytes``, ``arena_buffers``,
+        without a plan yet), ``replayed_iterations``, ``arena_bytes``, ``arena_live`` (buffers) and
+        ``arena_live_bytes``, ``planned_bytes`` (every arena buffer's), ``arena_blocks_taken`` and
+        ``arena_blocks_returned`` (arenas taken from the pool and given back), and ``plans``: per key, ``arena_bytes`` against ``lower_bound_bytes``, ``arena_buffers``,
         ``dynamic_buffers`` and ``events``."""
         return self._native.stats()
 

@@ -212,7 +212,24 @@ def install(**conf: Any) -> Any:
             _native.abi_raise_on_failure(False)
             raise
         _installed = True
+        _mark_optimizer_steps()
         return alloc
+
+
+def _mark_optimizer_steps() -> None:
+    """Ends the planned arena's iteration at every optimizer step (PyTorch's global hook), so that
+    the ``steady`` option (on by default) serves a training loop's steps from one arena with no
+    change to its code. Each iteration then picks its plan by its first allocation. Inside
+    :func:`planned`, the caller's :func:`step` marks the boundaries instead."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from vrampool.planned import AUTO_KEY
+
+    def step_ended(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not _native.abi_planned():
+            _native.abi_planned_step(AUTO_KEY)
+
+    register_optimizer_step_post_hook(step_ended)
 
 
 @contextlib.contextmanager

@@ -83,6 +83,12 @@ pub struct PoolConfig {
     /// reserved: below that mark, giving back would not lower the peak, only make the pool grow
     /// the same segments again. On by default.
     pub reclaim: bool,
+    /// Serve a repeating workload's steps from one planned arena once each has been seen
+    /// (`vrampool_plan::PlannedMode::steady`, which the binding puts over the pool; the pool alone
+    /// ignores it): after warm-up a step makes no device call and no sync, and reserves what its
+    /// plan needs. A step ends at PyTorch's optimizer step, or once everything it allocated is
+    /// freed. On by default.
+    pub steady: bool,
     /// Zero-fill blocks on free or on allocation (off by default).
     pub scrub: Scrub,
     /// Record each live block's allocation time, for the ages in leak reports (`live_blocks`).
@@ -102,6 +108,7 @@ impl Default for PoolConfig {
             record_events: false,
             expandable: true,
             reclaim: true,
+            steady: true,
             scrub: Scrub::Off,
             track_leaks: false,
         }
@@ -229,7 +236,7 @@ const fn key(name: &'static str, kind: ValueKind, scope: Scope) -> Key {
 }
 
 /// Every key, in the order the documentation lists them.
-pub const KEYS: [Key; 14] = [
+pub const KEYS: [Key; 15] = [
     key("strategy", ValueKind::Choice(&STRATEGY_NAMES), Scope::Pool),
     key("small_max", ValueKind::Bytes, Scope::Pool),
     key("large_min", ValueKind::Bytes, Scope::Pool),
@@ -243,6 +250,7 @@ pub const KEYS: [Key; 14] = [
     key("scrub", ValueKind::Choice(&Scrub::NAMES), Scope::Pool),
     key("track_leaks", ValueKind::Bool, Scope::Pool),
     key("reclaim", ValueKind::Bool, Scope::Pool),
+    key("steady", ValueKind::Bool, Scope::Pool),
     key("device", ValueKind::Choice(&DEVICE_NAMES), Scope::Allocator),
     key("sim_capacity", ValueKind::Bytes, Scope::Allocator),
 ];
@@ -344,6 +352,7 @@ impl PoolConfig {
             "scrub" => self.scrub = Scrub::parse(parse_choice(key, value, &Scrub::NAMES)?).expect("a scrub name"),
             "track_leaks" => self.track_leaks = parse_bool(key, value)?,
             "reclaim" => self.reclaim = parse_bool(key, value)?,
+            "steady" => self.steady = parse_bool(key, value)?,
             _ => return Ok(false),
         }
         Ok(true)
@@ -459,6 +468,7 @@ impl PoolConfig {
             "scrub" => Value::Name(self.scrub.name()),
             "track_leaks" => Value::Bool(self.track_leaks),
             "reclaim" => Value::Bool(self.reclaim),
+            "steady" => Value::Bool(self.steady),
             _ => return None,
         })
     }

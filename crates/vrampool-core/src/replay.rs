@@ -28,7 +28,7 @@ use crate::device::{SimDevice, SimMode, StreamId};
 use crate::error::{OomReport, PoolError};
 use crate::peers::{PeerConfig, PeerModel};
 use crate::strategy::StrategyKind;
-use crate::{Pool, PoolConfig, PoolCore};
+use crate::{MemoryResource, Pool, PoolConfig, PoolCore};
 
 /// Capacity of the simulated device a replay runs on: large enough that no trace runs out.
 pub const REPLAY_CAPACITY: u64 = 1 << 50;
@@ -386,6 +386,30 @@ impl Replayed for Pool {
     }
 }
 
+impl Replayed for &dyn MemoryResource {
+    fn allocate(&mut self, size: u64, stream: u64) -> Result<u64, PoolError> {
+        (**self).allocate(size, StreamId(stream))
+    }
+
+    fn free(&mut self, addr: u64) -> Result<(), PoolError> {
+        (**self).free(addr, None, None)
+    }
+
+    fn now(&self) -> (u64, u64, f64) {
+        let stats = self.stats();
+        (stats.allocated_bytes.current, stats.reserved_bytes.current, stats.fragmentation())
+    }
+
+    fn totals(&self) -> (u64, u64, u64, u64) {
+        let stats = self.stats();
+        (stats.reserved_bytes.peak, stats.allocated_bytes.peak, stats.num_device_alloc, stats.num_device_free)
+    }
+
+    fn trim(&mut self) -> Result<(), PoolError> {
+        (**self).trim().map(|_| ())
+    }
+}
+
 impl Replayed for Box<dyn PeerModel> {
     fn allocate(&mut self, size: u64, stream: u64) -> Result<u64, PoolError> {
         (**self).allocate(size, stream)
@@ -426,8 +450,7 @@ pub fn sample_stride(events: usize, samples: usize) -> usize {
 /// samples are read inside the timed loop, so events per second include their cost. With a
 /// capacity, running out of memory ends the replay with `out_of_memory` set.
 pub fn replay_prepared(prepared: &PreparedTrace, target: &ReplayTarget, options: ReplayOptions) -> Result<ReplayReport, ReplayError> {
-    let capacity = options.capacity.unwrap_or(REPLAY_CAPACITY);
-    let device = Arc::new(SimDevice::new(capacity, SimMode::AddressOnly));
+    let device = replay_device(options);
     let report = match target {
         ReplayTarget::Pool(config) => {
             let mut pool = Pool::new(device, config.clone()).map_err(|source| ReplayError::Pool { index: 0, source })?;
@@ -436,6 +459,25 @@ pub fn replay_prepared(prepared: &PreparedTrace, target: &ReplayTarget, options:
         ReplayTarget::Peer(peer) => run(prepared, &mut peer.build(device, options.capacity), options),
     }?;
     Ok(ReplayReport { strategy: target.name(), approximate: matches!(target, ReplayTarget::Peer(p) if p.approximate()), ..report })
+}
+
+/// The address-only simulated device a replay with `options` runs on.
+pub fn replay_device(options: ReplayOptions) -> Arc<SimDevice> {
+    Arc::new(SimDevice::new(options.capacity.unwrap_or(REPLAY_CAPACITY), SimMode::AddressOnly))
+}
+
+/// Replays a prepared trace through `resource` (made on [`replay_device`]), as [`replay_prepared`] does a
+/// pool: for the adaptors other crates put over a pool, such as the planned steps that the `default` row's
+/// `steady` option asks for.
+pub fn replay_resource(
+    prepared: &PreparedTrace,
+    name: &'static str,
+    resource: &dyn MemoryResource,
+    options: ReplayOptions,
+) -> Result<ReplayReport, ReplayError> {
+    let mut target = resource;
+    let report = run(prepared, &mut target, options)?;
+    Ok(ReplayReport { strategy: name, ..report })
 }
 
 /// `options.repeat` copies of the trace run back to back on the same pool or model (a warm one,

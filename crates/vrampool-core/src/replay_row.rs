@@ -31,7 +31,8 @@ pub fn pool_row_conf(row: &str, conf: &str) -> Result<String, PoolError> {
             "`{row}` is no pool row (default, or a strategy: slab, best_fit, buddy, hybrid, each with {VM_SUFFIX} or not)"
         )));
     }
-    let named = format!("strategy:{strategy},expandable:{}", row.ends_with(VM_SUFFIX));
+    // A strategy's row is the pool alone: no planned steps over it.
+    let named = format!("strategy:{strategy},expandable:{},steady:false", row.ends_with(VM_SUFFIX));
     let mut by_name = PoolConfig::default();
     by_name.apply_text(&named)?;
     let text = if conf.trim().is_empty() { named } else { format!("{named},{conf}") };
@@ -86,7 +87,8 @@ mod tests {
         assert_eq!(pool("hybrid", "strategy:hybrid").strategy, StrategyKind::Hybrid, "restating the name is no change");
         assert_eq!(row_target("torch", "max_split_size_mb:256").unwrap().name(), "torch");
         assert_eq!(row_target("torch+expandable", "").unwrap().name(), "torch+expandable");
-        assert_eq!(pool_row_conf("buddy+vm", "").unwrap(), "strategy:buddy,expandable:true");
+        assert_eq!(pool_row_conf("buddy+vm", "").unwrap(), "strategy:buddy,expandable:true,steady:false");
+        assert!(pool("default", "").steady && !pool("hybrid+vm", "").steady, "a strategy's row is the pool alone");
     }
 
     #[test]

@@ -33,10 +33,27 @@ use std::time::Duration;
 
 use vrampool_core::{fork, InvalidFreeReason, MemoryResource, PoolError, StreamId};
 
-use crate::{plan, Algorithm, Buffer, PlanOptions};
+use crate::{plan, Algorithm, Buffer, Plan, PlanOptions};
 
 /// The key of the iteration before the first `step`, and of every iteration whose caller names none.
 pub const DEFAULT_KEY: u64 = 0;
+
+/// The key that lets an iteration's first allocation pick its plan: the one recorded for an iteration that
+/// began with an allocation of the same size on the same stream (a step whose input shape changed begins
+/// with a buffer of another size). What automatic boundaries (`with_auto_steps`) use.
+pub const AUTO_KEY: u64 = u64::MAX;
+
+/// With automatic boundaries, an iteration ends once nothing this pool handed out is live, if it allocated
+/// at least this many buffers: a repeating workload's step, not each pair of a program that allocates and
+/// frees one buffer at a time.
+pub const AUTO_STEP_ALLOCATIONS: usize = 32;
+
+/// An iteration records at most this many events; a longer one is not planned (a program that never reaches
+/// a boundary must not grow the record without end).
+const MAX_RECORDED_EVENTS: usize = 1 << 22;
+
+/// The most plans kept; a new key past it replaces an old one.
+const MAX_PLANS: usize = 64;
 
 /// One event of an iteration, as matched against the recording.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +115,15 @@ pub struct PlannedStats {
     pub arena_bytes: u64,
     /// Arena buffers live now.
     pub arena_live: usize,
+    /// The bytes of the live arena buffers.
+    pub arena_live_bytes: u64,
+    /// The bytes of every arena buffer handed out.
+    pub planned_bytes: u64,
+    /// Arena blocks taken from the pool and given back to it, with their bytes.
+    pub arena_blocks_taken: u64,
+    pub arena_bytes_taken: u64,
+    pub arena_blocks_returned: u64,
+    pub arena_bytes_returned: u64,
     /// Per key, in key order.
     pub plans: Vec<KeyPlan>,
 }
@@ -140,12 +166,14 @@ struct Iteration {
     matching: bool,
     events: Vec<Event>,
     allocations: usize,
+    /// More events than `MAX_RECORDED_EVENTS`: no longer recorded, and not planned.
+    overflowed: bool,
 }
 
 impl Iteration {
     /// An iteration without a plan yet: `step` looks its key's plan up once the ended iteration is stored.
     fn new(serial: u64, key: u64) -> Self {
-        Iteration { serial, key, plan: None, matching: false, events: Vec::new(), allocations: 0 }
+        Iteration { serial, key, plan: None, matching: false, events: Vec::new(), allocations: 0, overflowed: false }
     }
 
     /// Whether `event`, as the next one, still follows the plan.
@@ -160,6 +188,8 @@ struct State {
     arena: Option<ArenaBlock>,
     live: HashMap<u64, Live>,
     arena_live: usize,
+    /// The bytes of the live arena buffers.
+    arena_live_bytes: u64,
     /// Arena buffers born in an earlier iteration and still live: no new arena buffer until they are gone.
     stale_arena: usize,
     iteration: Iteration,
@@ -174,6 +204,8 @@ pub struct PlannedPool<B: MemoryResource> {
     budget: Duration,
     alignment: u64,
     generation: u64,
+    /// Iterations also end by themselves (see `AUTO_STEP_ALLOCATIONS`), and begin with `AUTO_KEY`.
+    auto_steps: bool,
     state: Mutex<State>,
 }
 
@@ -189,12 +221,30 @@ impl<B: MemoryResource> PlannedPool<B> {
             arena: None,
             live: HashMap::new(),
             arena_live: 0,
+            arena_live_bytes: 0,
             stale_arena: 0,
             iteration: Iteration::new(0, DEFAULT_KEY),
             stats: PlannedStats::default(),
         };
         let alignment = backing.alignment();
-        PlannedPool { backing, budget, alignment, generation: fork::generation(), state: Mutex::new(state) }
+        PlannedPool {
+            backing,
+            budget,
+            alignment,
+            generation: fork::generation(),
+            auto_steps: false,
+            state: Mutex::new(state),
+        }
+    }
+
+    /// Iteration boundaries without a caller: an iteration ends once nothing this pool handed out is live
+    /// and it allocated at least `AUTO_STEP_ALLOCATIONS` buffers, and every iteration picks its plan by its
+    /// first allocation (`AUTO_KEY`). A loop that frees all it allocated each step is then served from the
+    /// arena from its second step on, with no call of its own.
+    pub fn with_auto_steps(mut self) -> Self {
+        self.auto_steps = true;
+        self.state.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner()).iteration.key = AUTO_KEY;
+        self
     }
 
     /// Arena offsets in multiples of `alignment` (by default the backing's alignment).
@@ -219,6 +269,9 @@ impl<B: MemoryResource> PlannedPool<B> {
     pub fn allocate(&self, size: u64, stream: StreamId) -> Result<u64, PoolError> {
         let mut guard = self.lock()?;
         let state = &mut *guard;
+        if state.iteration.key == AUTO_KEY && state.iteration.allocations == 0 {
+            self.choose_plan(state, signature(size, stream));
+        }
         let event = Event::Alloc { size, stream };
         let follows = state.iteration.follows(&event);
         let index = state.iteration.allocations;
@@ -236,7 +289,9 @@ impl<B: MemoryResource> PlannedPool<B> {
         match place {
             Place::Arena => {
                 state.arena_live += 1;
+                state.arena_live_bytes += size;
                 state.stats.planned_allocations += 1;
+                state.stats.planned_bytes += size;
                 if let Some(arena) = state.arena.as_mut().filter(|a| a.stream != stream && !a.users.contains(&stream)) {
                     arena.users.push(stream);
                 }
@@ -265,6 +320,7 @@ impl<B: MemoryResource> PlannedPool<B> {
             Place::Pool => self.backing.free(addr, Some(live.size), stream)?,
             Place::Arena => {
                 state.arena_live -= 1;
+                state.arena_live_bytes -= live.size;
                 if live.born_in != state.iteration.serial {
                     state.stale_arena -= 1;
                 }
@@ -284,6 +340,9 @@ impl<B: MemoryResource> PlannedPool<B> {
         };
         let follows = state.iteration.follows(&event);
         record(&mut state.iteration, event, follows, &mut state.stats);
+        if self.auto_steps && state.live.is_empty() && state.iteration.allocations >= AUTO_STEP_ALLOCATIONS {
+            self.end_iteration(state, AUTO_KEY);
+        }
         Ok(())
     }
 
@@ -334,10 +393,14 @@ impl<B: MemoryResource> PlannedPool<B> {
     /// allocations or frees leaves the plans as they are.
     pub fn step(&self, key: u64) -> Result<(), PoolError> {
         let mut guard = self.lock()?;
-        let state = &mut *guard;
+        self.end_iteration(&mut guard, key);
+        Ok(())
+    }
+
+    fn end_iteration(&self, state: &mut State, key: u64) {
         let serial = state.iteration.serial + 1;
         let ended = std::mem::replace(&mut state.iteration, Iteration::new(serial, key));
-        if !ended.events.is_empty() {
+        if !ended.events.is_empty() && !ended.overflowed && ended.key != AUTO_KEY {
             match &ended.plan {
                 Some(plan) if ended.matching && ended.events.len() == plan.events.len() => {
                     state.stats.replayed_iterations += 1;
@@ -355,17 +418,28 @@ impl<B: MemoryResource> PlannedPool<B> {
                 }
             }
         }
-        state.iteration.plan = state.plans.get(&key).cloned();
-        state.iteration.matching = state.iteration.plan.is_some();
         state.stale_arena = state.arena_live;
-        if state.iteration.plan.is_none() && state.arena_live == 0 {
-            // This iteration runs on the pool: give the idle arena back to the device rather than hold it beside
-            // what the iteration allocates. A failed release keeps the arena; the next plan replaces it.
-            if self.release_arena(state).is_ok_and(|bytes| bytes > 0) {
+        if key != AUTO_KEY {
+            self.choose_plan(state, key);
+        }
+    }
+
+    /// Gives the iteration the plan stored under `key`, which its events so far (frees of older buffers) must
+    /// begin.
+    fn choose_plan(&self, state: &mut State, key: u64) {
+        let iteration = &mut state.iteration;
+        iteration.key = key;
+        iteration.plan = state.plans.get(&key).cloned();
+        iteration.matching = iteration.plan.as_ref().is_some_and(|p| p.events.starts_with(&iteration.events));
+        if iteration.plan.is_none() && state.arena_live == 0 {
+            // This iteration runs on the pool: give the idle arena back rather than hold it beside what the
+            // iteration allocates (to the device when the caller names the boundaries; with automatic ones, to
+            // the pool only, whose cache then serves the iteration with no device call: see `arena_base`). A
+            // failed release keeps the arena; the next plan replaces it.
+            if self.release_arena(state).is_ok_and(|bytes| bytes > 0) && !self.auto_steps {
                 let _ = self.backing.trim();
             }
         }
-        Ok(())
     }
 
     /// The pool's figures of the planned arena.
@@ -374,6 +448,7 @@ impl<B: MemoryResource> PlannedPool<B> {
         let mut stats = state.stats.clone();
         stats.arena_bytes = state.arena.as_ref().map_or(0, |a| a.bytes);
         stats.arena_live = state.arena_live;
+        stats.arena_live_bytes = state.arena_live_bytes;
         stats.plans = state
             .plans
             .iter()
@@ -407,7 +482,13 @@ impl<B: MemoryResource> PlannedPool<B> {
         let options = PlanOptions { algorithm: Algorithm::Auto, budget: self.budget, alignment: self.alignment };
         // A sequence the planner refuses (sizes that overflow once aligned) stays unplanned: it runs on the pool.
         match plan_sequence(&ended.events, &options) {
-            Some(plan) => state.plans.insert(ended.key, Arc::new(plan)),
+            Some(plan) => {
+                if state.plans.len() >= MAX_PLANS && !state.plans.contains_key(&ended.key) {
+                    let old = state.plans.keys().next().copied();
+                    old.map(|k| state.plans.remove(&k));
+                }
+                state.plans.insert(ended.key, Arc::new(plan))
+            }
             None => state.plans.remove(&ended.key),
         };
     }
@@ -424,10 +505,17 @@ impl<B: MemoryResource> PlannedPool<B> {
         if state.arena_live > 0 || self.release_arena(state).is_err() {
             return None;
         }
-        // The arena takes over from the memory the recorded iterations left cached in the pool: give that back
-        // first, so the pool does not hold both. A failed trim costs memory, not correctness.
-        let _ = self.backing.trim();
+        // The arena takes over from the memory the recorded iterations left cached in the pool. Where the caller
+        // names the boundaries, that goes back first, so the pool does not hold both (a failed trim costs
+        // memory, not correctness). With automatic ones the pool's own growth gives back what the arena needs
+        // and no more (`PoolConfig::reclaim`): a program whose steps do not repeat pays no trim each time an
+        // iteration happens to begin like a recorded one.
+        if !self.auto_steps {
+            let _ = self.backing.trim();
+        }
         let base = self.backing.allocate(needed, stream).ok()?;
+        state.stats.arena_blocks_taken += 1;
+        state.stats.arena_bytes_taken += needed;
         state.arena = Some(ArenaBlock { base, bytes: needed, stream, users: Vec::new(), retired: false });
         Some(base)
     }
@@ -441,7 +529,11 @@ impl<B: MemoryResource> PlannedPool<B> {
             .try_for_each(|&s| self.backing.record_stream(arena.base, s))
             .and_then(|()| self.backing.free(arena.base, Some(arena.bytes), None));
         match result {
-            Ok(()) => Ok(arena.bytes),
+            Ok(()) => {
+                state.stats.arena_blocks_returned += 1;
+                state.stats.arena_bytes_returned += arena.bytes;
+                Ok(arena.bytes)
+            }
             Err(e) => {
                 state.arena = Some(arena);
                 Err(e)
@@ -464,7 +556,36 @@ fn record(iteration: &mut Iteration, event: Event, follows: bool, stats: &mut Pl
         iteration.matching = false;
         stats.fallbacks += 1;
     }
-    iteration.events.push(event);
+    if iteration.events.len() == MAX_RECORDED_EVENTS {
+        iteration.overflowed = true;
+        iteration.matching = false;
+    }
+    if !iteration.overflowed {
+        iteration.events.push(event);
+    }
+}
+
+/// One stream's region: greedy by size's plan, which always completes (a step boundary must never get a
+/// worse plan because the machine was busy when the budget ran), and the budgeted search's where greedy
+/// stops above the lower bound and the search beats it.
+fn plan_region(buffers: &[Buffer], options: &PlanOptions) -> Option<Plan> {
+    let greedy = plan(buffers, &PlanOptions { algorithm: Algorithm::GreedyBySize, ..*options }).ok()?;
+    if greedy.arena_bytes <= greedy.lower_bound_bytes || options.algorithm == Algorithm::GreedyBySize {
+        return Some(greedy);
+    }
+    match plan(buffers, options) {
+        Ok(searched) if searched.arena_bytes < greedy.arena_bytes => Some(searched),
+        _ => Some(greedy),
+    }
+}
+
+/// The automatic key of an iteration that begins with an allocation of `size` bytes on `stream`.
+fn signature(size: u64, stream: StreamId) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    (size, stream.0).hash(&mut hasher);
+    // Never AUTO_KEY itself.
+    hasher.finish().min(AUTO_KEY - 1)
 }
 
 /// Plans the buffers born and freed inside `events` and used on their own stream only, each stream in its own
@@ -503,7 +624,7 @@ fn plan_sequence(events: &[Event], options: &PlanOptions) -> Option<StoredPlan> 
                 Some((i, Buffer::new(i as u64, born, upper, size)))
             })
             .unzip();
-        let region = plan(&buffers, options).ok()?;
+        let region = plan_region(&buffers, options)?;
         for (&i, &offset) in indices.iter().zip(&region.offsets) {
             slots[i] = Some(arena_bytes.checked_add(offset)?);
         }

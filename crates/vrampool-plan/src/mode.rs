@@ -34,6 +34,8 @@ use crate::arena::{PlannedPool, PlannedStats};
 pub struct PlannedMode<U: MemoryResource> {
     planned: PlannedPool<U>,
     on: AtomicBool,
+    /// On for good, with automatic boundaries (`steady`), whatever `set_on` says.
+    steady: bool,
     /// Set by the first planned allocation: until then no buffer can be the arena's, and frees
     /// go straight to the upstream.
     engaged: AtomicBool,
@@ -42,7 +44,20 @@ pub struct PlannedMode<U: MemoryResource> {
 impl<U: MemoryResource> PlannedMode<U> {
     /// The mode, off, over `upstream`.
     pub fn new(upstream: U) -> Self {
-        Self { planned: PlannedPool::new(upstream), on: AtomicBool::new(false), engaged: AtomicBool::new(false) }
+        Self {
+            planned: PlannedPool::new(upstream),
+            on: AtomicBool::new(false),
+            steady: false,
+            engaged: AtomicBool::new(false),
+        }
+    }
+
+    /// The mode, on, over `upstream`, with iterations that end by themselves (see
+    /// [`PlannedPool::with_auto_steps`]): a repeating workload reaches its steady state, one arena and no
+    /// device call, with no call of its own. Explicit `step`s still mark boundaries.
+    pub fn steady(upstream: U) -> Self {
+        let planned = PlannedPool::new(upstream).with_auto_steps();
+        Self { planned, on: AtomicBool::new(false), steady: true, engaged: AtomicBool::new(false) }
     }
 
     pub fn upstream(&self) -> &U {
@@ -50,14 +65,19 @@ impl<U: MemoryResource> PlannedMode<U> {
     }
 
     pub fn is_on(&self) -> bool {
-        self.on.load(Relaxed)
+        self.steady || self.on.load(Relaxed)
     }
 
-    /// Turns the mode on or off. Off, the arena only waits for its last buffers: it goes back to
-    /// the upstream now if none is live.
+    /// Whether the mode is on for good, with automatic boundaries ([`PlannedMode::steady`]).
+    pub fn is_steady(&self) -> bool {
+        self.steady
+    }
+
+    /// Turns the mode on or off (a steady mode stays on). Off, the arena only waits for its last
+    /// buffers: it goes back to the upstream now if none is live.
     pub fn set_on(&self, on: bool) {
         self.on.store(on, Relaxed);
-        if !on {
+        if !self.is_on() {
             let _ = self.planned.release_idle_arena();
         }
     }
@@ -113,13 +133,32 @@ impl<U: MemoryResource> MemoryResource for PlannedMode<U> {
         self.upstream().record_stream(addr, stream)
     }
 
+    /// Gives the idle arena back too: the next planned allocation takes a new one.
     fn trim(&self) -> Result<u64, PoolError> {
+        if self.engaged() {
+            self.planned.release_idle_arena()?;
+        }
         self.upstream().trim()
     }
 
-    /// The upstream's figures: the arena is one of its blocks.
+    /// The upstream's figures, where the arena, one of its blocks, counts as allocated (bytes and blocks)
+    /// only as its live buffers do (the peaks stay the upstream's).
     fn stats(&self) -> Stats {
-        self.upstream().stats()
+        let mut stats = self.upstream().stats();
+        let Some(p) = self.planned_stats() else { return stats };
+        // The arena blocks out, each buffer of the arena in.
+        let idle = p.arena_bytes.saturating_sub(p.arena_live_bytes);
+        let (freed, freed_bytes) = (p.planned_allocations - p.arena_live as u64, p.planned_bytes - p.arena_live_bytes);
+        for bytes in [&mut stats.allocated_bytes, &mut stats.requested_bytes, &mut stats.active_bytes] {
+            bytes.current = bytes.current.saturating_sub(idle);
+            bytes.allocated = (bytes.allocated + p.planned_bytes).saturating_sub(p.arena_bytes_taken);
+            bytes.freed = (bytes.freed + freed_bytes).saturating_sub(p.arena_bytes_returned);
+        }
+        let blocks = &mut stats.allocation;
+        blocks.current = (blocks.current + p.arena_live as u64).saturating_sub(u64::from(p.arena_bytes > 0));
+        blocks.allocated = (blocks.allocated + p.planned_allocations).saturating_sub(p.arena_blocks_taken);
+        blocks.freed = (blocks.freed + freed).saturating_sub(p.arena_blocks_returned);
+        stats
     }
 
     fn reset_peak_stats(&self) {
@@ -189,11 +228,8 @@ mod tests {
         assert_ne!(recorded, replayed);
         let stats = m.planned_stats().unwrap();
         assert_eq!((stats.dynamic_allocations, stats.planned_allocations, stats.fallbacks), (3, 6, 0));
-        assert_eq!(
-            m.stats().allocation.allocated - upstream_allocations,
-            1,
-            "the arena is the replay's one upstream allocation"
-        );
+        assert_eq!(stats.arena_blocks_taken, 1, "the arena is the replay's one upstream allocation");
+        assert_eq!(m.stats().allocation.allocated - upstream_allocations, 6, "each arena buffer counts, the arena not");
         m.set_on(false);
         assert_eq!(m.stats().allocation.current, 0, "off, the idle arena goes back");
     }
@@ -219,5 +255,112 @@ mod tests {
         assert!(m.allocate(2 << 20, S0).is_err(), "the limit reaches the upstream");
         assert_eq!(m.alignment(), 512);
         assert!(m.snapshot().iter().all(|s| s.pool == vrampool_core::PoolId::MAIN));
+    }
+
+    /// A steady mode over a pool on a simulated device, and the device.
+    fn steady() -> (PlannedMode<Pool>, Arc<SimDevice>) {
+        let device = Arc::new(SimDevice::new(1 << 30, SimMode::AddressOnly));
+        let pool = Pool::new(device.clone() as Arc<dyn Device>, PoolConfig::default()).unwrap();
+        (PlannedMode::steady(pool), device)
+    }
+
+    /// A step of a loop: `AUTO_STEP_ALLOCATIONS` buffers, the first `first` bytes and the others of
+    /// several sizes, each freed two allocations later; every one freed at the end.
+    fn loop_step(mode: &PlannedMode<Pool>, first: u64) -> Vec<u64> {
+        let sizes: Vec<u64> = (0..crate::AUTO_STEP_ALLOCATIONS as u64).map(|i| if i == 0 { first } else { (1 + i % 5) << 20 }).collect();
+        let mut addrs = Vec::new();
+        for (i, &size) in sizes.iter().enumerate() {
+            addrs.push(mode.allocate(size, S0).unwrap());
+            if i >= 2 {
+                mode.free(addrs[i - 2], Some(sizes[i - 2]), None).unwrap();
+            }
+        }
+        for i in sizes.len() - 2..sizes.len() {
+            mode.free(addrs[i], Some(sizes[i]), None).unwrap();
+        }
+        addrs
+    }
+
+    fn device_calls(device: &SimDevice) -> u64 {
+        let c = device.counters();
+        c.alloc_calls + c.free_calls + c.map_calls + c.unmap_calls + c.stream_syncs
+    }
+
+    #[test]
+    fn steady_a_loop_that_frees_all_it_allocates_reaches_no_device_call_with_no_step() {
+        let (m, device) = steady();
+        assert!(m.is_on() && m.is_steady());
+        m.set_on(false);
+        assert!(m.is_on(), "a steady mode stays on");
+        let first = loop_step(&m, 8 << 20);
+        let second = loop_step(&m, 8 << 20);
+        assert_ne!(first, second, "the second step comes from the arena");
+        let calls = device_calls(&device);
+        let reserved = m.stats().reserved_bytes.peak;
+        for _ in 0..5 {
+            assert_eq!(loop_step(&m, 8 << 20), second, "the same offsets every step");
+        }
+        assert_eq!(device_calls(&device), calls, "no device call once the arena is there");
+        assert_eq!(m.stats().reserved_bytes.peak, reserved);
+        let stats = m.planned_stats().unwrap();
+        assert_eq!((stats.recorded_iterations, stats.replayed_iterations, stats.fallbacks), (1, 6, 0));
+        let figures = m.stats();
+        assert_eq!((figures.allocation.current, figures.allocated_bytes.current), (0, 0), "an idle arena holds nothing allocated");
+        let served = 7 * crate::AUTO_STEP_ALLOCATIONS as u64;
+        assert_eq!((figures.allocation.allocated, figures.allocation.freed), (served, served));
+    }
+
+    #[test]
+    fn steady_each_step_shape_gets_its_own_plan_by_its_first_allocation() {
+        let (m, device) = steady();
+        // Two shapes, told apart by their first buffer, taking turns as a loop's input lengths do.
+        for _ in 0..2 {
+            loop_step(&m, 8 << 20);
+            loop_step(&m, 12 << 20);
+        }
+        let calls = device_calls(&device);
+        for _ in 0..3 {
+            loop_step(&m, 8 << 20);
+            loop_step(&m, 12 << 20);
+        }
+        assert_eq!(device_calls(&device), calls);
+        let stats = m.planned_stats().unwrap();
+        assert_eq!(stats.plans.len(), 2);
+        assert_eq!(stats.fallbacks, 0);
+    }
+
+    #[test]
+    fn steady_a_step_that_changes_falls_back_at_its_first_difference_and_loses_nothing() {
+        let (m, _) = steady();
+        loop_step(&m, 8 << 20);
+        loop_step(&m, 8 << 20);
+        // Same first buffer, then other sizes: the arena stops at the difference, the pool serves the rest.
+        let live: Vec<u64> = (0..40).map(|i| m.allocate(if i == 0 { 8 << 20 } else { 3 << 19 }, S0).unwrap()).collect();
+        let mut sorted = live.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), live.len(), "no two live buffers share an address");
+        assert_eq!(m.planned_stats().unwrap().fallbacks, 1);
+        for (i, addr) in live.into_iter().enumerate() {
+            m.free(addr, Some(if i == 0 { 8 << 20 } else { 3 << 19 }), None).unwrap();
+        }
+        assert_eq!(m.stats().allocation.current, 0);
+    }
+
+    #[test]
+    fn steady_pairs_of_different_sizes_cost_the_device_what_the_pool_alone_does() {
+        let calls = |m: &PlannedMode<Pool>, device: &SimDevice| {
+            for i in 0..2000u64 {
+                let size = (1 + (i * 7919) % 97) << 16;
+                let a = m.allocate(size, S0).unwrap();
+                m.free(a, Some(size), None).unwrap();
+            }
+            assert_eq!(m.stats().allocation.current, 0);
+            device_calls(device)
+        };
+        let (steady, device) = steady();
+        let alone_device = Arc::new(SimDevice::new(1 << 30, SimMode::AddressOnly));
+        let alone = PlannedMode::new(Pool::new(alone_device.clone() as Arc<dyn Device>, PoolConfig::default()).unwrap());
+        assert_eq!(calls(&steady, &device), calls(&alone, &alone_device));
     }
 }

@@ -78,7 +78,11 @@ impl Abi {
             DeviceKind::Sim => Backend::Sim { capacity: config.sim_capacity, mode: SimMode::HostBacked },
         };
         let resource = DeviceResource::open(backend, ordinal, config.pool.clone(), config.text.clone())?;
-        resource.planned().step(self.planned_key.load(Relaxed));
+        // A steady pool picks each iteration's plan by itself, unless the caller turned the mode on and
+        // names the keys; the others start with the key named last.
+        if !resource.planned().is_steady() || self.planned_on.load(Relaxed) {
+            resource.planned().step(self.planned_key.load(Relaxed));
+        }
         resource.planned().set_on(self.planned_on.load(Relaxed));
         Ok(resource)
     }

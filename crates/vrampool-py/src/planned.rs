@@ -82,6 +82,10 @@ pub(crate) fn planned_stats_dict<'py>(py: Python<'py>, stats: &PlannedStats) -> 
     d.set_item("replayed_iterations", stats.replayed_iterations)?;
     d.set_item("arena_bytes", stats.arena_bytes)?;
     d.set_item("arena_live", stats.arena_live)?;
+    d.set_item("arena_live_bytes", stats.arena_live_bytes)?;
+    d.set_item("planned_bytes", stats.planned_bytes)?;
+    d.set_item("arena_blocks_taken", stats.arena_blocks_taken)?;
+    d.set_item("arena_blocks_returned", stats.arena_blocks_returned)?;
     let plans = PyList::empty(py);
     for p in &stats.plans {
         let plan = PyDict::new(py);

@@ -42,7 +42,8 @@ impl DeviceResource {
             }
         };
         let pool = Pool::new(Arc::clone(&device), config.clone())?;
-        Ok(Self { stack: PrivatePools::new(PlannedMode::new(pool), device, config), sim, conf })
+        let planned = if config.steady { PlannedMode::steady(pool) } else { PlannedMode::new(pool) };
+        Ok(Self { stack: PrivatePools::new(planned, device, config), sim, conf })
     }
 
     /// The adaptors: private pools (`begin`, `end`, `release`), over the planned mode.
