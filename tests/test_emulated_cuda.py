@@ -406,6 +406,41 @@ def test_emulated_race_check_reports_an_unordered_write(pool: DevicePool) -> Non
     EXPECTED_RACES["test_emulated_race_check_reports_an_unordered_write"] = 1
 
 
+#: The driver calls that cost a step: memory from and back to the driver, and waits.
+STEP_COSTS = ("cuMemAlloc", "cuMemFree", "cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemRelease", "cuMemAddressReserve", "cuMemAddressFree", "cuCtxSynchronize", "cuStreamSynchronize")
+
+
+def _training_pass(pool: DevicePool, rng: random.Random) -> None:
+    """One pass of a loop that repeats itself: 12 steps, each with its own sequence length (a
+    buffer of another size first, then activations of sizes that follow it, freed as a backward
+    pass frees them), everything freed at the end."""
+    for length in (32, 64, 48, 128, 96, 32, 64, 128, 48, 96, 32, 64):
+        step = [pool.allocate(length * 4096)]
+        for layer in range(10):
+            step.append(pool.allocate(length * (layer + 1) * 24 * 1024))
+            step.append(pool.allocate(512 + 512 * (layer % 3)))
+        while step:
+            pool.deallocate(step.pop(rng.randrange(len(step)) if len(step) % 4 == 0 else -1))
+
+
+def test_emulated_a_repeated_workload_makes_no_driver_call_after_warm_up() -> None:
+    """Issue 47: six passes of the same steps through DevicePool(0) with no trim and no OOM: no
+    context sync in any pass, and no driver call that allocates, maps, frees or waits from the
+    fourth pass on."""
+    pool = DevicePool(0)
+    per_pass = []
+    for _ in range(6):
+        before = DRIVER.all_calls()
+        _training_pass(pool, random.Random(7))
+        after = DRIVER.all_calls()
+        per_pass.append({n: after.get(n, 0) - before.get(n, 0) for n in STEP_COSTS})
+    assert all(p["cuCtxSynchronize"] == 0 for p in per_pass), per_pass
+    assert sum(per_pass[0].values()) > 0, "the first pass grows the pool"
+    assert [sum(p.values()) for p in per_pass[3:]] == [0, 0, 0], per_pass
+    assert pool.stats()["allocation.all.current"] == 0
+    pool.close()
+
+
 def _pool_life(side: int) -> None:
     """One DevicePool's life: growth in every tier, a block used on another stream, trim."""
     pool = DevicePool(0)

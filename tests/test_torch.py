@@ -78,6 +78,48 @@ def test_pluggable_allocator_resolves_every_symbol_and_takes_every_hook(run_pyth
     assert {line.split()[1] for line in lines[:-1]} == HOOKS
 
 
+def test_install_ends_the_planned_arenas_iteration_at_every_optimizer_step(run_python: Callable[..., str]) -> None:
+    """Issue 47: under install(), the steady state comes with no change to the loop: PyTorch's
+    global optimizer-step hook ends each iteration, so the second step on comes from the arena and
+    makes no device call. (The steps' buffers come from the C ABI here: no GPU; a buffer that
+    lives across the steps, as the weights do, keeps the pool from ending an iteration itself.)"""
+    pytest.importorskip("torch")
+    out = run_python(
+        """
+        import ctypes, json, torch
+        import vrampool.torch as vt
+        vt.install(device="sim", sim_capacity="1GB")
+        lib = ctypes.CDLL(vt.library_path())
+        lib.vrampool_malloc.restype = ctypes.c_void_p
+        lib.vrampool_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        lib.vrampool_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        weights = lib.vrampool_malloc(4 << 20, 0, None)
+        model = torch.nn.Linear(4, 4)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        sizes = [(1 + i % 7) << 20 for i in range(40)]
+        seen = []
+        for step in range(6):
+            live = [lib.vrampool_malloc(n, 0, None) for n in sizes]
+            seen.append(sorted(live))
+            for p, n in zip(live, sizes):
+                lib.vrampool_free(p, n, 0, None)
+            model(torch.ones(2, 4)).sum().backward()
+            optimizer.step()
+            if step == 2:
+                allocs = vt.memory_stats(0)["num_device_alloc"]
+        figures = vt.planned_stats(0)
+        print(json.dumps({"replayed": figures["replayed_iterations"], "same": seen[2:] == [seen[2]] * 4,
+                          "device_allocs": vt.memory_stats(0)["num_device_alloc"] - allocs,
+                          "allocated": vt.memory_stats(0)["allocated_bytes.all.current"]}))
+        lib.vrampool_free(weights, 4 << 20, 0, None)
+        """
+    )
+    import json
+
+    figures = json.loads(out.splitlines()[-1])
+    assert figures == {"replayed": 4, "same": True, "device_allocs": 0, "allocated": 4 << 20}, figures
+
+
 def test_install_sets_every_hook_and_torch_drives_them(run_python: Callable[..., str]) -> None:
     pytest.importorskip("torch")
     out = run_python(

@@ -22,6 +22,9 @@ MIB = 1 << 20
 #: The rows of the demo's table, in order: vrampool as installed beside PyTorch's allocator, the
 #: other allocators' models, then the pool's strategies one by one and the static plan.
 DEMO_STRATEGIES = ("default", "torch", "torch+expandable", "rmm", "cupy", "async", "slab", "best_fit", "buddy", "hybrid", "plan")
+#: The demo replays each trace this many times back to back, as a training loop repeats its steps:
+#: the table shows the first pass's peak and the last pass's device calls (the steady state).
+DEMO_PASSES = 10
 
 
 class CommandError(Exception):
@@ -107,21 +110,27 @@ def _progress(items: Iterable[T], total: Optional[int], desc: str, quiet: bool =
     return tqdm(items, total=total, desc=desc, file=sys.stderr, leave=False)
 
 
-def format_reports(reports: Sequence[Mapping[str, Any]]) -> str:
+def format_reports(reports: Sequence[Mapping[str, Any]], repeat: int = 1) -> str:
     """The replay table: what each row reserved beside the lower bound, beside the ``torch``
     row's figures when there is one (``vs torch``: reserved, and device calls), and beside what
     the recording allocator reserved when the trace says. Rows of models that guess at an
     allocator's internals say ``approximate``; rows that ran out of a limited device's memory
-    say ``OOM``."""
+    say ``OOM``. For a trace replayed ``repeat`` times, the peak of the first pass and the
+    device calls of the last pass (allocations and frees: the steady state) stand beside the
+    totals."""
     bound = reports[0]["lower_bound_bytes"]
     recorded = reports[0].get("recorded_reserved_bytes")
     torch = next((r for r in reports if r["strategy"] == "torch"), None)
     columns = f"{'strategy':<18} {'peak reserved':>14} {'reserved/bound':>15}"
     if torch:
         columns += f" {'vs torch':>9}"
+    if repeat > 1:
+        columns += f" {'pass 1/bound':>13}"
     columns += f" {'device allocs':>14}"
     if torch:
         columns += f" {'vs torch':>9}"
+    if repeat > 1:
+        columns += f" {'last pass calls':>16}"
     columns += f" {'peak allocated':>15} {'frag':>5} {'events/s':>12}"
     if recorded:
         columns += f" {'vs recorded':>12}"
@@ -131,9 +140,13 @@ def format_reports(reports: Sequence[Mapping[str, Any]]) -> str:
         line = f"{r['strategy']:<18} {_mib(r['peak_reserved_bytes']):>14} {r['peak_reserved_bytes'] / bound if bound else 1.0:>14.3f}x"
         if torch:
             line += f" {_ratio(r['peak_reserved_bytes'], torch['peak_reserved_bytes']):>9}"
+        if repeat > 1:
+            line += f" {r['first_pass_peak_reserved_bytes'] / bound if bound else 1.0:>12.3f}x"
         line += f" {r['device_allocs']:>14,}"
         if torch:
             line += f" {_ratio(r['device_allocs'], torch['device_allocs']):>9}"
+        if repeat > 1:
+            line += f" {r['last_pass_device_allocs'] + r['last_pass_device_frees']:>16,}"
         line += f" {_mib(r['peak_allocated_bytes']):>15} {frag:>5} {r['events_per_s']:>12,.0f}"
         if recorded:
             line += f" {r['peak_reserved_bytes'] / recorded:>11.3f}x"
@@ -181,7 +194,7 @@ def replay_command(args: argparse.Namespace) -> int:
         print(json.dumps(out[0] if len(out) == 1 else out))
         return 0
     print(f"{args.trace}: {reports[0]['events']:,} events, lower bound {_mib(reports[0]['lower_bound_bytes'])}" + (f", device of {_mib(capacity)} (simulated)" if capacity else "") + "\n")
-    print(format_reports(reports))
+    print(format_reports(reports, args.repeat))
     if model:
         predicted = next(r for r in reports if r["strategy"] == model)
         recorded = predicted["recorded_reserved_bytes"]
@@ -457,15 +470,19 @@ def _demo(args: argparse.Namespace) -> None:
     check_conf(args.conf, DEMO_STRATEGIES)
     out = Path(args.out)
     print(f"vrampool demo: {args.steps} training steps of each model, captured on the CPU and replayed on the simulated device")
-    print("(default: vrampool as install() and DevicePool(0) set it up; torch, torch+expandable, rmm, cupy, async: models of those allocators)\n")
+    print("(default: vrampool as install() and DevicePool(0) set it up; torch, torch+expandable, rmm, cupy, async: models of those allocators)")
+    print("(last pass calls: device allocations and frees in the last pass alone, the cost of every step once warm)\n")
     for model in ("gpt", "cnn"):
         what = "a small GPT, sequence length varying per step" if model == "gpt" else "a small CNN, batch size varying per step"
         trace = capture_workload(model, args.steps, args.seed, lambda b, m=model: _progress(b, args.steps, f"capture {m}"), args.scale)
         _write(out / f"{model}-trace.jsonl", trace.to_jsonl())
-        reports = list(_progress(replay_each(trace, DEMO_STRATEGIES, args.conf), len(DEMO_STRATEGIES), f"replay {model}"))
-        print(f"{model}: {what}: {len(trace.rows()):,} buffers, {reports[0]['events']:,} events, lower bound {_mib(reports[0]['lower_bound_bytes'])}")
-        print(format_reports(reports) + "\n")
-        _write(out / f"{model}-memory.svg", memory_timeline_svg(reports, f"{model}: memory over {args.steps} training steps"))
+        replays = replay_each(trace, DEMO_STRATEGIES, args.conf, repeat=DEMO_PASSES)
+        reports = list(_progress(replays, len(DEMO_STRATEGIES), f"replay {model}"))
+        events = reports[0]["events"] // DEMO_PASSES
+        print(f"{model}: {what}: {len(trace.rows()):,} buffers, {events:,} events a pass, {DEMO_PASSES} passes, lower bound {_mib(reports[0]['lower_bound_bytes'])}")
+        print(format_reports(reports, DEMO_PASSES) + "\n")
+        title = f"{model}: memory over {DEMO_PASSES} passes of {args.steps} training steps"
+        _write(out / f"{model}-memory.svg", memory_timeline_svg(reports, title))
         segments = peak_segments(trace, "default", split_conf(["default"], args.conf)["default"])
         _write(out / f"{model}-segments.svg", segment_map_svg(segments, f"{model}: default pool's segments at the peak"))
     print(f"plots and traces: {out}/ (<model>-memory.svg, <model>-segments.svg, <model>-trace.jsonl)")

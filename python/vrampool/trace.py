@@ -181,7 +181,10 @@ def replay_each(
     for name in names:
         if name == PLAN:
             report = _plan_report(rows, samples, capacity)
+            report["timeline"] = _repeated_timeline(report["timeline"], report["events"], repeat, samples)
             report["events"] *= repeat
+            # The arena is reserved once, before the first pass.
+            report["last_pass_device_allocs"] = report["device_allocs"] if repeat == 1 else 0
         else:
             report = _native.replay_trace(rows, [(name, shares[name])], samples, capacity, repeat)[0]
             report["strategy"] = name
@@ -210,7 +213,8 @@ def replay(
     Returns a dict for one name and a list of dicts otherwise, with the keys ``strategy``,
     ``peak_reserved_bytes``, ``peak_allocated_bytes``, ``lower_bound_bytes``, ``events``,
     ``events_per_s``, ``seconds``, ``device_allocs`` and ``device_frees`` (segments or map calls,
-    and frees or unmap calls), ``fragmentation`` (at the moment of most
+    and frees or unmap calls), ``first_pass_peak_reserved_bytes``, ``last_pass_device_allocs`` and
+    ``last_pass_device_frees`` (the steady state of a repeated replay), ``fragmentation`` (at the moment of most
     allocated, None for the plan), ``approximate``, ``out_of_memory`` and ``timeline``
     (``event``, ``allocated_bytes`` and ``reserved_bytes`` lists of up to ``samples`` points). For
     a trace from a PyTorch snapshot or an event log, ``recorded_reserved_bytes`` is what that
@@ -218,6 +222,20 @@ def replay(
     """
     reports = list(replay_each(trace, strategy, conf, samples, capacity))
     return reports[0] if len(reports) == 1 and isinstance(strategy, str) and strategy not in ("all", "compare") and "," not in strategy else reports
+
+
+def _repeated_timeline(timeline: Dict[str, List[int]], events: int, repeat: int, samples: int) -> Dict[str, List[int]]:
+    """One pass's timeline (of ``events`` events) laid ``repeat`` times end to end, thinned to at
+    most ``samples`` points as a replay's own timeline is."""
+    if repeat == 1 or not samples:
+        return timeline
+    keys = list(timeline)  # event, then the figures at it
+    points = [(k * events + p[0], *p[1:]) for k in range(repeat) for p in zip(*timeline.values())]
+    stride = -(-len(points) // samples)
+    kept = points[stride - 1 :: stride]
+    if points and (not kept or kept[-1] is not points[-1]):
+        kept.append(points[-1])
+    return {key: [p[i] for p in kept] for i, key in enumerate(keys)}
 
 
 def _plan_report(rows: List[TraceRow], samples: int, capacity: Optional[int] = None) -> Report:
@@ -241,6 +259,9 @@ def _plan_report(rows: List[TraceRow], samples: int, capacity: Optional[int] = N
         "events_per_s": events / seconds if seconds > 0 else 0.0,
         "device_allocs": 1,
         "device_frees": 0,
+        "first_pass_peak_reserved_bytes": result.arena_bytes,
+        "last_pass_device_allocs": 1,
+        "last_pass_device_frees": 0,
         "fragmentation": None,
         "approximate": False,
         # The arena is reserved whole before the first event.

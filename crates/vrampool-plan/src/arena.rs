@@ -43,14 +43,17 @@ pub const DEFAULT_KEY: u64 = 0;
 /// with a buffer of another size). What automatic boundaries (`with_auto_steps`) use.
 pub const AUTO_KEY: u64 = u64::MAX;
 
-/// With automatic boundaries, an iteration ends once nothing this pool handed out is live, if it allocated
-/// at least this many buffers: a repeating workload's step, not each pair of a program that allocates and
-/// frees one buffer at a time.
-pub const AUTO_STEP_ALLOCATIONS: usize = 32;
+/// With automatic boundaries, an iteration that allocated fewer buffers than this is not planned: a
+/// repeating workload's step is planned, not each pair of a program that allocates and frees one buffer at a
+/// time.
+pub const AUTO_PLAN_ALLOCATIONS: usize = 8;
 
 /// An iteration records at most this many events; a longer one is not planned (a program that never reaches
 /// a boundary must not grow the record without end).
 const MAX_RECORDED_EVENTS: usize = 1 << 22;
+
+/// The arena's size is a multiple of this: the unit of the default pool's large blocks and mappings.
+const ARENA_UNIT: u64 = 2 << 20;
 
 /// The most plans kept; a new key past it replaces an old one.
 const MAX_PLANS: usize = 64;
@@ -204,7 +207,7 @@ pub struct PlannedPool<B: MemoryResource> {
     budget: Duration,
     alignment: u64,
     generation: u64,
-    /// Iterations also end by themselves (see `AUTO_STEP_ALLOCATIONS`), and begin with `AUTO_KEY`.
+    /// Iterations also end by themselves, once nothing is live, and begin with `AUTO_KEY`.
     auto_steps: bool,
     state: Mutex<State>,
 }
@@ -237,9 +240,9 @@ impl<B: MemoryResource> PlannedPool<B> {
         }
     }
 
-    /// Iteration boundaries without a caller: an iteration ends once nothing this pool handed out is live
-    /// and it allocated at least `AUTO_STEP_ALLOCATIONS` buffers, and every iteration picks its plan by its
-    /// first allocation (`AUTO_KEY`). A loop that frees all it allocated each step is then served from the
+    /// Iteration boundaries without a caller: an iteration ends once nothing this pool handed out is live,
+    /// every iteration picks its plan by its first allocation (`AUTO_KEY`), and one of fewer than
+    /// `AUTO_PLAN_ALLOCATIONS` allocations is not planned. A loop that frees all it allocated each step is then served from the
     /// arena from its second step on, with no call of its own.
     pub fn with_auto_steps(mut self) -> Self {
         self.auto_steps = true;
@@ -340,7 +343,7 @@ impl<B: MemoryResource> PlannedPool<B> {
         };
         let follows = state.iteration.follows(&event);
         record(&mut state.iteration, event, follows, &mut state.stats);
-        if self.auto_steps && state.live.is_empty() && state.iteration.allocations >= AUTO_STEP_ALLOCATIONS {
+        if self.auto_steps && state.live.is_empty() {
             self.end_iteration(state, AUTO_KEY);
         }
         Ok(())
@@ -400,7 +403,8 @@ impl<B: MemoryResource> PlannedPool<B> {
     fn end_iteration(&self, state: &mut State, key: u64) {
         let serial = state.iteration.serial + 1;
         let ended = std::mem::replace(&mut state.iteration, Iteration::new(serial, key));
-        if !ended.events.is_empty() && !ended.overflowed && ended.key != AUTO_KEY {
+        let too_few = self.auto_steps && ended.allocations < AUTO_PLAN_ALLOCATIONS;
+        if !ended.events.is_empty() && !ended.overflowed && ended.key != AUTO_KEY && !too_few {
             match &ended.plan {
                 Some(plan) if ended.matching && ended.events.len() == plan.events.len() => {
                     state.stats.replayed_iterations += 1;
@@ -496,7 +500,9 @@ impl<B: MemoryResource> PlannedPool<B> {
     /// The arena's base, (re)allocating it when it is missing, too small for the largest plan, or retired, and
     /// no arena buffer is live; None when the allocation has to go to the pool instead.
     fn arena_base(&self, state: &mut State, stream: StreamId) -> Option<u64> {
-        let needed = state.plans.values().map(|p| p.arena_bytes).max().unwrap_or(0);
+        // In whole units of the pool's large blocks and mappings, so that the block is as large as asked.
+        let needed =
+            state.plans.values().map(|p| p.arena_bytes).max().unwrap_or(0).checked_next_multiple_of(ARENA_UNIT)?;
         if let Some(arena) = &state.arena {
             if arena.bytes >= needed && !arena.retired {
                 return Some(arena.base);

@@ -45,7 +45,7 @@ mod plan;
 mod synthetic;
 mod validate;
 
-pub use arena::{KeyPlan, PlannedPool, PlannedStats, AUTO_KEY, AUTO_STEP_ALLOCATIONS, DEFAULT_KEY};
+pub use arena::{KeyPlan, PlannedPool, PlannedStats, AUTO_KEY, AUTO_PLAN_ALLOCATIONS, DEFAULT_KEY};
 pub use bound::lower_bound;
 pub use buffer::Buffer;
 pub use csv::{read_csv, read_plan_csv, write_plan_csv};

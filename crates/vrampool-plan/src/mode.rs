@@ -89,6 +89,15 @@ impl<U: MemoryResource> PlannedMode<U> {
         let _ = self.planned.step(key);
     }
 
+    /// Gives the arena back to the upstream if none of its buffers is live (before a close, so
+    /// that the arena is not taken for a leak); the bytes given back.
+    pub fn release_idle_arena(&self) -> Result<u64, PoolError> {
+        if !self.engaged() {
+            return Ok(0);
+        }
+        self.planned.release_idle_arena()
+    }
+
     /// The arena's figures, or None before the first planned allocation (or in a forked child).
     pub fn planned_stats(&self) -> Option<PlannedStats> {
         self.engaged.load(Relaxed).then(|| self.planned.stats().ok()).flatten()
@@ -135,9 +144,7 @@ impl<U: MemoryResource> MemoryResource for PlannedMode<U> {
 
     /// Gives the idle arena back too: the next planned allocation takes a new one.
     fn trim(&self) -> Result<u64, PoolError> {
-        if self.engaged() {
-            self.planned.release_idle_arena()?;
-        }
+        self.release_idle_arena()?;
         self.upstream().trim()
     }
 
@@ -257,6 +264,8 @@ mod tests {
         assert!(m.snapshot().iter().all(|s| s.pool == vrampool_core::PoolId::MAIN));
     }
 
+    const STEP_ALLOCATIONS: u64 = 32;
+
     /// A steady mode over a pool on a simulated device, and the device.
     fn steady() -> (PlannedMode<Pool>, Arc<SimDevice>) {
         let device = Arc::new(SimDevice::new(1 << 30, SimMode::AddressOnly));
@@ -264,10 +273,10 @@ mod tests {
         (PlannedMode::steady(pool), device)
     }
 
-    /// A step of a loop: `AUTO_STEP_ALLOCATIONS` buffers, the first `first` bytes and the others of
+    /// A step of a loop: 32 buffers, the first `first` bytes and the others of
     /// several sizes, each freed two allocations later; every one freed at the end.
     fn loop_step(mode: &PlannedMode<Pool>, first: u64) -> Vec<u64> {
-        let sizes: Vec<u64> = (0..crate::AUTO_STEP_ALLOCATIONS as u64).map(|i| if i == 0 { first } else { (1 + i % 5) << 20 }).collect();
+        let sizes: Vec<u64> = (0..STEP_ALLOCATIONS).map(|i| if i == 0 { first } else { (1 + i % 5) << 20 }).collect();
         let mut addrs = Vec::new();
         for (i, &size) in sizes.iter().enumerate() {
             addrs.push(mode.allocate(size, S0).unwrap());
@@ -305,8 +314,12 @@ mod tests {
         let stats = m.planned_stats().unwrap();
         assert_eq!((stats.recorded_iterations, stats.replayed_iterations, stats.fallbacks), (1, 6, 0));
         let figures = m.stats();
-        assert_eq!((figures.allocation.current, figures.allocated_bytes.current), (0, 0), "an idle arena holds nothing allocated");
-        let served = 7 * crate::AUTO_STEP_ALLOCATIONS as u64;
+        assert_eq!(
+            (figures.allocation.current, figures.allocated_bytes.current),
+            (0, 0),
+            "an idle arena holds nothing allocated"
+        );
+        let served = 7 * STEP_ALLOCATIONS;
         assert_eq!((figures.allocation.allocated, figures.allocation.freed), (served, served));
     }
 
@@ -360,7 +373,8 @@ mod tests {
         };
         let (steady, device) = steady();
         let alone_device = Arc::new(SimDevice::new(1 << 30, SimMode::AddressOnly));
-        let alone = PlannedMode::new(Pool::new(alone_device.clone() as Arc<dyn Device>, PoolConfig::default()).unwrap());
+        let alone =
+            PlannedMode::new(Pool::new(alone_device.clone() as Arc<dyn Device>, PoolConfig::default()).unwrap());
         assert_eq!(calls(&steady, &device), calls(&alone, &alone_device));
     }
 }
