@@ -560,3 +560,17 @@ fn memory_goes_back_after_waiting_for_its_own_streams_alone() {
     assert_eq!(dev.counters().stream_syncs - syncs, 1, "one wait, for the stream whose memory went back");
     pool.free(b, None, None).unwrap();
 }
+
+#[test]
+fn a_stream_that_cannot_be_waited_for_keeps_its_memory_until_it_can() {
+    let (pool, dev) = pool_with(GIB, PoolConfig::default());
+    let blocks: Vec<u64> = SIZES.iter().map(|&n| pool.allocate(n, S7).unwrap()).collect();
+    blocks.into_iter().for_each(|b| pool.free(b, None, None).unwrap());
+    let reserved = pool.stats().reserved_bytes.current;
+    let used = dev.counters().used;
+    dev.fail_sync_in(1);
+    assert!(matches!(pool.trim(), Err(PoolError::Device(DeviceError::InjectedFault(_)))), "a clear error");
+    assert_eq!((pool.stats().reserved_bytes.current, dev.counters().used), (reserved, used), "nothing went back unwaited");
+    assert_eq!(pool.trim().unwrap(), reserved, "the next trim waits and gives it all back");
+    assert_eq!(dev.counters().used, 0);
+}

@@ -72,6 +72,7 @@ struct Faults {
     /// Fail the segment allocation whose 1-based call number equals this.
     alloc_at: Option<u64>,
     free_at: Option<u64>,
+    sync_at: Option<u64>,
     map_at: Option<u64>,
     record_at: Option<u64>,
 }
@@ -169,6 +170,12 @@ impl SimDevice {
     pub fn fail_free_in(&self, n: u64) {
         let mut state = self.state.lock();
         state.faults.free_at = Some(state.counters.free_calls + n);
+    }
+
+    /// Makes the `n`-th stream sync from now fail with an injected fault.
+    pub fn fail_sync_in(&self, n: u64) {
+        let mut state = self.state.lock();
+        state.faults.sync_at = Some(state.counters.stream_syncs + n);
     }
 
     /// Makes the `n`-th map from now fail with an injected fault.
@@ -316,7 +323,12 @@ impl Device for SimDevice {
     }
 
     fn synchronize_stream(&self, stream: StreamId) -> DeviceResult<()> {
-        self.state.lock().counters.stream_syncs += 1;
+        let mut state = self.state.lock();
+        state.counters.stream_syncs += 1;
+        if state.faults.sync_at == Some(state.counters.stream_syncs) {
+            return Err(DeviceError::InjectedFault("stream sync"));
+        }
+        drop(state);
         self.complete_stream(stream);
         Ok(())
     }
