@@ -243,6 +243,7 @@ mod harness {
         pub fn run(&mut self, ops: &[Op]) -> Step {
             for (i, op) in ops.iter().enumerate() {
                 self.apply(op).map_err(|e| TestCaseError::fail(format!("op {i} `{op}`: {e}")))?;
+                self.note_syncs();
                 self.check().map_err(|e| TestCaseError::fail(format!("after op {i} `{op}`: {e}")))?;
                 self.ops += 1;
             }
@@ -252,6 +253,13 @@ mod harness {
         fn nth_live(&self, nth: usize) -> Option<(u64, Live)> {
             let n = self.live.len();
             (n > 0).then(|| self.live.iter().nth(nth % n).map(|(&a, b)| (a, b.clone())).expect("in range"))
+        }
+
+        /// A stream the pool waited for (before giving memory back) has passed its work.
+        fn note_syncs(&mut self) {
+            for stream in self.dev.take_synced_streams() {
+                self.complete(Some(stream.0));
+            }
         }
 
         fn complete(&mut self, stream: Option<u64>) {
@@ -372,7 +380,9 @@ mod harness {
 
         fn alloc(&mut self, size: u64, stream: u64) -> Step {
             let live_before = self.observe().live;
-            match self.pool.allocate(size, StreamId(stream)) {
+            let allocated = self.pool.allocate(size, StreamId(stream));
+            self.note_syncs();
+            match allocated {
                 Ok(addr) => {
                     ensure!(size != 0 && size <= CAPACITY, "{size} B handed out");
                     ensure!(!self.live.contains_key(&addr), "{addr:#x} handed out twice");

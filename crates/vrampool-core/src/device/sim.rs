@@ -109,6 +109,8 @@ struct State {
     next_event: u64,
     /// (stream, event) pairs passed to `stream_wait_event`.
     waits: Vec<(StreamId, EventId)>,
+    /// Streams `synchronize_stream` waited for, until `take_synced_streams`.
+    synced: Vec<StreamId>,
     auto_complete: bool,
     faults: Faults,
     counters: SimCounters,
@@ -170,6 +172,12 @@ impl SimDevice {
     pub fn fail_free_in(&self, n: u64) {
         let mut state = self.state.lock();
         state.faults.free_at = Some(state.counters.free_calls + n);
+    }
+
+    /// The streams `synchronize_stream` waited for since the last call (for a test's model of which
+    /// streams have passed their work).
+    pub fn take_synced_streams(&self) -> Vec<StreamId> {
+        std::mem::take(&mut self.state.lock().synced)
     }
 
     /// Makes the `n`-th stream sync from now fail with an injected fault.
@@ -328,6 +336,7 @@ impl Device for SimDevice {
         if state.faults.sync_at == Some(state.counters.stream_syncs) {
             return Err(DeviceError::InjectedFault("stream sync"));
         }
+        state.synced.push(stream);
         drop(state);
         self.complete_stream(stream);
         Ok(())
