@@ -267,7 +267,8 @@ mod tests {
     /// A step of a loop: `AUTO_STEP_ALLOCATIONS` buffers, the first `first` bytes and the others of
     /// several sizes, each freed two allocations later; every one freed at the end.
     fn loop_step(mode: &PlannedMode<Pool>, first: u64) -> Vec<u64> {
-        let sizes: Vec<u64> = (0..crate::AUTO_STEP_ALLOCATIONS as u64).map(|i| if i == 0 { first } else { (1 + i % 5) << 20 }).collect();
+        let sizes: Vec<u64> =
+            (0..crate::AUTO_STEP_ALLOCATIONS as u64).map(|i| if i == 0 { first } else { (1 + i % 5) << 20 }).collect();
         let mut addrs = Vec::new();
         for (i, &size) in sizes.iter().enumerate() {
             addrs.push(mode.allocate(size, S0).unwrap());
@@ -305,7 +306,11 @@ mod tests {
         let stats = m.planned_stats().unwrap();
         assert_eq!((stats.recorded_iterations, stats.replayed_iterations, stats.fallbacks), (1, 6, 0));
         let figures = m.stats();
-        assert_eq!((figures.allocation.current, figures.allocated_bytes.current), (0, 0), "an idle arena holds nothing allocated");
+        assert_eq!(
+            (figures.allocation.current, figures.allocated_bytes.current),
+            (0, 0),
+            "an idle arena holds nothing allocated"
+        );
         let served = 7 * crate::AUTO_STEP_ALLOCATIONS as u64;
         assert_eq!((figures.allocation.allocated, figures.allocation.freed), (served, served));
     }
@@ -360,7 +365,8 @@ mod tests {
         };
         let (steady, device) = steady();
         let alone_device = Arc::new(SimDevice::new(1 << 30, SimMode::AddressOnly));
-        let alone = PlannedMode::new(Pool::new(alone_device.clone() as Arc<dyn Device>, PoolConfig::default()).unwrap());
+        let alone =
+            PlannedMode::new(Pool::new(alone_device.clone() as Arc<dyn Device>, PoolConfig::default()).unwrap());
         assert_eq!(calls(&steady, &device), calls(&alone, &alone_device));
     }
 }
