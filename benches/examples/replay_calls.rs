@@ -7,12 +7,12 @@
 //! `--repeat` replays the trace that many times back to back on one pool; `--trim-each-pass`
 //! gives every cached byte back between them (`empty_cache` at each step's end); `--conf` applies
 //! `VRAMPOOL_CONF` text over `default`.
-use vrampool_core::peers::PeerConfig;
-use vrampool_core::replay::{
-    events_from_buffers, read_trace_csv, replay_device, replay_prepared, replay_resource, PreparedTrace, ReplayOptions, ReplayTarget,
-};
 use vrampool_core::{Pool, PoolConfig};
 use vrampool_plan::PlannedMode;
+use vrampool_whatif::peers::PeerConfig;
+use vrampool_whatif::replay::{
+    events_from_buffers, read_trace_csv, replay_device, replay_prepared, replay_resource, PreparedTrace, ReplayOptions, ReplayTarget,
+};
 
 fn main() {
     let mut args = std::env::args().skip(1);

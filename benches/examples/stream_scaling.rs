@@ -6,12 +6,12 @@
 //! (default streams 1000 2000 4000 10000, 3 runs; prints the median seconds of each).
 use std::time::Instant;
 
-use vrampool_core::peers::{PeerConfig, PEER_NAMES};
-use vrampool_core::replay::{
-    events_from_buffers, replay_prepared, PreparedTrace, ReplayOptions, ReplayTarget, TraceBuffer, ALL_STRATEGIES,
-};
 use vrampool_core::sizes::{KIB, MIB};
 use vrampool_core::PoolConfig;
+use vrampool_whatif::peers::{PeerConfig, PEER_NAMES};
+use vrampool_whatif::replay::{
+    events_from_buffers, replay_prepared, PreparedTrace, ReplayOptions, ReplayTarget, TraceBuffer, ALL_STRATEGIES,
+};
 
 const BUFFERS: u64 = 10_000;
 

@@ -37,7 +37,7 @@ VM_SUFFIX = "+vm"
 #: What ``vrampool.torch.install()`` and ``DevicePool(0)`` give on a GPU: the pool's default
 #: configuration (hybrid, growing its middle tier by mapping 2 MiB chunks of virtual memory).
 DEFAULT = "default"
-#: Models of the allocators people run today (``vrampool_core::peers``): PyTorch's caching
+#: Models of the allocators people run today (``vrampool_whatif::peers``): PyTorch's caching
 #: allocator (plain and with ``expandable_segments:True``), RMM's pool, CuPy's pool, and the
 #: driver's ``cudaMallocAsync`` pool (approximate: its internals are not public).
 PEERS = tuple(_native.ALLOCATOR_MODELS)

@@ -5,12 +5,12 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use vrampool_core::config::{key_names, Scope};
-use vrampool_core::peers::PeerConfig;
-use vrampool_core::replay::{self, PreparedTrace, ReplayOptions, ReplayReport, ReplayTarget, TraceBuffer};
-use vrampool_core::replay_row::{pool_row_conf, row_target};
-use vrampool_core::trace_live::LiveBytes;
 use vrampool_core::{Pool, PoolId, PoolSegment};
 use vrampool_plan::PlannedMode;
+use vrampool_whatif::peers::PeerConfig;
+use vrampool_whatif::replay::{self, PreparedTrace, ReplayOptions, ReplayReport, ReplayTarget, TraceBuffer};
+use vrampool_whatif::replay_row::{pool_row_conf, row_target};
+use vrampool_whatif::trace_live::LiveBytes;
 
 use crate::figures::segment_dict;
 
@@ -27,7 +27,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(row_conf, m)?)?;
     m.add_function(wrap_pyfunction!(live_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(peak_segments, m)?)?;
-    m.add("ALLOCATOR_MODELS", vrampool_core::peers::PEER_NAMES.to_vec())?;
+    m.add("ALLOCATOR_MODELS", vrampool_whatif::peers::PEER_NAMES.to_vec())?;
     Ok(())
 }
 

@@ -14,9 +14,9 @@ use foldhash::fast::FixedState;
 use super::blocks::{BlockList, State, NIL};
 use super::mappings::Mappings;
 use super::{out_of_memory, parse_flag, parse_mb, parse_size, parse_u64, Figures, PeerModel};
-use crate::device::Device;
-use crate::error::PoolError;
-use crate::sizes::MIB;
+use vrampool_core::device::Device;
+use vrampool_core::error::PoolError;
+use vrampool_core::sizes::MIB;
 
 /// `size` rounded up to a multiple of `unit` (any unit: PyTorch's pages are 20 MiB); None on overflow.
 fn round_up(size: u64, unit: u64) -> Option<u64> {

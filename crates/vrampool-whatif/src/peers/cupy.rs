@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use super::blocks::{BlockList, State};
 use super::{out_of_memory, parse_size, Figures, PeerModel};
-use crate::device::Device;
-use crate::error::PoolError;
-use crate::sizes::round_up;
+use vrampool_core::device::Device;
+use vrampool_core::error::PoolError;
+use vrampool_core::sizes::round_up;
 
 /// `ALLOCATION_UNIT_SIZE`: `_round_size` rounds every request up to 512 B.
 const UNIT: u64 = 512;
@@ -126,8 +126,8 @@ impl PeerModel for Cupy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{SimDevice, SimMode};
-    use crate::sizes::MIB;
+    use vrampool_core::device::{SimDevice, SimMode};
+    use vrampool_core::sizes::MIB;
 
     fn cupy(capacity: u64, limit: Option<u64>) -> Cupy {
         Cupy::new(CupyOptions { limit }, Arc::new(SimDevice::new(capacity, SimMode::AddressOnly)))

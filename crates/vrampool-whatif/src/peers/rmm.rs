@@ -11,9 +11,9 @@ use std::sync::Arc;
 
 use super::blocks::{BlockList, State};
 use super::{out_of_memory, parse_size, Figures, PeerModel};
-use crate::device::Device;
-use crate::error::PoolError;
-use crate::sizes::round_up;
+use vrampool_core::device::Device;
+use vrampool_core::error::PoolError;
+use vrampool_core::sizes::round_up;
 
 /// `rmm::CUDA_ALLOCATION_ALIGNMENT`: requests are rounded up to 256 B (`do_allocate`).
 const ALIGNMENT: u64 = 256;
@@ -179,8 +179,8 @@ impl PeerModel for Rmm {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{SimDevice, SimMode};
-    use crate::sizes::{GIB, MIB};
+    use vrampool_core::device::{SimDevice, SimMode};
+    use vrampool_core::sizes::{GIB, MIB};
 
     fn rmm(initial: Option<u64>, maximum: Option<u64>, capacity: u64) -> Rmm {
         Rmm::new(

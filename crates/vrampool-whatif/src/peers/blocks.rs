@@ -9,7 +9,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use foldhash::fast::FixedState;
 
-use crate::error::{InvalidFreeReason, PoolError};
+use vrampool_core::error::{InvalidFreeReason, PoolError};
 
 /// No neighbour.
 pub(crate) const NIL: u32 = u32::MAX;
@@ -168,7 +168,7 @@ impl BlockList {
     /// 1 - largest free block / all free bytes (0 when nothing is free).
     pub fn fragmentation(&self) -> f64 {
         let (largest, total) = self.free_summary();
-        crate::stats::fragmentation(largest, total)
+        vrampool_core::stats::fragmentation(largest, total)
     }
 
     /// Frees the allocated block at `addr`, merged with its free neighbours of its pool: the

@@ -8,7 +8,7 @@
 //! ties are broken by id.
 //!
 //! ```
-//! use vrampool_core::replay::{events_from_buffers, replay, TraceBuffer};
+//! use vrampool_whatif::replay::{events_from_buffers, replay, TraceBuffer};
 //! use vrampool_core::PoolConfig;
 //!
 //! let buffers = [TraceBuffer::new(0, 0, 2, 1 << 20), TraceBuffer::new(1, 1, 3, 1 << 20), TraceBuffer::new(2, 2, 4, 1 << 20)];
@@ -24,11 +24,11 @@ use std::time::Instant;
 
 use thiserror::Error;
 
-use crate::device::{SimDevice, SimMode, StreamId};
-use crate::error::{OomReport, PoolError};
 use crate::peers::{PeerConfig, PeerModel};
-use crate::strategy::StrategyKind;
-use crate::{MemoryResource, Pool, PoolConfig, PoolCore};
+use vrampool_core::device::{SimDevice, SimMode, StreamId};
+use vrampool_core::error::{OomReport, PoolError};
+use vrampool_core::strategy::StrategyKind;
+use vrampool_core::{MemoryResource, Pool, PoolConfig, PoolCore};
 
 /// Capacity of the simulated device a replay runs on: large enough that no trace runs out.
 pub const REPLAY_CAPACITY: u64 = 1 << 50;

@@ -1,6 +1,6 @@
 use super::*;
 use crate::peers::PEER_NAMES;
-use crate::sizes::MIB;
+use vrampool_core::sizes::MIB;
 
 fn config(strategy: StrategyKind) -> PoolConfig {
     PoolConfig { strategy, ..PoolConfig::default() }
@@ -266,7 +266,7 @@ fn replay_static_instances_with_every_strategy() {
     }
 }
 
-/// `cargo test --release -p vrampool-core replay_throughput -- --ignored --nocapture`
+/// `cargo test --release -p vrampool-whatif replay_throughput -- --ignored --nocapture`
 #[test]
 #[ignore = "a measurement: run in release"]
 fn replay_throughput() {

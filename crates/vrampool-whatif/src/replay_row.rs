@@ -7,11 +7,11 @@
 //! for the row `best_fit`, or `expandable_segments:True` for the row `torch`, is an error rather
 //! than a slab (or expandable) replay under the other name.
 
-use crate::config::PoolConfig;
-use crate::error::PoolError;
 use crate::peers::{PeerConfig, PEER_NAMES};
 use crate::replay::ReplayTarget;
-use crate::strategy::StrategyKind;
+use vrampool_core::config::PoolConfig;
+use vrampool_core::error::PoolError;
+use vrampool_core::strategy::StrategyKind;
 
 /// The suffix of a pool row that grows by mapping virtual memory.
 pub const VM_SUFFIX: &str = "+vm";

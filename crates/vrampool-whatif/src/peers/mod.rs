@@ -20,10 +20,10 @@ mod rmm;
 
 use std::sync::Arc;
 
-use crate::config::{parse_bytes, split_pairs};
-use crate::device::Device;
-use crate::error::{OomReport, PoolError};
-use crate::sizes::MIB;
+use vrampool_core::config::{parse_bytes, split_pairs};
+use vrampool_core::device::Device;
+use vrampool_core::error::{OomReport, PoolError};
+use vrampool_core::sizes::MIB;
 
 pub use caching::{AsyncOptions, TorchOptions};
 pub use cupy::CupyOptions;
@@ -210,8 +210,8 @@ fn parse_mb(value: &str, least: u64) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{SimDevice, SimMode};
-    use crate::sizes::{GIB, KIB};
+    use vrampool_core::device::{SimDevice, SimMode};
+    use vrampool_core::sizes::{GIB, KIB};
 
     fn device(capacity: u64) -> Arc<dyn Device> {
         Arc::new(SimDevice::new(capacity, SimMode::AddressOnly))

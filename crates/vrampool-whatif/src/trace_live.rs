@@ -2,8 +2,8 @@
 //! timeline the plan's row draws, and the pool's segments at the moment of most live bytes.
 //!
 //! ```
-//! use vrampool_core::replay::TraceBuffer;
-//! use vrampool_core::trace_live::LiveBytes;
+//! use vrampool_whatif::replay::TraceBuffer;
+//! use vrampool_whatif::trace_live::LiveBytes;
 //!
 //! // Buffer 1 is born when buffer 0 dies: the free comes first, so one buffer is ever live.
 //! let live = LiveBytes::new(&[TraceBuffer::new(0, 0, 2, 100), TraceBuffer::new(1, 2, 4, 100)]).unwrap();
@@ -14,9 +14,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::device::{SimDevice, SimMode, StreamId};
 use crate::replay::{events_from_buffers, sample_stride, PreparedTrace, ReplayError, TraceBuffer, TraceEvent, REPLAY_CAPACITY};
-use crate::{Pool, PoolConfig, SegmentSnapshot};
+use vrampool_core::device::{SimDevice, SimMode, StreamId};
+use vrampool_core::{Pool, PoolConfig, SegmentSnapshot};
 
 /// A checked trace's events in replay order, with the requested bytes live after each.
 pub struct LiveBytes {
@@ -125,7 +125,7 @@ mod tests {
         assert_eq!((live.lower_bound_bytes(), live.events_to_peak()), (8, 1));
         let segments = live.peak_segments(PoolConfig::default()).unwrap();
         let blocks: Vec<_> =
-            segments.iter().flat_map(|s| s.blocks.iter()).filter(|b| matches!(b.2, crate::BlockState::Active { .. })).collect();
+            segments.iter().flat_map(|s| s.blocks.iter()).filter(|b| matches!(b.2, vrampool_core::BlockState::Active { .. })).collect();
         assert_eq!(blocks.len(), 1);
     }
 

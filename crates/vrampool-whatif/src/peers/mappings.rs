@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::device::Device;
+use vrampool_core::device::Device;
 
 /// Mapped ranges of a model's reservations: start -> end.
 #[derive(Debug, Default)]
@@ -51,8 +51,8 @@ impl Mappings {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{SimDevice, SimMode};
-    use crate::sizes::MIB;
+    use vrampool_core::device::{SimDevice, SimMode};
+    use vrampool_core::sizes::MIB;
 
     #[test]
     fn a_range_inside_a_run_is_cut_out_and_the_rest_stays_mapped() {

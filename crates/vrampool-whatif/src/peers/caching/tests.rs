@@ -1,6 +1,6 @@
 use super::*;
-use crate::device::{SimDevice, SimMode};
-use crate::sizes::{GIB, KIB};
+use vrampool_core::device::{SimDevice, SimMode};
+use vrampool_core::sizes::{GIB, KIB};
 
 fn torch(conf: &str, capacity: u64) -> Caching {
     let super::super::PeerConfig::Torch(options) = super::super::PeerConfig::parse("torch", conf).unwrap() else { unreachable!() };
