@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from vrampool.cli import main  # noqa: E402
-from vrampool.cluster import CannotShard, fewest_ranks, fit_cluster, layout, measure_ranks  # noqa: E402
+from vrampool.cluster import CannotShard, fewest_ranks, fit_cluster, layout, measure_ranks, shardable_world_sizes  # noqa: E402
 from vrampool.trace import replay  # noqa: E402
 from vrampool.training import capture_model  # noqa: E402
 
@@ -105,8 +105,12 @@ def test_fewest_ranks_is_monotone_and_agrees_with_a_direct_capture() -> None:
 
 
 def test_a_world_size_that_leaves_a_rank_none_of_a_layer_is_refused() -> None:
-    with pytest.raises(CannotShard, match="at most 250 ranks"):
+    with pytest.raises(CannotShard, match="250 rows in chunks of 1 leave the last ranks none"):
         layout(uneven, "fsdp", 256)
+    # Fewer ranks than rows can still leave some none: 250 rows in chunks of 3 fill 84 ranks.
+    with pytest.raises(CannotShard, match="250 rows in chunks of 3 leave the last ranks none"):
+        layout(uneven, "fsdp", 100)
+    assert shardable_world_sizes(lambda: uneven(8), [4, 5, 64, 100]) == [4, 5]  # 64: 250 rows in chunks of 4 fill 63
 
 
 def test_llama_sizes_have_their_published_parameter_counts() -> None:
@@ -151,7 +155,7 @@ def test_fit_cluster_command_table_json_plot_and_bad_input(tmp_path: Path, capsy
 
     for bad, message in [
         (["--model", f"{script}:even", "--parallel", "fsdp", "--ranks", "0"], "--ranks must be at least 1"),
-        (["--model", f"{script}:even", "--parallel", "fsdp", "--ranks", "512"], "leaves some ranks none of it (at most 256 ranks)"),
+        (["--model", f"{script}:even", "--parallel", "fsdp", "--ranks", "512"], "256 rows in chunks of 1 leave the last ranks none"),
         (["--model", f"{script}:even", "--parallel", "fsdp", "--over", "ranks"], "--over ranks needs --batch"),
         (["--model", f"{script}:even", "--parallel", "ddp", "--over", "ranks", "--batch", "8"], "--over ranks needs --parallel fsdp"),
         (["--model", f"{script}:even", "--ranks", "4"], "--ranks needs --parallel"),

@@ -108,21 +108,30 @@ def _rows(n: int, world_size: int) -> List[int]:
     return [max(0, min(chunk, n - r * chunk)) for r in range(world_size)]
 
 
-def shardable_ranks(fn: Callable[[], Any], name: str = "the model function") -> int:
-    """The most ranks that FSDP2 can shard ``fn()``'s layer stack over with every rank holding
-    part of every layer's parameters: the fewest rows of dim 0 among them."""
+def _layer_rows(model: Any) -> List[int]:
+    """The rows of dim 0 of each parameter of the model's layer stack: what FSDP2 shards."""
     from vrampool.training import _layer_stack
 
-    model = _meta_model(fn, name)
-    rows = [p.shape[0] for layer in _layer_stack(model) for p in layer.parameters() if p.dim() > 0]
-    return min(rows, default=MAX_RANKS)
+    return [p.shape[0] for layer in _layer_stack(model) for p in layer.parameters() if p.dim() > 0]
+
+
+def _unshardable(rows: Iterable[int], world_size: int) -> Optional[int]:
+    """The rows of the first layer parameter that ``world_size`` ranks cannot all hold part of."""
+    return next((n for n in rows if _rows(n, world_size)[-1] == 0), None)
+
+
+def shardable_world_sizes(fn: Callable[[], Any], candidates: Iterable[int], name: str = "the model function") -> List[int]:
+    """The world sizes of ``candidates`` over which FSDP2 gives every rank part of every
+    parameter of ``fn()``'s layer stack."""
+    rows = _layer_rows(_meta_model(fn, name))
+    return [w for w in candidates if _unshardable(rows, w) is None]
 
 
 def layout(fn: Callable[[int], Any], parallel: str, world_size: int, size: int = 1, name: str = "the model function") -> Layout:
     """How ``world_size`` ranks of ``parallel`` (``"fsdp"`` or ``"ddp"``) training share the
     model of ``fn(size)``, from its parameters' shapes alone. Raises ``CannotShard`` when some
     rank would hold none of a layer's parameter."""
-    from vrampool.training import PARALLEL, _layer_stack
+    from vrampool.training import PARALLEL
 
     if parallel not in PARALLEL:
         raise ValueError(f"parallel must be one of {', '.join(PARALLEL)}, got {parallel!r}")
@@ -130,14 +139,15 @@ def layout(fn: Callable[[int], Any], parallel: str, world_size: int, size: int =
         raise ValueError(f"world_size must be at least 1, got {world_size}")
     model = _meta_model(lambda: fn(size), name)
     shards = 1 if parallel == "ddp" else world_size  # data parallel: every rank holds it all
-    layered = {id(p) for layer in _layer_stack(model) for p in layer.parameters()}
+    n = _unshardable(_layer_rows(model), shards)
+    if n is not None:
+        chunk = _rows(n, shards)[0]
+        raise CannotShard(f"{world_size:,} ranks: FSDP splits each layer's parameters on dim 0 in chunks of ceil(rows / ranks), and {n:,} rows in chunks of {chunk:,} leave the last ranks none")
     rows_by_rank: List[List[int]] = [[] for _ in range(world_size)]
     held = [sum(b.numel() * b.element_size() for b in model.buffers())] * world_size
     for p in model.parameters():
         n = p.shape[0] if p.dim() > 0 else 1
         rows = _rows(n, shards) * (world_size // shards)
-        if id(p) in layered and min(rows) == 0:
-            raise CannotShard(f"{world_size:,} ranks: FSDP shards parameters on dim 0, and a layer's parameter of {n:,} rows there leaves some ranks none of it (at most {n:,} ranks)")
         for r in range(world_size):
             rows_by_rank[r].append(rows[r])
             held[r] += rows[r] * (p.numel() // n) * p.element_size()
@@ -212,7 +222,7 @@ def fit_cluster(
 
 @dataclasses.dataclass
 class RanksResult:
-    """``fewest[allocator]``: the fewest ranks (a power of two up to ``bound``) at which a
+    """``fewest[allocator]``: the fewest ranks (a power of two up to ``bound``, the most tried) at which a
     batch of ``batch`` fits on every rank, or None when none does; ``probes`` (their ``size``
     is the world size) in the order they were tried."""
 
@@ -257,7 +267,7 @@ def fewest_ranks(
 ) -> RanksResult:
     """For each allocator, the fewest FSDP ranks at which ``fn(batch)``'s steps fit in
     ``memory`` on every rank. World sizes are powers of two, the sizes clusters are built in, up
-    to ``max_ranks`` and the most the layer stack can be sharded over; they are bisected, each
+    to ``max_ranks``, those over which every rank holds part of every layer; they are bisected, each
     capture shared by every allocator still searching, a world size that fits taken to mean every
     larger one does (sharding shrinks parameters, gradients and optimizer state; activations stay)."""
     from vrampool.trace import strategy_names
@@ -265,8 +275,8 @@ def fewest_ranks(
     allocators = strategy_names(list(allocators))
     if memory < 1 or batch < 1 or max_ranks < 1:
         raise ValueError(f"memory, batch and max_ranks must be at least 1, got {memory}, {batch} and {max_ranks}")
-    limit = min(max_ranks, MAX_RANKS, shardable_ranks(lambda: fn(batch), name))
-    candidates = [1 << k for k in range(int(math.log2(limit)) + 1)]
+    powers = [1 << k for k in range(int(math.log2(min(max_ranks, MAX_RANKS))) + 1)]
+    candidates = shardable_world_sizes(lambda: fn(batch), powers, name)
     fits_from = {n: len(candidates) for n in allocators}  # the smallest index known to fit
     fails_to = {n: -1 for n in allocators}  # the largest known not to
     probes: Dict[int, RankProbe] = {}
