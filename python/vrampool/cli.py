@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, NoReturn, Optional, Sequence, TypeVar
+from typing import Any, Callable, Dict, Iterable, List, Mapping, NoReturn, Optional, Sequence, Tuple, TypeVar
 
 from vrampool.planner import ALGORITHMS, PlanResult, decide, plan
 
@@ -305,52 +305,164 @@ def _lengths(text: Optional[str]) -> Optional[List[int]]:
 
 def fit_command(args: argparse.Namespace) -> int:
     """`vrampool fit`: the largest batch size (or sequence length) whose training steps fit in
-    ``--memory`` under each allocator, on the simulated device."""
-    from vrampool.fit import DoesNotFit, fit_model
-    from vrampool.plot import fit_svg
-    from vrampool.training import ModelFunctionError, load_model_function
-    from vrampool.workloads import DEMO_MODELS, MODELS, model_function
+    ``--memory`` under each allocator, on the simulated device; with ``--parallel``, on every
+    rank of ``--ranks``; with ``--over ranks``, the fewest FSDP ranks at which ``--batch`` fits."""
+    from vrampool.cluster import CannotShard
+    from vrampool.fit import DoesNotFit
+    from vrampool.training import ModelFunctionError
 
     memory = _size(args.memory)
-    what = "batch size" if args.over == "batch" else "sequence length"
-    if args.model in DEMO_MODELS:
-        raise CommandError(f"--model {args.model}: fit takes a GPU-scale built-in ({', '.join(m for m in MODELS if m not in DEMO_MODELS)}) or module:function")
-    if args.model in MODELS:
-        if args.over == "batch":
-            seq = args.seq or 1024
-            fn = lambda size: model_function(args.model, batch=size, lengths=[seq])()  # noqa: E731
-            setting = f"sequence length {seq}"
-        else:
-            batch = args.batch or 8
-            fn = lambda size: model_function(args.model, batch=batch, lengths=[size])()  # noqa: E731
-            setting = f"batch size {batch}"
-    elif ":" in args.model:
-        if args.batch or args.seq:
-            raise CommandError("--batch and --seq are for the built-in models: a model function takes the size itself")
-        try:
-            fn = load_model_function(args.model)
-        except ModelFunctionError as e:
-            raise CommandError(str(e)) from None
-        setting = f"the {what} passed to {args.model}"
-    else:
-        raise CommandError(f"--model {args.model!r}: a built-in ({', '.join(MODELS)}) or module:function taking the {what}")
-
+    _check_fit_options(args)
+    fn, setting = _fit_function(args)
+    label = f"{args.model} {args.size}" if args.size else args.model
+    progress, note = _probe_bar(f"fit {label}", args.json)
     try:
-        result = fit_model(fn, memory, args.strategy.split(","), steps=args.steps, max_size=args.max, progress=lambda sizes: _progress(sizes, None, f"fit {args.model}", args.json))
+        if args.over == "ranks":
+            return _fewest_ranks(args, fn, memory, label, setting, progress, note)
+        return _fit(args, fn, memory, label, setting, progress, note)
+    except CannotShard as e:
+        raise CommandError(f"--model {label}: {e}") from None
     except DoesNotFit as e:
-        raise CommandError(f"{args.model} does not fit: {e}") from None
+        raise CommandError(f"{label} does not fit: {e}") from None
     except (ModelFunctionError, ValueError) as e:
         raise CommandError(str(e)) from None
+
+
+def _check_fit_options(args: argparse.Namespace) -> None:
+    """The combinations of ``fit``'s options that make no question."""
+    from vrampool.workloads import DEMO_MODELS, MODELS
+
+    if args.model in DEMO_MODELS:
+        raise CommandError(f"--model {args.model}: fit takes a GPU-scale built-in ({', '.join(m for m in MODELS if m not in DEMO_MODELS)}) or module:function")
+    if args.model not in MODELS and ":" not in args.model:
+        raise CommandError(f"--model {args.model!r}: a built-in ({', '.join(MODELS)}) or module:function taking the batch size (or sequence length)")
+    if args.size and args.model != "llama":
+        raise CommandError(f"--size is for --model llama, not {args.model}")
+    if args.over == "ranks":
+        if args.batch is None:
+            raise CommandError("--over ranks needs --batch: the per-rank batch whose fewest ranks it finds")
+        if args.parallel != "fsdp":
+            raise CommandError("--over ranks needs --parallel fsdp: data-parallel ranks each hold the whole model, so their number changes no rank's memory")
+        if args.ranks != 1:
+            raise CommandError("--over ranks searches the number of ranks: leave out --ranks (--max bounds it)")
+    elif args.ranks > 1 and not args.parallel:
+        raise CommandError("--ranks needs --parallel ddp or --parallel fsdp")
+    if args.model not in MODELS and (args.seq or (args.batch and args.over != "ranks")):
+        raise CommandError("--batch and --seq are for the built-in models: a model function takes the size itself (--batch with --over ranks)")
+
+
+def _fit_function(args: argparse.Namespace) -> Tuple[Callable[[int], Any], str]:
+    """The model function of ``fit``'s search, taking the size searched (the batch with ``--over
+    ranks``), and the words for what stays fixed."""
+    from vrampool.training import ModelFunctionError, load_model_function
+    from vrampool.workloads import MODELS, model_function
+
+    if args.model in MODELS:
+        model = lambda batch, seq: model_function(args.model, batch=batch, lengths=[seq], size=args.size)()  # noqa: E731
+        if args.over == "seq":
+            batch = args.batch or 8
+            return (lambda size: model(batch, size)), f"batch size {batch}"
+        seq = args.seq or 1024
+        if args.over == "ranks":
+            return (lambda size: model(size, seq)), f"batch size {args.batch}, sequence length {seq}"
+        return (lambda size: model(size, seq)), f"sequence length {seq}"
+    try:
+        fn = load_model_function(args.model)
+    except ModelFunctionError as e:
+        raise CommandError(str(e)) from None
+    if args.over == "ranks":
+        return fn, f"batch size {args.batch}"
+    return fn, f"the {_FIT_WHAT[args.over]} passed to {args.model}"
+
+
+#: What ``fit --over`` grows, in words.
+_FIT_WHAT = {"batch": "batch size", "seq": "sequence length", "ranks": "ranks"}
+
+
+def _probe_bar(desc: str, quiet: bool) -> Tuple[Callable[[Iterable[int]], Iterable[int]], Callable[[str], None]]:
+    """A progress bar over the probes, and a function that names the capture under way on it."""
+    bars: List[Any] = []
+
+    def progress(sizes: Iterable[int]) -> Iterable[int]:
+        bars.append(_progress(sizes, None, desc, quiet))
+        return bars[-1]
+
+    def note(text: str) -> None:
+        if bars and hasattr(bars[-1], "set_description"):
+            bars[-1].set_description(f"{desc}: {text}")
+
+    return progress, note
+
+
+def _fit(args: argparse.Namespace, fn: Callable[[int], Any], memory: int, label: str, setting: str, progress: Any, note: Any) -> int:
+    from vrampool.cluster import fit_cluster
+    from vrampool.fit import fit_model
+    from vrampool.plot import fit_svg
+
+    what = _FIT_WHAT[args.over]
+    if args.parallel:
+        result = fit_cluster(fn, memory, args.parallel, args.ranks, args.strategy.split(","), steps=args.steps, max_size=args.max, name=label, progress=progress, note=note)
+    else:
+        result = fit_model(fn, memory, args.strategy.split(","), steps=args.steps, max_size=args.max, progress=progress)
     if args.plot:
-        _write(Path(args.plot), fit_svg(result, what, f"{args.model}: what fits in {_gib(memory)} (simulated)"))
+        per = " per rank" if args.parallel else ""
+        _write(Path(args.plot), fit_svg(result, what, f"{label}: what fits in {_gib(memory)}{per} (simulated)"))
     if args.json:
-        print(json.dumps({"model": args.model, "over": args.over, "steps": args.steps, **result.to_json()}))
+        cluster = {"parallel": args.parallel, "ranks": args.ranks} if args.parallel else {}
+        print(json.dumps({"model": label, "over": args.over, "steps": args.steps, **cluster, **result.to_json()}))
         return 0
-    print(f"{args.model}, {setting}, {args.steps} training steps, on a simulated device of {_gib(memory)}\n")
+    if args.parallel:
+        print(f"{label}, {setting}, {args.steps} training steps, {args.parallel.upper()} on {args.ranks:,} ranks, on a simulated device of {_gib(memory)} per rank")
+        print(_ranks_captured(result.probes, args.ranks) + "\n")
+    else:
+        print(f"{label}, {setting}, {args.steps} training steps, on a simulated device of {_gib(memory)}\n")
     print(format_fit(result, what))
     if args.plot:
         print(f"\nplot: {args.plot}")
     return 0
+
+
+def _ranks_captured(probes: Sequence[Any], world_size: int) -> str:
+    """Which ranks were captured, and why: one when they were alike at every probe."""
+    captured = sorted({r for p in probes for r in p.captured})
+    if len(captured) == 1:
+        return f"ranks symmetric (the same parameter shard shapes): rank {captured[0]} captured for all {world_size:,}"
+    return f"ranks differ (uneven parameter shards): ranks {', '.join(map(str, captured))} captured, one of each kind; the one that fits least decides"
+
+
+def _fewest_ranks(args: argparse.Namespace, fn: Callable[[int], Any], memory: int, label: str, setting: str, progress: Any, note: Any) -> int:
+    from vrampool.cluster import MAX_RANKS, fewest_ranks
+    from vrampool.plot import fit_svg
+
+    result = fewest_ranks(fn, memory, args.batch, args.strategy.split(","), steps=args.steps, max_ranks=min(args.max, MAX_RANKS), name=label, progress=progress, note=note)
+    answers = {n: f"{f:,} ranks" if f else "none fits" for n, f in result.fewest.items()}
+    if args.plot:
+        _write(Path(args.plot), fit_svg(result, "ranks", f"{label}: ranks for a batch of {args.batch} in {_gib(memory)} per rank (simulated)", answers))
+    if args.json:
+        print(json.dumps({"model": label, "over": "ranks", "parallel": "fsdp", "steps": args.steps, **result.to_json()}))
+        return 0
+    print(f"{label}, {setting} per rank, {args.steps} training steps, FSDP, on a simulated device of {_gib(memory)} per rank")
+    print("FSDP shards parameters, gradients and optimizer state over the ranks; activations do not shrink with more ranks\n")
+    print(format_fewest_ranks(result))
+    if args.plot:
+        print(f"\nplot: {args.plot}")
+    return 0
+
+
+def format_fewest_ranks(result: Any) -> str:
+    """The ``--over ranks`` table: each allocator's fewest ranks, and what a rank reserved there;
+    "no number of ranks fits" where even the most ranks leave too much on a rank."""
+    columns = f"{'allocator':<18} {'fewest ranks':>13} {'peak reserved':>14} {'live bytes':>12}"
+    lines = [columns, "-" * len(columns)]
+    for name in result.allocators:
+        at = result.probe(result.fewest[name])
+        if at is None:
+            most = result.probe(result.bound)
+            live = f": at {result.bound:,} ranks a rank still holds {_gib(most.lower_bound_bytes)} live, mostly activations" if most else ""
+            lines.append(f"{name:<18} no number of ranks up to {result.bound:,} fits{live}")
+            continue
+        lines.append(f"{name:<18} {at.world_size:>13,} {_gib(at.peak_reserved_bytes[name]):>14} {_gib(at.lower_bound_bytes):>12}")
+    return "\n".join(lines)
 
 
 def _gib(n: float) -> str:
@@ -553,16 +665,25 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=1, help="replay the trace this many times back to back (a warm pool, for events/s)")
 
     from vrampool.fit import ALLOCATORS, MAX_SIZE
+    from vrampool.models import LLAMA_SIZES
 
-    p = sub.add_parser("fit", help="the largest batch (or sequence length) whose training steps fit in --memory, under each allocator (simulated)")
+    p = sub.add_parser("fit", help="the largest batch (or sequence length) whose training steps fit in --memory, under each allocator (simulated); on every rank with --parallel; the fewest ranks with --over ranks")
     p.add_argument("--model", required=True, help="a built-in (gpt2-medium, llama) or module:function taking the batch size (or sequence length)")
-    p.add_argument("--memory", required=True, help="the device's memory, e.g. 80GB (binary units)")
-    p.add_argument("--over", choices=("batch", "seq"), default="batch", help="grow the batch size (default) or the sequence length")
-    p.add_argument("--batch", type=int, help="built-ins with --over seq: sequences per batch (default 8)")
+    p.add_argument("--size", choices=tuple(LLAMA_SIZES), help="llama: the model's size (default 1b)")
+    p.add_argument("--memory", required=True, help="the device's memory (per rank with --parallel), e.g. 80GB (binary units)")
+    p.add_argument(
+        "--over",
+        choices=("batch", "seq", "ranks"),
+        default="batch",
+        help="grow the batch size (default) or the sequence length; or, with --parallel fsdp and --batch, find the fewest ranks (powers of two) at which it fits",
+    )
+    p.add_argument("--parallel", choices=("ddp", "fsdp"), help="every rank of data-parallel or FSDP2 training must fit (captured through torch's fake process group)")
+    p.add_argument("--ranks", type=int, default=1, help="with --parallel: the world size (one rank captured per kind of shard)")
+    p.add_argument("--batch", type=int, help="built-ins with --over seq: sequences per batch (default 8); with --over ranks: the per-rank batch")
     p.add_argument("--seq", type=int, help="built-ins with --over batch: sequence length (default 1024)")
     p.add_argument("--steps", type=int, default=2, help="training steps per try (the second runs on the first one's cache)")
     p.add_argument("--strategy", default=",".join(ALLOCATORS), help=f"allocators, separated by commas (default {','.join(ALLOCATORS)})")
-    p.add_argument("--max", type=int, default=MAX_SIZE, help="the largest size tried")
+    p.add_argument("--max", type=int, default=MAX_SIZE, help="the largest size tried (with --over ranks: the most ranks, at most 4096)")
     p.add_argument("--json", action="store_true", help="print JSON: each allocator's largest size and every probe")
     p.add_argument("--plot", help="write an SVG of peak reserved against the size, per allocator")
 

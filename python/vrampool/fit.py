@@ -119,7 +119,38 @@ def fit(
     ``capture(s)`` fits in ``memory`` bytes of the simulated device. Sizes are tried by doubling
     and then bisection, each capture shared by every allocator still searching; a size that fits
     is taken to mean every smaller one does. ``progress`` wraps the stream of sizes tried."""
-    from vrampool.trace import replay_each, strategy_names
+
+    def measure(size: int, searching: List[str]) -> Probe:
+        trace = capture(size)
+        probe = Probe(size, trace.peak_allocated_bytes())
+        replay_into(probe, trace, searching, memory)
+        return probe
+
+    return search_largest(measure, memory, allocators, max_size=max_size, progress=progress)
+
+
+def replay_into(probe: Probe, trace: Trace, allocators: List[str], memory: int) -> None:
+    """Replays ``trace`` on a simulated device of ``memory`` bytes under each allocator and
+    records in ``probe`` whether it fit and what it reserved."""
+    from vrampool.trace import replay_each
+
+    for report in replay_each(trace, allocators, samples=0, capacity=memory):
+        name = report["strategy"]
+        probe.fits[name] = report["out_of_memory"] is None
+        probe.peak_reserved_bytes[name] = report["peak_reserved_bytes"]
+
+
+def search_largest(
+    measure: Callable[[int, List[str]], Probe],
+    memory: int,
+    allocators: Sequence[str] = ALLOCATORS,
+    *,
+    max_size: int = MAX_SIZE,
+    progress: Callable[[Iterable[int]], Iterable[int]] = lambda probes: probes,
+) -> FitResult:
+    """The search of :func:`fit` over any ``measure(size, allocators) -> Probe``, which fills in
+    the probe's verdict for each allocator it is given (those still searching at that size)."""
+    from vrampool.trace import strategy_names
 
     allocators = strategy_names(list(allocators))
     if memory < 1 or max_size < 1:
@@ -142,15 +173,10 @@ def fit(
             yield (fits_at[widest] + fails_at[widest]) // 2
 
     for size in progress(sizes()):
-        trace = capture(size)
-        probe = probes.setdefault(size, Probe(size, trace.peak_allocated_bytes()))
         searching = [n for n in open_() if fits_at[n] < size < fails_at[n]]
-        for report in replay_each(trace, searching, samples=0, capacity=memory):
-            name = report["strategy"]
-            fits = report["out_of_memory"] is None
-            probe.fits[name] = fits
-            probe.peak_reserved_bytes[name] = report["peak_reserved_bytes"]
-            if fits:
+        probe = probes[size] = measure(size, searching)
+        for name in searching:
+            if probe.fits[name]:
                 fits_at[name] = size
             else:
                 fails_at[name] = size

@@ -1,7 +1,7 @@
 """Real model structures written with ``torch.nn`` (no torchvision or transformers needed), for
 liveness analysis, planning benchmarks and fake-tensor captures: a GPT-2-style decoder, a
 Llama-style decoder and a ResNet with bottleneck blocks. ``gpt2_small()``, ``gpt2_medium()``,
-``llama_1b()`` and ``resnet50()`` give the published sizes; the parameters let tests build
+``llama_1b()``, ``llama_7b()``, ``llama_13b()`` and ``resnet50()`` give the published sizes; the parameters let tests build
 scaled-down versions of the same graphs.
 
 >>> import torch
@@ -141,6 +141,22 @@ def llama_1b() -> Any:
     """A Llama-style model of about 1.1 B parameters (the TinyLlama shape): 22 layers, d_model
     2048, 32 heads with 4 key/value heads, SwiGLU width 5632, vocabulary 32,000."""
     return llama(layers=22, d_model=2048, heads=32, kv_heads=4, ffn=5632, vocab=32000)
+
+
+def llama_7b() -> Any:
+    """Llama 7B: 32 layers, d_model 4096, 32 heads (no grouping), SwiGLU width 11,008,
+    vocabulary 32,000 (6.7 B parameters)."""
+    return llama(layers=32, d_model=4096, heads=32, kv_heads=32, ffn=11008, vocab=32000)
+
+
+def llama_13b() -> Any:
+    """Llama 13B: 40 layers, d_model 5120, 40 heads (no grouping), SwiGLU width 13,824,
+    vocabulary 32,000 (13 B parameters)."""
+    return llama(layers=40, d_model=5120, heads=40, kv_heads=40, ffn=13824, vocab=32000)
+
+
+#: The Llama sizes ``--size`` takes.
+LLAMA_SIZES = {"1b": llama_1b, "7b": llama_7b, "13b": llama_13b}
 
 
 def resnet(blocks: Sequence[int], num_classes: int = 1000, width: int = 64) -> Any:

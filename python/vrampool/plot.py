@@ -157,10 +157,19 @@ def segment_map_svg(segments: Sequence[Mapping[str, Any]], title: str = "Segment
     return _svg(width, bottom + 24, body, title)
 
 
-def fit_svg(result: Any, what: str = "batch size", title: str = "What fits", width: int = 1000, height: int = 440) -> str:
-    """Peak reserved against the size probed (``vrampool.fit.FitResult``), one line per
-    allocator through the sizes that fit and a cross where it ran out, with the live bytes (the
-    lower bound) dashed and the device's memory as a line. Sizes are on a log scale.
+def fit_svg(
+    result: Any,
+    what: str = "batch size",
+    title: str = "What fits",
+    answers: Optional[Mapping[str, str]] = None,
+    width: int = 1000,
+    height: int = 440,
+) -> str:
+    """Peak reserved against the size probed (``vrampool.fit.FitResult``, or the world size of
+    ``vrampool.cluster.RanksResult``), one line per allocator through the sizes that fit and a
+    cross where it ran out, with the live bytes (the lower bound) dashed and the device's memory
+    as a line. Sizes are on a log scale. The legend gives each allocator's answer: ``answers``,
+    or its largest size.
 
     Each line is an element with ``class="series"`` and ``data-strategy``; each cross a
     ``<path class="oom" data-strategy=...>``."""
@@ -208,7 +217,8 @@ def fit_svg(result: Any, what: str = "batch size", title: str = "What fits", wid
                 body.append(
                     f'<path class="oom" data-strategy={quoteattr(name)} d="M{cx - 4:.1f},{cy - 4:.1f} L{cx + 4:.1f},{cy + 4:.1f} M{cx - 4:.1f},{cy + 4:.1f} L{cx + 4:.1f},{cy - 4:.1f}" stroke="{colour}" stroke-width="1.5"/>'
                 )
-        legend.append((f"{name}: {result.largest[name]:,}", colour, ""))
+        answer = answers[name] if answers else f"{result.largest[name]:,}"
+        legend.append((f"{name}: {answer}", colour, ""))
     legend += [("memory (x: out of memory)", "#000", ""), ("live bytes", "#000", ' stroke-dasharray="6 4"')]
     body.extend(_legend(legend, left + plot_w + 16, top))
     return _svg(width, height, body, title)

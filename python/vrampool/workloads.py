@@ -123,23 +123,37 @@ def token_batches(batch: int, lengths: Sequence[int], vocab: int) -> Iterator[Tu
         yield text[:, :-1], text[:, 1:]
 
 
-def _gpu_scale(name: str, longest: int) -> Tuple[Callable[[], Any], int]:
+def _gpu_scale(name: str, longest: int, size: Optional[str]) -> Tuple[Callable[[], Any], int]:
     """The model's builder and vocabulary; GPT-2's learned positions (1,024 of them) are made as
-    many as the longest sequence needs."""
-    from vrampool.models import gpt, llama_1b
+    many as the longest sequence needs; Llama's ``size`` is one of :data:`LLAMA_SIZES` (1b unless
+    told)."""
+    from vrampool.models import LLAMA_SIZES, gpt
 
     if name == "gpt2-medium":
+        if size is not None:
+            raise ValueError(f"size is for llama ({', '.join(LLAMA_SIZES)}); gpt2-medium has one size")
         return (lambda: gpt(layers=24, d_model=1024, heads=16, seq_len=max(1024, longest), vocab=50257)), 50257
-    return llama_1b, 32000
+    if size is not None and size not in LLAMA_SIZES:
+        raise ValueError(f"unknown llama size {size!r}; choose one of {', '.join(LLAMA_SIZES)}")
+    return LLAMA_SIZES[size or "1b"], 32000
 
 
-def model_function(name: str, steps: int = 12, seed: int = 0, scale: int = 1, batch: Optional[int] = None, lengths: Optional[Sequence[int]] = None) -> Callable[[], Any]:
+def model_function(
+    name: str,
+    steps: int = 12,
+    seed: int = 0,
+    scale: int = 1,
+    batch: Optional[int] = None,
+    lengths: Optional[Sequence[int]] = None,
+    size: Optional[str] = None,
+) -> Callable[[], Any]:
     """The model function (see :mod:`vrampool.training`) of workload ``name`` (:data:`MODELS`):
     the demo's models with their batches (``scale`` times the usual) for ``steps`` steps, or a
-    GPU-scale model with ``batch`` sequences of each of ``lengths`` in turn."""
+    GPU-scale model (llama of ``size``, :data:`vrampool.models.LLAMA_SIZES`) with ``batch``
+    sequences of each of ``lengths`` in turn."""
     if name in DEMO_MODELS:
-        if batch is not None or lengths is not None:
-            raise ValueError(f"{name} sets its own batches (use scale); batch and lengths are for {', '.join(m for m in MODELS if m not in DEMO_MODELS)}")
+        if batch is not None or lengths is not None or size is not None:
+            raise ValueError(f"{name} sets its own batches (use scale); batch, lengths and size are for {', '.join(m for m in MODELS if m not in DEMO_MODELS)}")
         build, batches, loss = _workload(name)
         return lambda: (build(), batches(steps, seed, scale), loss or _cross_entropy)
     if name not in MODELS:
@@ -148,7 +162,7 @@ def model_function(name: str, steps: int = 12, seed: int = 0, scale: int = 1, ba
         raise ValueError(f"{name} takes a batch size, not a scale")
     batch = BATCH if batch is None else batch
     lengths = list(lengths) if lengths else [SEQUENCE]
-    build, vocab = _gpu_scale(name, max(lengths))
+    build, vocab = _gpu_scale(name, max(lengths), size)
     if batch < 1 or min(lengths) < 1:
         raise ValueError(f"batch and sequence lengths must be at least 1, got {batch} and {lengths}")
     return lambda: (build(), token_batches(batch, lengths, vocab))
