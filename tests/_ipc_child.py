@@ -95,3 +95,31 @@ def write_wait_read(buffer: Any, ready: Any, go: Any, results: Any) -> None:
     go.wait(120)
     results.put("kept" if buffer.read(10) == b"still here" else "lost")
     buffer.close()
+
+
+def legacy_open(handles: List[bytes], results: Any) -> None:
+    """``cuIpcOpenMemHandle`` of each handle: (code, first 8 bytes or None), then closed."""
+    import ctypes
+
+    class Handle(ctypes.Structure):  # a struct, so that ctypes passes it by value
+        _fields_ = [("reserved", ctypes.c_ubyte * 64)]
+
+    lib = ctypes.CDLL("libcuda.so.1")
+    lib.cuIpcOpenMemHandle_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), Handle, ctypes.c_uint]
+    lib.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]
+    lib.cuIpcCloseMemHandle.argtypes = [ctypes.c_uint64]
+    ctx = ctypes.c_void_p()
+    assert lib.cuInit(0) == 0 and lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0 and lib.cuCtxSetCurrent(ctx) == 0
+    seen = []
+    for raw in handles:
+        ptr = ctypes.c_uint64()
+        code = lib.cuIpcOpenMemHandle_v2(ctypes.byref(ptr), Handle.from_buffer_copy(raw), 1)
+        if code != 0:
+            seen.append((code, None))
+            continue
+        again = lib.cuIpcOpenMemHandle_v2(ctypes.byref(ctypes.c_uint64()), Handle.from_buffer_copy(raw), 1)
+        out = ctypes.create_string_buffer(8)
+        assert lib.cuMemcpyDtoH_v2(out, ptr.value, 8) == 0
+        assert lib.cuIpcCloseMemHandle(ptr.value) == 0
+        seen.append((again, out.raw))
+    results.put(seen)

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from _ipc_child import after_fork, bad_inputs, pattern, read_from_socket, write_all, write_wait_read
+from _ipc_child import after_fork, bad_inputs, legacy_open, pattern, read_from_socket, write_all, write_wait_read
 from vrampool import DeviceError, DevicePool, InvalidFreeError, PoolClosedError
 from vrampool.ipc import ImportedPool, export_buffer, send_descriptor
 
@@ -43,6 +43,13 @@ def _driver() -> ctypes.CDLL:
 LIB = _driver()
 LIB.cuMemcpyDtoH_v2.argtypes = [c_void_p, c_uint64, c_size_t]
 LIB.cuMemcpyDtoH_v2.restype = c_uint
+for _name, _args in [
+    ("cuMemAlloc_v2", [ctypes.POINTER(c_uint64), c_size_t]),
+    ("cuMemFree_v2", [c_uint64]),
+    ("cuMemcpyHtoD_v2", [c_uint64, c_void_p, c_size_t]),
+    ("cuIpcGetMemHandle", [ctypes.c_ubyte * 64, c_uint64]),
+]:
+    getattr(LIB, _name).argtypes = _args
 SPAWN = multiprocessing.get_context("spawn")
 
 
@@ -55,6 +62,12 @@ def read_device(ptr: int, size: int) -> bytes:
     assert LIB.cuMemcpyDtoH_v2(out, ptr, size) == 0
     assert LIB.cuDevicePrimaryCtxRelease_v2(c_int(0)) == 0
     return out.raw
+
+
+def current_context() -> None:
+    ctx = c_void_p()
+    assert LIB.cuInit(0) == 0 and LIB.cuDevicePrimaryCtxRetain(byref(ctx), c_int(0)) == 0
+    assert LIB.cuCtxSetCurrent(ctx) == 0
 
 
 @pytest.fixture
@@ -182,3 +195,24 @@ def test_an_imported_buffer_keeps_its_memory_after_the_exporter_frees_it(pool: D
     child.join(60)
     assert child.exitcode == 0
 
+
+
+def test_legacy_ipc_handles_open_in_another_process_and_a_freed_one_is_refused() -> None:
+    """The emulated driver's cuIpcGetMemHandle / cuIpcOpenMemHandle / cuIpcCloseMemHandle of
+    plain cuMemAlloc memory (what the benchmark compares vrampool.ipc with)."""
+    current_context()
+    live, freed = c_uint64(), c_uint64()
+    for ptr in (live, freed):
+        assert LIB.cuMemAlloc_v2(byref(ptr), 3000) == 0
+    assert LIB.cuMemcpyHtoD_v2(live.value, b"legacy!!", 8) == 0
+    handles = []
+    for ptr in (live, freed):
+        raw = (ctypes.c_ubyte * 64)()
+        assert LIB.cuIpcGetMemHandle(raw, ptr.value) == 0
+        handles.append(bytes(raw))
+    assert LIB.cuMemFree_v2(freed.value) == 0
+    garbage = bytes(64)
+    seen = run(legacy_open, [handles[0], handles[1], garbage])
+    already_mapped, invalid_value = 208, 1
+    assert seen == [(already_mapped, b"legacy!!"), (invalid_value, None), (invalid_value, None)]
+    assert LIB.cuMemFree_v2(live.value) == 0
