@@ -16,6 +16,7 @@ Integrations, each importing its library only when used: ``vrampool.cuda_core`` 
 DLPack, so torch, CuPy, Numba and numpy (on the simulated device) take them without a copy.
 """
 
+from vrampool import ipc  # registers DeviceBuffer's pickling
 from vrampool._native import (
     DeviceError,
     InvalidFreeError,
@@ -44,6 +45,7 @@ __all__ = [
     "WrongDeviceError",
     "__version__",
     "decide",
+    "ipc",
     "plan",
     "set_shared_pool",
     "shared_pool",

@@ -12,8 +12,9 @@ Select it before Numba's CUDA context is made, either way::
 
 Each device's allocations come from its shared pool (:func:`vrampool.shared_pool`; use
 :func:`vrampool.pool.set_shared_pool` first to pick one of your own). Host allocations stay
-Numba's (``HostOnlyCUDAMemoryManager``). IPC handles are not supported: blocks are parts of
-larger segments.
+Numba's (``HostOnlyCUDAMemoryManager``). Numba's IPC handles are not supported: its importer
+opens legacy ``cuIpcOpenMemHandle`` handles, and a block is part of a larger segment; share
+vrampool buffers with :mod:`vrampool.ipc` instead.
 
 A freed array's memory is reused only once the work queued before its free on the legacy
 default stream and on every blocking stream (Numba's streams are blocking) has completed, as
@@ -93,7 +94,10 @@ def _manager_class() -> Any:
             return cuda.MemoryInfo(free=min(total, free + max(0, cached)), total=total)
 
         def get_ipc_handle(self, memory: Any) -> Any:
-            raise NotImplementedError("vrampool blocks are parts of larger segments: no IPC handles")
+            raise NotImplementedError(
+                "vrampool blocks are parts of larger segments, which have no legacy IPC handles: share "
+                "a buffer of DevicePool(device, ipc=True) with vrampool.ipc instead (docs/ipc.md)"
+            )
 
         def reset(self) -> None:
             super().reset()

@@ -13,6 +13,7 @@ from vrampool.streams import as_int, stream_handle
 from vrampool.summary import format_summary
 
 if TYPE_CHECKING:
+    from vrampool.ipc import BufferDescriptor, PoolHandle
     from vrampool.planned import PlannedPool
 
 #: A block of device memory (the native class itself: its methods run in Rust, and a Python
@@ -69,6 +70,9 @@ class DevicePool:
     not stay reserved beside another's growth;
     ``reclaim=False`` keeps every cached segment, as PyTorch's caching allocator does, at the
     price of a higher peak.
+    ``ipc=True`` makes every segment shareable with other processes (:mod:`vrampool.ipc`:
+    :meth:`ipc_handle`, :meth:`export`, and buffers that pickle for ``spawn`` children); it
+    turns expandable segments off.
 
     The options are ``VRAMPOOL_CONF``'s keys, read by the core as that text is
     (:mod:`vrampool.options`): sizes are bytes (an int, or a string such as ``"64KB"``); ``limit``
@@ -99,6 +103,7 @@ class DevicePool:
         reclaim: Optional[bool] = None,
         scrub: str = "off",
         track_leaks: bool = False,
+        ipc: Optional[bool] = None,
     ) -> None:
         options = {
             "strategy": strategy,
@@ -112,6 +117,7 @@ class DevicePool:
             "reclaim": reclaim,
             "scrub": scrub,
             "track_leaks": track_leaks,
+            "ipc": ipc,
         }
         conf = conf_text(options, POOL_KEYS)
         # ptr -> the Python stack that allocated it (track_leaks only). Entries of blocks freed
@@ -197,6 +203,31 @@ class DevicePool:
         """
         self._check_live(buffer, "record_stream", "was freed")
         self._native.record_stream(buffer.ptr, stream_handle(stream))
+
+    def ipc_handle(self) -> "PoolHandle":
+        """What names this pool to other processes (:class:`vrampool.ipc.ImportedPool`). Only
+        a pool made with ``ipc=True`` has one."""
+        from vrampool.ipc import pool_handle
+
+        if self.closed:
+            raise PoolClosedError("the pool is closed")
+        if not self.ipc:
+            raise ValueError("this pool was made without ipc=True: its memory cannot be shared with another process")
+        return pool_handle(self._native)
+
+    def export(self, buffer: DeviceBuffer) -> "BufferDescriptor":
+        """A descriptor of ``buffer`` for another process (:mod:`vrampool.ipc`), which owns a
+        file descriptor (``close()`` it once sent). Keep ``buffer`` allocated until every
+        importer has closed it."""
+        from vrampool.ipc import export_buffer
+
+        self._check_live(buffer, "export", "was freed: a freed buffer cannot be shared")
+        return export_buffer(buffer)
+
+    @property
+    def ipc(self) -> bool:
+        """Whether the pool's memory may be shared with other processes (``ipc=True``)."""
+        return self._native.ipc
 
     def stats(self) -> Dict[str, Union[int, float]]:
         """Counters under PyTorch's key names (``allocated_bytes.all.current``, ...).

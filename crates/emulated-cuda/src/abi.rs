@@ -16,6 +16,7 @@ pub const NOT_INITIALIZED: CuResult = 3;
 pub const NO_DEVICE: CuResult = 100;
 pub const INVALID_DEVICE: CuResult = 101;
 pub const INVALID_CONTEXT: CuResult = 201;
+pub const ALREADY_MAPPED: CuResult = 208;
 pub const INVALID_HANDLE: CuResult = 400;
 pub const NOT_FOUND: CuResult = 500;
 pub const NOT_READY: CuResult = 600;
@@ -55,6 +56,20 @@ pub struct MemAllocationProp {
 }
 
 pub const MEM_ALLOCATION_TYPE_PINNED: u32 = 1;
+
+/// `CUmemAllocationHandleType` bits: the only shareable kind emulated is a POSIX file descriptor.
+pub const MEM_HANDLE_TYPE_NONE: u32 = 0;
+pub const MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: u32 = 1;
+
+/// `CUipcMemHandle`: 64 opaque bytes, passed by value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct IpcMemHandle {
+    pub reserved: [u8; 64],
+}
+
+/// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`, the one flag `cuIpcOpenMemHandle` takes.
+pub const IPC_MEM_LAZY_ENABLE_PEER_ACCESS: u32 = 1;
 
 /// `CUmemAccessDesc`.
 #[repr(C)]

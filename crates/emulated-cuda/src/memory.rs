@@ -11,13 +11,16 @@ use std::ffi::c_int;
 
 use crate::abi::{self, CuResult};
 
-/// One `cuMemAlloc` allocation.
+mod sharing;
+
+/// One `cuMemAlloc` allocation, or one opened from another process's IPC handle.
 struct Linear {
     size: u64,
     /// Bytes of the host mapping (whole pages) and bytes counted against the device.
     pages: u64,
     charged: u64,
     device: i32,
+    share: sharing::Share,
 }
 
 /// One mapping of a physical allocation into a reservation.
@@ -29,13 +32,17 @@ struct Mapping {
     access: u32,
 }
 
-/// One `cuMemCreate` allocation.
+/// One `cuMemCreate` allocation, or one imported from a shareable handle.
 struct Physical {
     size: u64,
     device: i32,
     fd: c_int,
     mappings: u32,
     released: bool,
+    /// Bytes counted against the device: its size, or 0 for an import (the exporter's memory).
+    charged: u64,
+    /// Made with `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR` asked for: it may be exported.
+    shareable: bool,
 }
 
 /// What an address is.
@@ -99,7 +106,7 @@ impl Memory {
                 return Err(abi::OUT_OF_MEMORY);
             }
         };
-        self.linear.insert(base, Linear { size, pages, charged, device });
+        self.linear.insert(base, Linear { size, pages, charged, device, share: sharing::Share::Private });
         Ok(base)
     }
 
@@ -108,11 +115,20 @@ impl Memory {
         self.linear.get(&base).map(|l| (base, l.size))
     }
 
+    /// `cuMemFree`; memory opened from an IPC handle is refused (`cuIpcCloseMemHandle` closes it).
     pub fn free(&mut self, base: u64) -> Result<(), CuResult> {
-        let linear = self.linear.remove(&base).ok_or(abi::INVALID_VALUE)?;
-        unmap(base, linear.pages);
-        self.used[linear.device as usize] -= linear.charged;
+        if self.linear.get(&base).is_none_or(|l| l.share.is_opened()) {
+            return Err(abi::INVALID_VALUE);
+        }
+        self.drop_linear(base);
         Ok(())
+    }
+
+    fn drop_linear(&mut self, base: u64) {
+        let linear = self.linear.remove(&base).expect("the callers checked it");
+        unmap(base, linear.pages);
+        linear.share.close();
+        self.used[linear.device as usize] -= linear.charged;
     }
 
     pub fn reserve(&mut self, size: u64, alignment: u64, granularity: u64) -> Result<u64, CuResult> {
@@ -148,19 +164,24 @@ impl Memory {
         Ok(())
     }
 
-    pub fn create(&mut self, device: i32, size: u64, granularity: u64, capacity: u64) -> Result<u64, CuResult> {
+    /// `cuMemCreate`; a `shareable` allocation may be exported as a file descriptor.
+    pub fn create(&mut self, device: i32, size: u64, granularity: u64, capacity: u64, shareable: bool) -> Result<u64, CuResult> {
         if size == 0 || size % granularity != 0 {
             return Err(abi::INVALID_VALUE);
         }
         self.charge(device, size, capacity)?;
-        let Some(fd) = memfd(size) else {
+        let Some(fd) = memfd(size, c"emulated-cuda") else {
             self.used[device as usize] -= size;
             return Err(abi::OUT_OF_MEMORY);
         };
+        Ok(self.add_physical(Physical { size, device, fd, mappings: 0, released: false, charged: size, shareable }))
+    }
+
+    fn add_physical(&mut self, physical: Physical) -> u64 {
         let handle = self.next_handle;
         self.next_handle += 1;
-        self.physical.insert(handle, Physical { size, device, fd, mappings: 0, released: false });
-        Ok(handle)
+        self.physical.insert(handle, physical);
+        handle
     }
 
     /// `cuMemRelease`: the memory goes back once its last mapping is gone.
@@ -176,7 +197,7 @@ impl Memory {
             let physical = self.physical.remove(&handle).expect("just seen");
             // SAFETY: the memfd is ours and closed once; its pages live on in no mapping.
             unsafe { libc::close(physical.fd) };
-            self.used[physical.device as usize] -= physical.size;
+            self.used[physical.device as usize] -= physical.charged;
         }
     }
 
@@ -355,10 +376,10 @@ fn unmap(addr: u64, len: u64) {
     unsafe { libc::munmap(addr as *mut _, len as usize) };
 }
 
-/// A memfd of `size` bytes (sparse: pages exist once touched).
-fn memfd(size: u64) -> Option<c_int> {
-    // SAFETY: the name is a NUL-terminated literal; the result is checked.
-    let fd = unsafe { libc::memfd_create(c"emulated-cuda".as_ptr(), libc::MFD_CLOEXEC) };
+/// A memfd of `size` bytes named `name` (sparse: pages exist once touched).
+fn memfd(size: u64, name: &std::ffi::CStr) -> Option<c_int> {
+    // SAFETY: the name is NUL-terminated; the result is checked.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {
         return None;
     }
@@ -399,7 +420,7 @@ mod tests {
         let base = m.reserve(4 * G, 0, G).unwrap();
         assert_eq!(base % G, 0);
         assert_eq!(m.device_access(base, 8, true), Err(abi::ILLEGAL_ADDRESS), "reserved only");
-        let h = m.create(0, 2 * G, G, 8 * G).unwrap();
+        let h = m.create(0, 2 * G, G, 8 * G, false).unwrap();
         assert_eq!(m.used(0), 2 * G);
         assert_eq!(m.map(base + 3 * G, 2 * G, 0, h, G), Err(abi::INVALID_VALUE), "past the reservation");
         assert_eq!(m.map(base, 2 * G, 4096, h, G), Err(abi::INVALID_VALUE), "offset must be 0");
@@ -425,10 +446,10 @@ mod tests {
     #[test]
     fn physical_memory_is_capacity_limited() {
         let mut m = Memory::new(2);
-        assert_eq!(m.create(1, 3 * G, G, 4 * G).map(|_| ()), Ok(()));
-        assert_eq!(m.create(1, 2 * G, G, 4 * G), Err(abi::OUT_OF_MEMORY));
-        assert_eq!(m.create(0, 2 * G, G, 4 * G).map(|_| ()), Ok(()), "each device has its own");
-        assert_eq!(m.create(0, G + 1, G, 4 * G), Err(abi::INVALID_VALUE));
+        assert_eq!(m.create(1, 3 * G, G, 4 * G, false).map(|_| ()), Ok(()));
+        assert_eq!(m.create(1, 2 * G, G, 4 * G, false), Err(abi::OUT_OF_MEMORY));
+        assert_eq!(m.create(0, 2 * G, G, 4 * G, false).map(|_| ()), Ok(()), "each device has its own");
+        assert_eq!(m.create(0, G + 1, G, 4 * G, false), Err(abi::INVALID_VALUE));
         assert_eq!(m.release(12345), Err(abi::INVALID_VALUE));
     }
 
@@ -436,7 +457,7 @@ mod tests {
     fn unmap_takes_whole_adjacent_mappings() {
         let mut m = Memory::new(1);
         let base = m.reserve(4 * G, 0, G).unwrap();
-        let (a, b) = (m.create(0, G, G, 8 * G).unwrap(), m.create(0, G, G, 8 * G).unwrap());
+        let (a, b) = (m.create(0, G, G, 8 * G, false).unwrap(), m.create(0, G, G, 8 * G, false).unwrap());
         m.map(base, G, 0, a, G).unwrap();
         m.map(base + G, G, 0, b, G).unwrap();
         m.set_access(base, 2 * G, abi::MEM_ACCESS_FLAGS_PROT_READWRITE).unwrap();

@@ -94,6 +94,10 @@ pub struct PoolConfig {
     /// Record each live block's allocation time, for the ages in leak reports (`live_blocks`).
     /// Off by default, so the fast path reads no clock.
     pub track_leaks: bool,
+    /// Make every segment shareable with other processes (a CUDA device makes each one
+    /// physical allocation with a POSIX file-descriptor handle). Implies no expandable
+    /// segments, so that every block lies in one physical allocation. Off by default.
+    pub ipc: bool,
 }
 
 impl Default for PoolConfig {
@@ -111,6 +115,7 @@ impl Default for PoolConfig {
             steady: true,
             scrub: Scrub::Off,
             track_leaks: false,
+            ipc: false,
         }
     }
 }
@@ -236,7 +241,7 @@ const fn key(name: &'static str, kind: ValueKind, scope: Scope) -> Key {
 }
 
 /// Every key, in the order the documentation lists them.
-pub const KEYS: [Key; 15] = [
+pub const KEYS: [Key; 16] = [
     key("strategy", ValueKind::Choice(&STRATEGY_NAMES), Scope::Pool),
     key("small_max", ValueKind::Bytes, Scope::Pool),
     key("large_min", ValueKind::Bytes, Scope::Pool),
@@ -251,6 +256,7 @@ pub const KEYS: [Key; 15] = [
     key("track_leaks", ValueKind::Bool, Scope::Pool),
     key("reclaim", ValueKind::Bool, Scope::Pool),
     key("steady", ValueKind::Bool, Scope::Pool),
+    key("ipc", ValueKind::Bool, Scope::Pool),
     key("device", ValueKind::Choice(&DEVICE_NAMES), Scope::Allocator),
     key("sim_capacity", ValueKind::Bytes, Scope::Allocator),
 ];
@@ -353,6 +359,7 @@ impl PoolConfig {
             "track_leaks" => self.track_leaks = parse_bool(key, value)?,
             "reclaim" => self.reclaim = parse_bool(key, value)?,
             "steady" => self.steady = parse_bool(key, value)?,
+            "ipc" => self.ipc = parse_bool(key, value)?,
             _ => return Ok(false),
         }
         Ok(true)
@@ -469,6 +476,7 @@ impl PoolConfig {
             "track_leaks" => Value::Bool(self.track_leaks),
             "reclaim" => Value::Bool(self.reclaim),
             "steady" => Value::Bool(self.steady),
+            "ipc" => Value::Bool(self.ipc),
             _ => return None,
         })
     }
@@ -575,6 +583,9 @@ mod tests {
         assert!(!config.track_leaks, "leak tracking is off by default");
         config.apply_text("scrub:on_free,track_leaks:true,reclaim:false,round_up_divisions:4").unwrap();
         assert_eq!((config.scrub, config.track_leaks, config.reclaim, config.round_up_divisions), (Scrub::OnFree, true, false, 4));
+        assert!(!config.ipc, "sharing is off by default");
+        config.apply_text("ipc:true").unwrap();
+        assert!(config.ipc);
         config.apply_text("scrub:on_alloc").unwrap();
         assert_eq!(config.scrub, Scrub::OnAlloc);
         config.apply_text("scrub:off").unwrap();

@@ -85,7 +85,9 @@ impl Expandable {
     /// maps in power-of-two units at least as large as the alignment, and the strategy has a
     /// best-fit tier.
     pub fn new(config: &PoolConfig, device: &dyn Device, device_total: u64) -> Option<Self> {
-        if !config.expandable {
+        // A shared pool's blocks must each lie in one physical allocation, which an importer
+        // maps whole; an expandable segment's block can span two.
+        if !config.expandable || config.ipc {
             return None;
         }
         let unit = device.vm_granularity()?;

@@ -664,3 +664,16 @@ fn a_large_pool_maps_a_growth_in_pieces_of_its_share() {
     pool.trim().unwrap();
     assert_eq!(dev.counters().used, 0);
 }
+
+#[test]
+fn a_shared_pool_grows_by_plain_segments_only() {
+    // Issue 50: an importer maps one physical allocation per block, so `ipc` turns expandable
+    // segments off even where the device could grow them.
+    let dev = Arc::new(SimDevice::new(4 * GIB, SimMode::AddressOnly));
+    let config = PoolConfig { ipc: true, ..PoolConfig::default() };
+    let pool = Pool::new(dev.clone() as Arc<dyn Device>, config).unwrap();
+    let _blocks: Vec<u64> = (0..4).map(|_| pool.allocate(3 * MIB, S0).unwrap()).collect();
+    assert_eq!(dev.counters().map_calls, 0);
+    assert!(expandable_runs(&pool).is_empty());
+    check_consistent(&pool, &dev);
+}

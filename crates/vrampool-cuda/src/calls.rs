@@ -192,11 +192,16 @@ fn device_location(device: sys::CUdevice) -> sys::CUmemLocation {
     sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device }
 }
 
-/// Plain pinned device memory on `device`, no shareable handle, no compression.
-fn allocation_prop(device: sys::CUdevice) -> sys::CUmemAllocationProp {
+/// Pinned device memory on `device`, no compression; exportable as a POSIX file descriptor when
+/// `shareable`.
+fn allocation_prop(device: sys::CUdevice, shareable: bool) -> sys::CUmemAllocationProp {
+    let handle_types = match shareable {
+        true => sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        false => sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+    };
     sys::CUmemAllocationProp {
         type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-        requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+        requestedHandleTypes: handle_types,
         location: device_location(device),
         win32HandleMetaData: null_mut(),
         allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 { compressionType: 0, gpuDirectRDMACapable: 0, usage: 0, reserved: [0; 4] },
@@ -204,7 +209,7 @@ fn allocation_prop(device: sys::CUdevice) -> sys::CUmemAllocationProp {
 }
 
 pub(crate) fn allocation_granularity(device: sys::CUdevice) -> DeviceResult<u64> {
-    let prop = allocation_prop(device);
+    let prop = allocation_prop(device, false);
     let mut granularity = 0usize;
     let option = sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM;
     // SAFETY: reads `prop`, a fully initialised local; writes one size.
@@ -226,9 +231,10 @@ pub(crate) unsafe fn address_free(address: u64, bytes: usize) -> DeviceResult<()
     check(unsafe { sys::cuMemAddressFree(address, bytes) }, "cuMemAddressFree")
 }
 
-/// Creates `bytes` of physical memory on `device`; the handle must be given to `mem_release`.
-pub(crate) fn mem_create(bytes: usize, device: sys::CUdevice) -> DeviceResult<u64> {
-    let prop = allocation_prop(device);
+/// Creates `bytes` of physical memory on `device` (exportable when `shareable`); the handle must
+/// be given to `mem_release`.
+pub(crate) fn mem_create(bytes: usize, device: sys::CUdevice, shareable: bool) -> DeviceResult<u64> {
+    let prop = allocation_prop(device, shareable);
     let mut allocation: sys::CUmemGenericAllocationHandle = 0;
     // SAFETY: reads `prop`, a fully initialised local; writes one handle; flags 0.
     check(unsafe { sys::cuMemCreate(&mut allocation, bytes, &prop, 0) }, "cuMemCreate")?;
@@ -264,4 +270,33 @@ pub(crate) unsafe fn mem_unmap(address: u64, bytes: usize) -> DeviceResult<()> {
 pub(crate) unsafe fn mem_release(allocation: u64) -> DeviceResult<()> {
     // SAFETY: as the caller guarantees; the memory is freed once no mapping refers to it.
     check(unsafe { sys::cuMemRelease(allocation) }, "cuMemRelease")
+}
+
+// ---- sharing (only called once `driver::SHARING` was found) ----
+
+/// A new POSIX file descriptor for `allocation` (made shareable); the caller owns it.
+pub(crate) fn mem_export_fd(allocation: u64) -> DeviceResult<i32> {
+    let mut fd: i32 = -1;
+    let kind = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    // SAFETY: for this handle type the driver writes one `int` into `fd`; a handle it does not
+    // know, or one made without this type, is an error code.
+    check(
+        unsafe { sys::cuMemExportToShareableHandle(&mut fd as *mut i32 as *mut c_void, allocation, kind, 0) },
+        "cuMemExportToShareableHandle",
+    )?;
+    Ok(fd)
+}
+
+/// The physical allocation behind `fd` (an export, possibly another process's); the handle must
+/// be given to `mem_release`. The caller keeps `fd`.
+pub(crate) fn mem_import_fd(fd: i32) -> DeviceResult<u64> {
+    let mut allocation: sys::CUmemGenericAllocationHandle = 0;
+    let kind = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    // SAFETY: writes one handle; for this type the descriptor is passed as the pointer's value,
+    // which the driver checks (it never dereferences it).
+    check(
+        unsafe { sys::cuMemImportFromShareableHandle(&mut allocation, fd as usize as *mut c_void, kind) },
+        "cuMemImportFromShareableHandle",
+    )?;
+    Ok(allocation)
 }

@@ -10,6 +10,10 @@ use vrampool_core::{Device, DeviceError, EventId, MemInfo, StreamId};
 use crate::calls;
 use crate::driver::{self, CurrentContext};
 
+mod sharing;
+
+pub use sharing::Export;
+
 /// Every segment's base is a multiple of this, as the `Device` trait promises. `cuMemAlloc` only
 /// promises 256 B (in practice it gives far more); `alloc_segment` pads in the rare other case.
 const SEGMENT_ALIGN: u64 = 512;
@@ -39,6 +43,9 @@ struct VirtualMemory {
     /// Physical allocations no longer mapped whose `cuMemRelease` failed: tried again at the
     /// next unmap and at drop, so that a failed release does not leak the memory.
     unreleased: Vec<u64>,
+    /// Other processes' allocations mapped by `import`: base -> size (each also a reservation
+    /// and a mapping above).
+    imports: BTreeMap<u64, u64>,
 }
 
 #[derive(Default)]
@@ -71,6 +78,9 @@ pub struct CudaDevice {
     name: String,
     total: u64,
     vm_granularity: Option<u64>,
+    /// Every segment is one shareable physical allocation (`new_shared`), mapped in a
+    /// reservation of its own rather than from `cuMemAlloc`.
+    shared: bool,
     /// Live segments: the base handed out -> the segment.
     segments: Mutex<BTreeMap<u64, Segment>>,
     vm: Mutex<VirtualMemory>,
@@ -114,6 +124,7 @@ impl CudaDevice {
             name: String::new(),
             total: 0,
             vm_granularity: None,
+            shared: false,
             segments: Mutex::default(),
             vm: Mutex::default(),
             events: Mutex::default(),
@@ -261,6 +272,9 @@ impl Device for CudaDevice {
     }
 
     fn alloc_segment(&self, size: u64) -> DeviceResult<u64> {
+        if self.shared {
+            return self.alloc_shared_segment(size);
+        }
         if size == 0 {
             return Err(DeviceError::Driver("segment of 0 bytes".into()));
         }
@@ -294,6 +308,9 @@ impl Device for CudaDevice {
             }
         }
         .ok_or_else(|| DeviceError::Driver(format!("free of unknown segment {base:#x} ({size} B)")))?;
+        if self.shared {
+            return self.free_shared_segment(base, segment);
+        }
         let result = self.enter().and_then(|_current| {
             // SAFETY: the segment is ours, claimed above (so freed once); the caller waited for the
             // streams that used it (`Device::synchronize_stream`).
@@ -351,27 +368,9 @@ impl Device for CudaDevice {
         check_map(&vm, granularity, addr, size).map_err(DeviceError::Driver)?;
         let bytes = size as usize; // fits: it lies inside a reservation the driver made
         let _current = self.enter()?;
-        let allocation = calls::mem_create(bytes, self.device)?;
-        // SAFETY: the range lies in one reservation of ours and overlaps no mapping (checked
-        // under the lock we hold); `allocation` is exactly `bytes` long.
-        if let Err(e) = unsafe { calls::mem_map(addr, bytes, allocation) } {
-            // Created above, mapped nowhere.
-            release_or_keep(&mut vm, allocation);
-            return Err(e);
-        }
-        // SAFETY: the range was mapped just above.
-        if let Err(e) = unsafe { calls::mem_set_access(addr, bytes, self.device) } {
-            // SAFETY: undoes the map above (nothing can have used the range: it had no access).
-            if unsafe { calls::mem_unmap(addr, bytes) }.is_ok() {
-                release_or_keep(&mut vm, allocation);
-            } else {
-                // Still mapped: the record keeps it, so a later unmap (or the drop) frees it.
-                vm.mappings.insert(addr, Mapping { size, allocation });
-            }
-            return Err(e);
-        }
-        vm.mappings.insert(addr, Mapping { size, allocation });
-        Ok(())
+        let allocation = calls::mem_create(bytes, self.device, self.shared)?;
+        // SAFETY: checked under the lock we hold, which `map_allocation` keeps.
+        unsafe { map_allocation(&mut vm, addr, size, allocation, self.device) }
     }
 
     fn unmap(&self, addr: u64, size: u64) -> DeviceResult<()> {
@@ -490,7 +489,8 @@ impl Drop for CudaDevice {
                 // SAFETY: our reservation, its mappings all gone; freed once.
                 let _ = unsafe { calls::address_free(base, size as usize) };
             }
-            for (_, segment) in std::mem::take(self.segments.get_mut()) {
+            // A shared device's segments were mappings, given back with them above.
+            for (_, segment) in std::mem::take(self.segments.get_mut()).into_iter().filter(|_| !self.shared) {
                 // SAFETY: our segment, the context idle; freed once.
                 let _ = unsafe { calls::mem_free(segment.raw) };
             }
@@ -508,6 +508,36 @@ impl Drop for CudaDevice {
         // SAFETY: balances the retain in `new`, once.
         let _ = unsafe { calls::primary_ctx_release(self.device) };
     }
+}
+
+/// Maps `allocation` (at least `size` bytes; released on failure) at `addr` with read-write
+/// access for `device`, and records the mapping.
+///
+/// # Safety
+/// `[addr, addr + size)` lies in one reservation of `vm`'s and overlaps no mapping
+/// (`check_map`), the caller holding `vm`'s lock since that check; the device's context is
+/// current.
+unsafe fn map_allocation(vm: &mut VirtualMemory, addr: u64, size: u64, allocation: u64, device: sys::CUdevice) -> DeviceResult<()> {
+    let bytes = size as usize; // fits: it lies inside a reservation the driver made
+                               // SAFETY: as the caller guarantees.
+    if let Err(e) = unsafe { calls::mem_map(addr, bytes, allocation) } {
+        // Created (or imported) by the caller, mapped nowhere.
+        release_or_keep(vm, allocation);
+        return Err(e);
+    }
+    // SAFETY: the range was mapped just above.
+    if let Err(e) = unsafe { calls::mem_set_access(addr, bytes, device) } {
+        // SAFETY: undoes the map above (nothing can have used the range: it had no access).
+        if unsafe { calls::mem_unmap(addr, bytes) }.is_ok() {
+            release_or_keep(vm, allocation);
+        } else {
+            // Still mapped: the record keeps it, so a later unmap (or the drop) frees it.
+            vm.mappings.insert(addr, Mapping { size, allocation });
+        }
+        return Err(e);
+    }
+    vm.mappings.insert(addr, Mapping { size, allocation });
+    Ok(())
 }
 
 /// Releases `allocation`, which no mapping uses any more; on a failure keeps it in

@@ -56,6 +56,9 @@ pub(crate) const VIRTUAL_MEMORY: &[&str] = &[
     "cuMemRelease",
 ];
 
+/// Sharing segments with other processes (POSIX file descriptors); needed by `ipc` pools only.
+pub(crate) const SHARING: &[&str] = &["cuMemExportToShareableHandle", "cuMemImportFromShareableHandle"];
+
 /// The outcome of the one attempt to load libcuda, kept for the life of the process (dlopen of a
 /// library that was missing does not start working later without a restart anyway).
 static LOADED: OnceLock<Result<(), String>> = OnceLock::new();

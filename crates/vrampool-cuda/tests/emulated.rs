@@ -51,6 +51,7 @@ fn main() {
         ("emulated_without_vmm_the_pool_uses_plain_segments", emulated_without_vmm_the_pool_uses_plain_segments),
         ("emulated_a_fault_planned_in_the_environment_is_retried", emulated_a_fault_planned_in_the_environment_is_retried),
         ("emulated_fault_at_every_driver_call", emulated_fault_at_every_driver_call),
+        ("emulated_shared_segments_export_and_import", emulated_shared_segments_export_and_import),
     ];
     let runnable = match common::device_present() {
         Ok(()) if common::emulated() => Ok(()),
@@ -479,4 +480,40 @@ fn emulated_fault_at_every_driver_call() {
     }
     assert!(!failed_runs.is_empty());
     assert_eq!(common::races(), 0);
+}
+
+/// Issue 50: a shared device's segments are shareable allocations; an export maps in another
+/// device (here in the same process: the emulator imports a process's own descriptors) onto
+/// the same bytes, and everything goes back once closed and freed.
+fn emulated_shared_segments_export_and_import() {
+    use std::os::fd::AsRawFd;
+    let _serial = serial();
+    let plain = device();
+    let base = plain.alloc_segment(MIB).unwrap();
+    assert!(matches!(plain.export(base, 16), Err(DeviceError::Unsupported(_))), "made without ipc");
+    plain.free_segment(base, MIB).unwrap();
+    let shared = CudaDevice::new_shared(0).unwrap();
+    assert!(shared.is_shared() && !plain.is_shared());
+    let free_before = shared.mem_info().unwrap().free;
+    let base = shared.alloc_segment(3 * MIB).unwrap();
+    let export = shared.export(base + 4096, 100).unwrap();
+    assert_eq!((export.offset, export.size), (4096, 4 * MIB), "one allocation of whole granules");
+    assert!(matches!(shared.export(base + 4 * MIB - 10, 100), Err(DeviceError::Driver(_))), "past the allocation");
+    let imported = plain.import(export.fd.as_raw_fd(), export.size).unwrap();
+    shared.copy_to_device(base + 4096, b"shared bytes").unwrap();
+    let mut back = [0u8; 12];
+    plain.copy_to_host(imported + 4096, &mut back).unwrap();
+    assert_eq!(&back, b"shared bytes");
+    assert!(matches!(plain.export(imported, 16), Err(DeviceError::Unsupported(_))));
+    assert!(plain.import(0, 4 * MIB).is_err(), "stdin is no export");
+    assert!(plain.import(export.fd.as_raw_fd(), 8 * MIB).is_err(), "larger than the allocation");
+    assert_eq!(plain.open_imports(), 1, "the refused imports left nothing behind");
+    common::fail("cuMemExportToShareableHandle", 1, sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY);
+    assert!(shared.export(base, 16).is_err(), "an injected fault is an error");
+    drop(shared.export(base, 16).unwrap());
+    plain.close_import(imported).unwrap();
+    assert!(plain.close_import(imported).is_err(), "closed once");
+    shared.free_segment(base, 3 * MIB).unwrap();
+    drop(export);
+    assert_eq!(shared.mem_info().unwrap().free, free_before, "nothing leaks");
 }

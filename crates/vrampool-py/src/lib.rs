@@ -7,6 +7,7 @@ mod config;
 mod errors;
 mod exit;
 mod figures;
+mod ipc;
 mod plan;
 mod planned;
 mod pool;
@@ -28,6 +29,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(canonical_stream, m)?)?;
     errors::register(m)?;
     exit::register(m)?;
+    ipc::register(m)?;
     c_abi_py::register(m)?;
     config::register(m)?;
     plan::register(m)?;

@@ -125,6 +125,18 @@ impl NativePool {
         self.resource.pool().is_closed()
     }
 
+    /// The pool's number in this process (`NativeBuffer.pool_id` of its buffers).
+    #[getter]
+    fn pool_id(&self) -> u64 {
+        self.resource.id()
+    }
+
+    /// Whether its memory may be shared with other processes (`ipc:true`).
+    #[getter]
+    fn ipc(&self) -> bool {
+        self.resource.pool().config().ipc
+    }
+
     #[getter]
     fn device(&self) -> i32 {
         self.resource.ordinal()
@@ -320,6 +332,18 @@ impl NativeBuffer {
     #[getter]
     fn device(&self) -> i32 {
         self.resource.ordinal()
+    }
+
+    /// `(fd, offset, size)`: a new file descriptor (the caller's to close) for the allocation
+    /// under the buffer, the buffer's offset in it and its size, for another process to map.
+    fn ipc_export(&self) -> PyResult<(i32, u64, u64)> {
+        crate::ipc::export(&self.resource, self.ptr, self.size, self.life().freed, &self.__repr__())
+    }
+
+    /// The number of the pool it came from, in this process.
+    #[getter]
+    fn pool_id(&self) -> u64 {
+        self.resource.id()
     }
 
     /// Whether `pool` is the pool this buffer came from.

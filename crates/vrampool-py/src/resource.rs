@@ -3,13 +3,16 @@
 //! planned arena's mode), composed once here. A `NativePool` never opens a private pool nor
 //! turns the mode on; both then cost it one relaxed load a call.
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use vrampool_core::failures::OomRecord;
 use vrampool_core::stats::Stats;
 use vrampool_core::{
-    Device, Limit, LiveBlockInfo, MemoryResource, Pool, PoolConfig, PoolError, PoolSegment, PrivatePools, SimDevice, SimMode, StreamId,
+    Device, DeviceError, Limit, LiveBlockInfo, MemoryResource, Pool, PoolConfig, PoolError, PoolSegment, PrivatePools, SimDevice, SimMode,
+    StreamId,
 };
+use vrampool_cuda::{CudaDevice, Export};
 use vrampool_plan::PlannedMode;
 
 /// The adaptors over the pool, outermost first: a private pool takes an allocation before the
@@ -27,6 +30,10 @@ pub struct DeviceResource {
     stack: Stack,
     /// The simulated device, for tests and demos.
     sim: Option<Arc<SimDevice>>,
+    /// The CUDA device, for sharing memory with other processes.
+    cuda: Option<Arc<CudaDevice>>,
+    /// This resource's number in the process (with the pid, what names it to importers).
+    id: u64,
     /// The configuration text it was made from.
     conf: String,
 }
@@ -34,16 +41,20 @@ pub struct DeviceResource {
 impl DeviceResource {
     /// A pool on device `ordinal` of `backend`, configured by `conf` (its text, as given).
     pub fn open(backend: Backend, ordinal: i32, config: PoolConfig, conf: String) -> Result<Self, PoolError> {
-        let (device, sim): (Arc<dyn Device>, _) = match backend {
-            Backend::Cuda => (Arc::new(vrampool_cuda::CudaDevice::new(ordinal)?), None),
+        let (device, sim, cuda): (Arc<dyn Device>, _, _) = match backend {
+            Backend::Cuda => {
+                let cuda = Arc::new(if config.ipc { CudaDevice::new_shared(ordinal)? } else { CudaDevice::new(ordinal)? });
+                (Arc::clone(&cuda) as Arc<dyn Device>, None, Some(cuda))
+            }
             Backend::Sim { capacity, mode } => {
                 let sim = Arc::new(SimDevice::new(capacity, mode).with_ordinal(ordinal));
-                (Arc::clone(&sim) as Arc<dyn Device>, Some(sim))
+                (Arc::clone(&sim) as Arc<dyn Device>, Some(sim), None)
             }
         };
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let pool = Pool::new(Arc::clone(&device), config.clone())?;
         let planned = if config.steady { PlannedMode::steady(pool) } else { PlannedMode::new(pool) };
-        Ok(Self { stack: PrivatePools::new(planned, device, config), sim, conf })
+        Ok(Self { stack: PrivatePools::new(planned, device, config), sim, cuda, id: NEXT_ID.fetch_add(1, Relaxed), conf })
     }
 
     /// The adaptors: private pools (`begin`, `end`, `release`), over the planned mode.
@@ -70,6 +81,16 @@ impl DeviceResource {
 
     pub fn conf(&self) -> &str {
         &self.conf
+    }
+
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// A file descriptor for the allocation under `[addr, addr + len)`, for another process.
+    pub fn export(&self, addr: u64, len: u64) -> Result<Export, PoolError> {
+        let cuda = self.cuda.as_ref().ok_or(DeviceError::Unsupported("sharing memory with other processes (a simulated device)"))?;
+        Ok(cuda.export(addr, len)?)
     }
 
     /// What the pointers point at: "device" (CUDA memory), "host" (the host-backed simulated

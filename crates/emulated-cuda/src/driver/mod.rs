@@ -7,7 +7,7 @@
 //!
 //! By concern: `devices` (initialisation, errors, devices, contexts), `memory` (allocations,
 //! copies, memsets, pointer attributes), `virtual_memory` (reserve, create, map, access) and
-//! `streams` (streams and events).
+//! `sharing` (shareable handles and IPC handles across processes), `streams` (streams and events).
 
 use crate::abi::{self, CuResult};
 
@@ -49,6 +49,7 @@ unsafe fn get<T: Copy>(ptr: *const T) -> Result<T, CuResult> {
 
 mod devices;
 mod memory;
+mod sharing;
 mod streams;
 mod virtual_memory;
 

@@ -7,7 +7,7 @@ use super::{get, put};
 use crate::abi::{self, CuResult, MemAccessDesc, MemAllocationProp};
 use crate::emulator;
 
-fn vmm() -> Result<&'static crate::Emulator, CuResult> {
+pub(super) fn vmm() -> Result<&'static crate::Emulator, CuResult> {
     let e = emulator();
     e.current()?;
     if e.config.vmm {
@@ -64,8 +64,15 @@ driver_fn!(
         if handle.is_null() || flags != 0 {
             return Err(abi::INVALID_VALUE);
         }
+        // SAFETY: in-parameter, read (and checked non-null) by `prop_device` just above.
+        let shareable = match unsafe { get(prop)? }.requested_handle_types {
+            abi::MEM_HANDLE_TYPE_NONE => false,
+            abi::MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR => true,
+            // Win32 handles and fabric handles are not emulated.
+            _ => return Err(abi::NOT_SUPPORTED),
+        };
         let capacity = e.capacity[device as usize].load(Relaxed);
-        let h = e.memory.write().create(device, size as u64, e.config.granularity, capacity)?;
+        let h = e.memory.write().create(device, size as u64, e.config.granularity, capacity, shareable)?;
         // SAFETY: out-parameter, checked non-null.
         unsafe { put(handle, h) }
     }

@@ -1,0 +1,88 @@
+//! Sharing pool memory with other processes (issue 50): the exporter's side of a buffer, and
+//! `NativeImporter`, which maps other processes' exports. The descriptors, their passing and
+//! the rules live in `python/vrampool/ipc.py`.
+
+use std::os::fd::IntoRawFd;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use vrampool_core::PoolError;
+use vrampool_cuda::CudaDevice;
+
+use crate::errors::{to_py, InvalidFreeError};
+use crate::resource::DeviceResource;
+
+/// `NativeBuffer.ipc_export`: refused for a freed buffer, a closed or forked pool, and a pool
+/// made without `ipc:true`.
+pub fn export(resource: &DeviceResource, ptr: u64, size: u64, freed: bool, what: &str) -> PyResult<(i32, u64, u64)> {
+    let pool = resource.pool();
+    pool.check_process().map_err(to_py)?;
+    if pool.is_closed() {
+        return Err(to_py(PoolError::Closed));
+    }
+    if freed {
+        return Err(InvalidFreeError::new_err(format!("{what} was freed: a freed buffer cannot be shared")));
+    }
+    if !pool.config().ipc {
+        return Err(PyValueError::new_err(format!(
+            "{what} is from a pool made without ipc=True: its memory cannot be shared with another process \
+             (make the pool with DevicePool(device, ipc=True), or VRAMPOOL_CONF=ipc:true)"
+        )));
+    }
+    let export = resource.export(ptr, size).map_err(to_py)?;
+    Ok((export.fd.into_raw_fd(), export.offset, export.size))
+}
+
+/// Maps other processes' exports on one CUDA device of this process.
+#[pyclass(module = "vrampool._native", frozen)]
+pub struct NativeImporter {
+    device: CudaDevice,
+}
+
+#[pymethods]
+impl NativeImporter {
+    #[new]
+    fn new(py: Python<'_>, ordinal: i32) -> PyResult<Self> {
+        let device = crate::exit::detach(py, || CudaDevice::new(ordinal)).map_err(|e| to_py(e.into()))?;
+        Ok(Self { device })
+    }
+
+    /// Maps the `size` bytes behind `fd` (the caller keeps it); the base address.
+    fn open(&self, fd: i32, size: u64) -> PyResult<u64> {
+        self.device.import(fd, size).map_err(|e| to_py(e.into()))
+    }
+
+    /// Waits for the device's work (an unmap waits for none) and unmaps an `open`.
+    fn close(&self, base: u64) -> PyResult<()> {
+        self.device.synchronize().and_then(|()| self.device.close_import(base)).map_err(|e| to_py(e.into()))
+    }
+
+    fn write(&self, ptr: u64, data: &[u8]) -> PyResult<()> {
+        self.device.copy_to_device(ptr, data).map_err(|e| to_py(e.into()))
+    }
+
+    fn read<'py>(&self, py: Python<'py>, ptr: u64, nbytes: usize) -> PyResult<Bound<'py, PyBytes>> {
+        let mut out = vec![0; nbytes];
+        self.device.copy_to_host(ptr, &mut out).map_err(|e| to_py(e.into()))?;
+        Ok(PyBytes::new(py, &out))
+    }
+
+    /// Mappings still open.
+    #[getter]
+    fn open_count(&self) -> usize {
+        self.device.open_imports()
+    }
+}
+
+/// Whether this process was forked from one that used vrampool (whose CUDA state it cannot use).
+#[pyfunction]
+fn forked() -> bool {
+    vrampool_core::fork::generation() != 0
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<NativeImporter>()?;
+    m.add_function(wrap_pyfunction!(forked, m)?)?;
+    Ok(())
+}
