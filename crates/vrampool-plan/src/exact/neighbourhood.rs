@@ -27,6 +27,7 @@ use super::probe::{orders, Prober};
 use super::search::Outcome;
 use crate::instance::Instance;
 use crate::placed_index::canonical;
+use crate::trace::{Stages, Trace};
 
 /// The bands tried in turn for one buffer, in thousandths of the lower bound below the level; in a plan within
 /// 1.1 of the bound the last takes every buffer overlapping it.
@@ -58,7 +59,7 @@ pub(crate) fn lower_peaks(
     mut plans: Vec<Placed>,
     target: u64,
     deadline: Instant,
-    nodes: &mut u64,
+    (nodes, trace): (&mut u64, &mut Trace),
     mut shake: impl FnMut(&Placed) -> Option<Placed>,
 ) -> Placed {
     // With no time left (the runs may take it all), not even the index of overlaps is built.
@@ -68,7 +69,7 @@ pub(crate) fn lower_peaks(
     }
     let overlaps = Overlaps::new(inst, order);
     let unit = unit_of_sizes(order.iter().map(|&i| inst.size[i as usize]));
-    let mut searches = Searches { nodes, setup: Duration::ZERO };
+    let mut searches = Searches { nodes, setup: Duration::ZERO, stages: trace.stages };
     let mut descents: Vec<Descent> =
         plans.into_iter().map(|plan| Descent::new(inst, order, &overlaps, plan, (target, unit), deadline)).collect();
     while let Some(k) = next_descent(&descents, target) {
@@ -78,6 +79,7 @@ pub(crate) fn lower_peaks(
         let began = Instant::now();
         descents[k].level(&mut searches, &mut shake);
         descents[k].seconds += began.elapsed().as_secs_f64();
+        trace.found(descents[k].arena);
     }
     let lowest = descents.into_iter().min_by_key(|d| d.arena).expect("at least one plan");
     (lowest.lowering.plan().0, lowest.arena)
@@ -191,6 +193,7 @@ struct Lowering<'a> {
 struct Searches<'n> {
     nodes: &'n mut u64,
     setup: Duration,
+    stages: Stages,
 }
 
 impl Lowering<'_> {
@@ -271,7 +274,7 @@ impl Lowering<'_> {
         };
         comp.set_obstacles(obstacles);
         searches.setup = searches.setup.max(began.elapsed());
-        let mut prober = Prober::new(&comp, level);
+        let mut prober = Prober::new(&comp, level, searches.stages);
         let outcome = prober.run(&comp, &orders(&comp), stop, searches.nodes);
         if let Outcome::Fits(local) = &outcome {
             for (&i, &o) in comp.members.iter().zip(local) {

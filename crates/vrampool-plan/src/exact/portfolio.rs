@@ -25,6 +25,7 @@ use crate::floors::{lowest_floor_first, squeaky_wheel, PATIENCE};
 use crate::greedy::best_fit;
 use crate::instance::Instance;
 use crate::placed_index::{free_elsewhere, PlacedIndex};
+use crate::trace::{Stage, Stages, Trace};
 
 /// Which buffers best fit by start places before the rest, each phase in order of start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +52,23 @@ enum Run {
     /// Best fit by start with the gap chosen by the neighbours' ends (`aligned.rs`), among the gaps at most this
     /// many times the smallest, with a first phase.
     Aligned(u64, First),
+}
+
+impl Run {
+    /// The stages the run belongs to.
+    fn stages(self) -> Vec<Stage> {
+        let first = |first: First| match first {
+            First::Nothing => vec![],
+            First::ChainsAndLongest(_) => vec![Stage::FirstPhases, Stage::Chains],
+            _ => vec![Stage::FirstPhases],
+        };
+        match self {
+            Run::Floors(_) => vec![Stage::FloorRuns],
+            Run::Fit(First::Nothing) => vec![Stage::FitRuns],
+            Run::Fit(f) => first(f),
+            Run::Aligned(_, f) => [vec![Stage::Aligned], first(f)].concat(),
+        }
+    }
 }
 
 /// Lowest floor first's runs, each with whether time runs backwards: by start first, the cheapest good one
@@ -104,14 +122,16 @@ const FIT_RUNS: [(Run, bool); 22] = {
 
 /// One kind of run: its runs in turn, where it has got to, the time it has taken and the best arena it found.
 struct Queue {
-    runs: &'static [(Run, bool)],
+    runs: Vec<(Run, bool)>,
     next: usize,
     seconds: f64,
     best: u64,
 }
 
 impl Queue {
-    fn new(runs: &'static [(Run, bool)]) -> Queue {
+    /// The runs of `runs` whose stages run.
+    fn new(runs: &[(Run, bool)], stages: Stages) -> Queue {
+        let runs = runs.iter().copied().filter(|&(run, _)| run.stages().into_iter().all(|s| stages.has(s))).collect();
         Queue { runs, next: 0, seconds: 0.0, best: u64::MAX }
     }
 
@@ -159,14 +179,22 @@ pub(crate) struct Runs {
 }
 
 /// The best plan of `order` (the part, sorted by start) the runs find before `deadline` that beats `ceiling`,
-/// stopping early at one that meets `target`; no run begins after `RUNS_SHARE` of the time.
-pub(crate) fn best_of_runs(inst: &Instance, order: &[u32], target: u64, ceiling: u64, deadline: Instant) -> Runs {
+/// stopping early at one that meets `target`; no run begins after `RUNS_SHARE` of the time. The runs are those of
+/// `trace`'s stages, which hears of each better plan.
+pub(crate) fn best_of_runs(
+    inst: &Instance,
+    order: &[u32],
+    target: u64,
+    ceiling: u64,
+    deadline: Instant,
+    trace: &mut Trace,
+) -> Runs {
     let mirrored = inst.mirrored();
     let (mut best, mut runner_up, mut fit_seconds): (Option<Placed>, Option<Placed>, Option<f64>) = (None, None, None);
     // The last floor run kept (the best of those kept, its arena the floors' queue's best): tie-break, direction
     // of time and offsets (parallel to `order`).
     let mut best_floors: Option<(Order, bool, Vec<u64>)> = None;
-    let mut kinds = [Queue::new(&FLOOR_RUNS), Queue::new(&FIT_RUNS)];
+    let mut kinds = [Queue::new(&FLOOR_RUNS, trace.stages), Queue::new(&FIT_RUNS, trace.stages)];
     let now = Instant::now();
     let last_start = now + deadline.saturating_duration_since(now) * RUNS_SHARE.0 / RUNS_SHARE.1;
     while let Some(kind) = next_kind(&kinds[0], &kinds[1]) {
@@ -200,6 +228,7 @@ pub(crate) fn best_of_runs(inst: &Instance, order: &[u32], target: u64, ceiling:
         if let Some(plan) = plan {
             let arena = arena_of(inst, &plan);
             queue.best = arena;
+            trace.found(arena);
             runner_up = best.replace((plan, arena));
         }
     }
@@ -210,9 +239,13 @@ pub(crate) fn best_of_runs(inst: &Instance, order: &[u32], target: u64, ceiling:
         let timeline = if backwards { &mirrored } else { inst };
         let floors_best = (offsets, kinds[0].best);
         // The wheel's plans beat the floors' best, which is the best of all when it has its turn.
-        if let Some((offsets, arena)) =
-            squeaky_wheel(timeline, order, tie_break, floors_best, (target, PATIENCE), deadline)
+        if let Some((offsets, arena)) = trace
+            .stages
+            .has(Stage::Squeaky)
+            .then(|| squeaky_wheel(timeline, order, tie_break, floors_best, (target, PATIENCE), deadline))
+            .flatten()
         {
+            trace.found(arena);
             runner_up = best.replace((order.iter().copied().zip(offsets).collect(), arena));
         }
         floors_lead = Some((tie_break, backwards.then_some(mirrored)));

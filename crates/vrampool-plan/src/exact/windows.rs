@@ -35,6 +35,7 @@ use super::search::Outcome;
 use crate::floors::squeaky_wheel;
 use crate::instance::Instance;
 use crate::placed_index::PlacedIndex;
+use crate::trace::{Stage, Stages, Trace};
 
 /// Buffers in the first sweep's first window, and the fewest and most in any.
 const FIRST_WINDOW: usize = 400;
@@ -53,7 +54,7 @@ const RISES_PER_BOUND: u64 = 1_024;
 /// The best plan of the part found before `deadline`, the runs', the lowered plans' or the sweeps', or else
 /// `incumbent` (the part's plan so far, if any, whose arena the runs must beat; it is lowered as theirs are):
 /// offsets (instance index, offset) and the arena; `None` if there is no incumbent and nothing was found in
-/// time. `target` is the lower bound.
+/// time. `target` is the lower bound. `trace` says which stages run, and hears of each better plan.
 pub(crate) fn sweeps(
     inst: &Instance,
     part: &[u32],
@@ -61,23 +62,30 @@ pub(crate) fn sweeps(
     incumbent: Option<Placed>,
     deadline: Instant,
     nodes: &mut u64,
+    trace: &mut Trace,
 ) -> Option<Placed> {
     let order = inst.by_start(part.iter().copied());
     let ceiling = incumbent.as_ref().map_or(u64::MAX, |p| p.1);
+    let stages = trace.stages;
     // Best fit on size classes first (cheap, and the runs may leave no time after them): a plan to lower beside
     // theirs, not one they must beat (`classes.rs`). A quarter of the time at most: where every buffer meets
     // thousands of others (a staircase of 60,000), best fit alone takes longer than the budget.
     let now = Instant::now();
     let classes_until = now + deadline.saturating_duration_since(now) / 4;
-    let in_classes = best_fit_in_classes(inst, part, classes_until).filter(|p| p.1 < ceiling);
+    let in_classes = (stages.has(Stage::Classes))
+        .then(|| best_fit_in_classes(inst, part, classes_until, stages.has(Stage::Settle)))
+        .flatten()
+        .filter(|p| p.1 < ceiling);
+    in_classes.iter().for_each(|p| trace.found(p.1));
     if in_classes.as_ref().is_some_and(|p| p.1 <= target) {
         return in_classes;
     }
-    let Runs { best, runner_up, fit_seconds, floors_lead } = best_of_runs(inst, &order, target, ceiling, deadline);
+    let Runs { best, runner_up, fit_seconds, floors_lead } =
+        best_of_runs(inst, &order, target, ceiling, deadline, trace);
     // Where a floor run's plan led, a plan the bands cannot lower is shaken by the squeaky wheel with its
     // tie-break.
     let shake = |plan: &Placed| {
-        let (tie_break, mirrored) = floors_lead.as_ref()?;
+        let (tie_break, mirrored) = floors_lead.as_ref().filter(|_| stages.has(Stage::Shake))?;
         let timeline = mirrored.as_ref().unwrap_or(inst);
         let offsets = plan.0.iter().map(|&(_, o)| o).collect();
         // Half the time left at most, so that the bands go on where the wheel finds nothing.
@@ -95,7 +103,12 @@ pub(crate) fn sweeps(
     }
     let lowest = plans.iter().map(|p| p.1).min().unwrap_or(u64::MAX);
     plans.extend(in_classes.filter(|p| p.1 < lowest));
-    let mut best = (!plans.is_empty()).then(|| lower_peaks(inst, &order, plans, target, deadline, nodes, shake));
+    let mut best = if stages.has(Stage::Lowering) {
+        (!plans.is_empty()).then(|| lower_peaks(inst, &order, plans, target, deadline, (nodes, trace), shake))
+    } else {
+        plans.into_iter().min_by_key(|p| p.1)
+    };
+    let fit_seconds = fit_seconds.filter(|_| stages.has(Stage::Windows));
     let Some(fit_seconds) = fit_seconds.filter(|_| best.as_ref().is_none_or(|b| b.1 > target)) else {
         return best;
     };
@@ -104,11 +117,12 @@ pub(crate) fn sweeps(
     // A sweep begins only with time for a window and for a fit of every buffer after it.
     while Instant::now() + pace.window + pace.fitting(order.len()) < deadline {
         let ceiling = best.as_ref().map_or(ceiling, |b: &Placed| b.1);
-        let Some(offsets) = sweep(inst, &order, (target, ceiling), width, deadline, &mut pace, nodes) else {
+        let Some(offsets) = sweep(inst, &order, (target, ceiling), width, deadline, &mut pace, (nodes, stages)) else {
             break;
         };
         let arena = arena_of(inst, &offsets);
         if arena < ceiling {
+            trace.found(arena);
             best = Some((offsets, arena));
         }
         if arena <= target {
@@ -146,7 +160,7 @@ fn sweep(
     width: usize,
     deadline: Instant,
     pace: &mut Pace,
-    nodes: &mut u64,
+    (nodes, stages): (&mut u64, Stages),
 ) -> Option<Vec<(u32, u64)>> {
     let start = Instant::now();
     let mut capacity = target;
@@ -167,7 +181,8 @@ fn sweep(
             width = (width * 2).min(MAX_WINDOW);
         }
         let window = &order[done..(done + width).min(order.len())];
-        let Some(local) = search_window(inst, window, &placed, &mut capacity, target, windows_end, nodes) else {
+        let Some(local) = search_window(inst, window, &placed, (&mut capacity, target), windows_end, (nodes, stages))
+        else {
             break;
         };
         pace.window = now.elapsed();
@@ -191,10 +206,9 @@ fn search_window(
     inst: &Instance,
     window: &[u32],
     placed: &PlacedIndex,
-    capacity: &mut u64,
-    target: u64,
+    (capacity, target): (&mut u64, u64),
     deadline: Instant,
-    nodes: &mut u64,
+    (nodes, stages): (&mut u64, Stages),
 ) -> Option<Vec<(u32, u64)>> {
     let mut comp = Component::new(inst, window);
     let mut spans = Vec::new();
@@ -211,7 +225,7 @@ fn search_window(
     let orders = orders(&comp);
     let mut rise = (target / RISES_PER_BOUND).max(1);
     loop {
-        let mut prober = Prober::new(&comp, *capacity);
+        let mut prober = Prober::new(&comp, *capacity, stages);
         while prober.rounds < ROUNDS {
             if let Outcome::Fits(local) = prober.step(&comp, &orders, deadline, nodes) {
                 return Some(comp.members.iter().copied().zip(local).collect());
@@ -245,8 +259,9 @@ mod tests {
         // Fitting every buffer would take 3 s at this pace, more than the deadlines below leave for windows.
         let mut pace = Pace { fit_seconds: 1e-3, window: Duration::ZERO };
         let mut nodes = 0;
-        let mut sweep_until =
-            |deadline, ceiling| sweep(&inst, &order, (target, ceiling), 400, deadline, &mut pace, &mut nodes);
+        let mut sweep_until = |deadline, ceiling| {
+            sweep(&inst, &order, (target, ceiling), 400, deadline, &mut pace, (&mut nodes, Stages::ALL))
+        };
         assert_eq!(sweep_until(Instant::now(), u64::MAX), None);
         let soon = Instant::now() + Duration::from_secs(2);
         let plan = sweep_until(soon, u64::MAX).expect("time for best fit");
@@ -270,10 +285,14 @@ mod tests {
         let (target, mut nodes) = (inst.lower_bound(), 0);
         assert!(incumbent.1 > target);
         let now = Instant::now();
-        assert_eq!(sweeps(&inst, &part, target, Some(incumbent.clone()), now, &mut nodes), Some(incumbent.clone()));
-        assert_eq!(sweeps(&inst, &part, target, None, now, &mut nodes), None);
+        assert_eq!(
+            sweeps(&inst, &part, target, Some(incumbent.clone()), now, &mut nodes, &mut Trace::all()),
+            Some(incumbent.clone())
+        );
+        assert_eq!(sweeps(&inst, &part, target, None, now, &mut nodes, &mut Trace::all()), None);
         let soon = Instant::now() + Duration::from_secs(2);
-        let (plan, arena) = sweeps(&inst, &part, target, Some(incumbent.clone()), soon, &mut nodes).unwrap();
+        let (plan, arena) =
+            sweeps(&inst, &part, target, Some(incumbent.clone()), soon, &mut nodes, &mut Trace::all()).unwrap();
         assert_eq!(checked(&buffers, &plan).1, arena);
         assert!(arena <= incumbent.1);
     }
