@@ -5,7 +5,8 @@
 //! changes; the reference runs every stage twice, before and after the others, to show the noise.
 //!
 //! `cargo run --release -p vrampool-plan --example ablation -- [--budget SECONDS] [--only NAME,...]
-//! [--record FILE | --check FILE]`
+//! [--stages NAME,...] [--graph-seed N] [--record FILE | --check FILE]` (by default every stage, and seed 5 of
+//! each large graph family).
 //!
 //! `--record` writes each instance's arena with every stage (two runs, the lower first); `--check` plans each
 //! instance so once more and fails where the arena lies outside what was recorded (an instance planned at its
@@ -31,18 +32,26 @@ const MIN_TIME_CHANGE: f64 = 0.1;
 fn main() -> Result<(), Error> {
     let mut args = std::env::args().skip(1);
     let (mut budget, mut only, mut record, mut check) = (Duration::from_millis(1_500), None, None, None);
+    let (mut stages, mut graph_seed) = (Stage::ALL.to_vec(), 5);
     while let Some(arg) = args.next() {
         let value = args.next().ok_or(format!("{arg} needs a value"))?;
         match arg.as_str() {
             "--budget" => budget = Duration::from_secs_f64(value.parse()?),
             "--only" => only = Some(value.split(',').map(str::to_owned).collect::<Vec<_>>()),
             "--record" => record = Some(PathBuf::from(value)),
+            "--graph-seed" => graph_seed = value.parse()?,
+            "--stages" => {
+                stages = value
+                    .split(',')
+                    .map(|n| Stage::ALL.into_iter().find(|s| s.name() == n).ok_or(format!("no stage {n}")))
+                    .collect::<Result<_, _>>()?
+            }
             "--check" => check = Some(PathBuf::from(value)),
             _ => return Err(format!("unknown argument {arg}").into()),
         }
     }
     let options = PlanOptions { algorithm: Algorithm::Auto, budget, alignment: 1 };
-    let instances: Named = instances()?
+    let instances: Named = instances(graph_seed)?
         .into_iter()
         .filter(|(name, _)| only.as_ref().is_none_or(|o| o.iter().any(|n| name.contains(n.as_str()))))
         .collect();
@@ -75,7 +84,7 @@ fn main() -> Result<(), Error> {
     for (name, buffers) in &instances {
         let first = run(buffers, Stages::ALL)?;
         let without: Vec<(Stage, Run)> =
-            Stage::ALL.iter().map(|&s| Ok((s, run(buffers, Stages::ALL.without(s))?))).collect::<Result<_, Error>>()?;
+            stages.iter().map(|&s| Ok((s, run(buffers, Stages::ALL.without(s))?))).collect::<Result<_, Error>>()?;
         let again = run(buffers, Stages::ALL)?;
         println!("{name:<34} {:>7} {:>21} {:>21}", buffers.len(), first.cell(), again.cell());
         let (low, high) = (first.arena.min(again.arena), first.arena.max(again.arena));
@@ -92,7 +101,7 @@ fn main() -> Result<(), Error> {
         }
     }
     println!("\nstage          instances whose arena or time to best changes without it (arena / bound, time to best)");
-    for stage in Stage::ALL {
+    for &stage in &stages {
         let list = changes.get(stage.name()).map(|l| l.join("; ")).unwrap_or_default();
         println!("{:<14} {}", stage.name(), if list.is_empty() { "none".to_owned() } else { list });
     }
@@ -137,7 +146,7 @@ fn check_against(
 
 /// MiniMalloc's challenging instances (and the shared traces), generated instances with seeds other than the
 /// tests', and one seed of each large graph family.
-fn instances() -> Result<Named, Error> {
+fn instances(graph_seed: u64) -> Result<Named, Error> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let mut found: Named = Vec::new();
     for dir in [root.join("tests/data/static"), root.join("../shared/traces/static")] {
@@ -160,6 +169,9 @@ fn instances() -> Result<Named, Error> {
         ("decoding-4-64-40-2048".to_owned(), llm_decoding_instance(4, 64, 40, 2048)),
         ("training-8-4-1024-11".to_owned(), llm_training_instance(8, 4, 1024, 11)),
     ]);
-    found.extend(GraphFamily::ALL.map(|family| (format!("{}-seed-5", family.name()), large_graph(family, 5))));
+    found.extend(
+        GraphFamily::ALL
+            .map(|family| (format!("{}-seed-{graph_seed}", family.name()), large_graph(family, graph_seed))),
+    );
     Ok(found)
 }

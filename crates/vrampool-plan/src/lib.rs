@@ -40,6 +40,7 @@ mod floors;
 mod greedy;
 mod instance;
 mod mode;
+mod order;
 mod placed_index;
 mod plan;
 mod synthetic;

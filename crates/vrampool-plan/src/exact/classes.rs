@@ -16,7 +16,7 @@
 
 use std::time::Instant;
 
-use super::portfolio::{arena_of, Placed};
+use super::placed::{arena_of, Placed};
 use crate::floors::settled;
 use crate::greedy::best_fit_by_size_of;
 use crate::instance::Instance;

@@ -13,6 +13,7 @@ use std::time::Instant;
 use super::component::Component;
 use super::probe::{jitter, orders, Prober, MINIMALLOC_ORDERS, SWAPS};
 use super::search::{fits, Outcome, Ranking};
+use crate::instance::unit_of_sizes;
 use crate::trace::{Stage, Trace};
 
 /// Nodes the bound's prober gets for each node of the descent, at least and at most.
@@ -231,18 +232,6 @@ pub(crate) fn arena_of(part: &Component, plan: &[u64]) -> u64 {
 /// divisor, and so is the optimum.
 pub(crate) fn unit_of(part: &Component) -> u64 {
     unit_of_sizes(part.size.iter().copied())
-}
-
-/// [`unit_of`] for any sizes: their greatest common divisor, 1 for none.
-pub(crate) fn unit_of_sizes(sizes: impl IntoIterator<Item = u64>) -> u64 {
-    sizes.into_iter().fold(0, gcd).max(1)
-}
-
-fn gcd(mut a: u64, mut b: u64) -> u64 {
-    while b != 0 {
-        (a, b) = (b, a % b);
-    }
-    a
 }
 
 #[cfg(test)]

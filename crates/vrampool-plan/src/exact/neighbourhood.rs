@@ -12,7 +12,7 @@
 //! and a level given up keeps the moves made for it.
 //!
 //! Where levels are missed three times in a row at one arena, the caller may shake the plan (`shake`: the
-//! squeaky wheel from it, see `windows.rs`), once for each arena; a better plan it hands back is lowered in
+//! squeaky wheel from it, see `large.rs`), once for each arena; a better plan it hands back is lowered in
 //! turn. The bands and the wheel move different buffers: on the random instance of 30,000 buffers the bands
 //! stall at 1.0056 of the bound in 0.4 s, and with smaller steps and longer slices they stay there for any time
 //! (each level ends in one band the search decides neither way); the wheel from that plan finds 1.0036, which
@@ -21,11 +21,10 @@
 use std::time::{Duration, Instant};
 
 use super::component::{merge_spans, Component};
-use super::minimise::unit_of_sizes;
-use super::portfolio::Placed;
+use super::placed::Placed;
 use super::probe::{orders, Prober};
 use super::search::Outcome;
-use crate::instance::Instance;
+use crate::instance::{unit_of_sizes, Instance};
 use crate::placed_index::canonical;
 use crate::trace::{Stages, Trace};
 

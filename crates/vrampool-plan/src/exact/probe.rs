@@ -18,8 +18,9 @@
 
 use std::time::Instant;
 
-use super::component::{Component, Order};
+use super::component::Component;
 use super::search::{fits_reaching, Outcome, Ranking};
+use crate::order::Order;
 use crate::trace::{Stage, Stages};
 
 /// The orders of every round, in turn: MiniMalloc's three with their ranks kept for the whole search; TWA and
@@ -224,7 +225,7 @@ mod tests {
             }
         };
         let mut offsets = vec![0; inst.len()];
-        crate::exact::write_part(&mut offsets, &part.members, plan.into_iter());
+        crate::exact::component::write_part(&mut offsets, &part.members, plan.into_iter());
         assert!(crate::validate(&buffers, &offsets, 1).unwrap() <= 1_024);
         assert_eq!(fixed_orders_alone(&part, &orders, 1_024, budget), None, "the fixed orders decide it too");
     }

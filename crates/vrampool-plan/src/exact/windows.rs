@@ -1,5 +1,4 @@
-//! Large parts (thousands of buffers, up to the whole of a training step or of a decoding run): decompose by
-//! time, search windows, stitch.
+//! Window sweeps of a large part (`large.rs`): decompose by time, search windows, stitch.
 //!
 //! The buffers are taken in order of their start, a window at a time. Each window is searched as a part of
 //! its own, with the buffers of earlier windows that are still live fixed where they were put (obstacles, see
@@ -14,28 +13,16 @@
 //! best fit among those placed, which gives up at the deadline or at the arena to beat, so a sweep ends on
 //! time, with a plan or with none (the best so far stands).
 //!
-//! Before the sweeps, cheaper runs (`portfolio.rs`: lowest floor first and best fit by start, with several
-//! tie-breaks and first phases, in both directions of time) take the time while they beat the best so far: on
-//! most graphs one of them ends within a few thousandths of the bound, where the windows would begin a step
-//! above. Where sizes are ragged, best fit decreasing on size classes (`classes.rs`) goes first, as a plan
-//! beside theirs. The time they leave goes first to lowering the peaks of the two best plans, the incumbent's
-//! among them where fewer than two runs beat it, and of the plan on classes where it is lower still
-//! (`neighbourhood.rs`; where a floor run's plan led, the squeaky wheel shakes a plan the bands cannot lower),
-//! then to the sweeps. Best fit's pace, measured in the runs, paces the sweeps. Each sweep, with windows twice
-//! as wide as the last, stops as soon as it cannot beat the best so far.
 
 use std::time::{Duration, Instant};
 
-use super::classes::best_fit_in_classes;
 use super::component::Component;
-use super::neighbourhood::lower_peaks;
-use super::portfolio::{arena_of, best_of_runs, fit_onto, Placed, Runs};
+use super::placed::{arena_of, fit_onto, Placed};
 use super::probe::{orders, Prober};
 use super::search::Outcome;
-use crate::floors::squeaky_wheel;
 use crate::instance::Instance;
 use crate::placed_index::PlacedIndex;
-use crate::trace::{Stage, Stages, Trace};
+use crate::trace::{Stages, Trace};
 
 /// Buffers in the first sweep's first window, and the fewest and most in any.
 const FIRST_WINDOW: usize = 400;
@@ -43,81 +30,29 @@ const MIN_WINDOW: usize = 50;
 const MAX_WINDOW: usize = 3_200;
 /// Rounds of the round robin a window gets at one capacity before the capacity rises.
 const ROUNDS: u64 = 2;
-/// Runs in a row that do not beat the lowered plan before the squeaky wheel gives up shaking it: a lowered plan
-/// is harder to beat than a floor run's (on the random instance of 30,000 buffers the wheel's first better
-/// plan came after more than 8).
-const SHAKE_PATIENCE: usize = 32;
 /// The capacity's first rise, as a fraction of the bound; each further rise within a window is half as large
 /// again.
 const RISES_PER_BOUND: u64 = 1_024;
 
-/// The best plan of the part found before `deadline`, the runs', the lowered plans' or the sweeps', or else
-/// `incumbent` (the part's plan so far, if any, whose arena the runs must beat; it is lowered as theirs are):
-/// offsets (instance index, offset) and the arena; `None` if there is no incumbent and nothing was found in
-/// time. `target` is the lower bound. `trace` says which stages run, and hears of each better plan.
+/// Window sweeps of `order` (the part, sorted by start) before `deadline`, each with windows twice as wide as the
+/// last, paced by best fit's `fit_seconds` a buffer; each stops as soon as it cannot beat `best` (or else
+/// `ceiling`). The best plan, `best` where no sweep beats it; `trace` hears of each better plan.
 pub(crate) fn sweeps(
     inst: &Instance,
-    part: &[u32],
+    order: &[u32],
     target: u64,
-    incumbent: Option<Placed>,
+    (mut best, ceiling): (Option<Placed>, u64),
+    fit_seconds: f64,
     deadline: Instant,
-    nodes: &mut u64,
-    trace: &mut Trace,
+    (nodes, trace): (&mut u64, &mut Trace),
 ) -> Option<Placed> {
-    let order = inst.by_start(part.iter().copied());
-    let ceiling = incumbent.as_ref().map_or(u64::MAX, |p| p.1);
     let stages = trace.stages;
-    // Best fit on size classes first (cheap, and the runs may leave no time after them): a plan to lower beside
-    // theirs, not one they must beat (`classes.rs`). A quarter of the time at most: where every buffer meets
-    // thousands of others (a staircase of 60,000), best fit alone takes longer than the budget.
-    let now = Instant::now();
-    let classes_until = now + deadline.saturating_duration_since(now) / 4;
-    let in_classes = (stages.has(Stage::Classes))
-        .then(|| best_fit_in_classes(inst, part, classes_until, stages.has(Stage::Settle)))
-        .flatten()
-        .filter(|p| p.1 < ceiling);
-    in_classes.iter().for_each(|p| trace.found(p.1));
-    if in_classes.as_ref().is_some_and(|p| p.1 <= target) {
-        return in_classes;
-    }
-    let Runs { best, runner_up, fit_seconds, floors_lead } =
-        best_of_runs(inst, &order, target, ceiling, deadline, trace);
-    // Where a floor run's plan led, a plan the bands cannot lower is shaken by the squeaky wheel with its
-    // tie-break.
-    let shake = |plan: &Placed| {
-        let (tie_break, mirrored) = floors_lead.as_ref().filter(|_| stages.has(Stage::Shake))?;
-        let timeline = mirrored.as_ref().unwrap_or(inst);
-        let offsets = plan.0.iter().map(|&(_, o)| o).collect();
-        // Half the time left at most, so that the bands go on where the wheel finds nothing.
-        let now = Instant::now();
-        let until = now + deadline.saturating_duration_since(now) / 2;
-        let (offsets, arena) =
-            squeaky_wheel(timeline, &order, *tie_break, (offsets, plan.1), (target, SHAKE_PATIENCE), until)?;
-        Some((order.iter().copied().zip(offsets).collect(), arena))
-    };
-    // The two best plans are lowered (the incumbent is one of them where fewer than two runs beat it), and
-    // best fit on size classes where it is below both.
-    let mut plans: Vec<Placed> = best.into_iter().chain(runner_up).collect();
-    if plans.len() < 2 {
-        plans.extend(incumbent);
-    }
-    let lowest = plans.iter().map(|p| p.1).min().unwrap_or(u64::MAX);
-    plans.extend(in_classes.filter(|p| p.1 < lowest));
-    let mut best = if stages.has(Stage::Lowering) {
-        (!plans.is_empty()).then(|| lower_peaks(inst, &order, plans, target, deadline, (nodes, trace), shake))
-    } else {
-        plans.into_iter().min_by_key(|p| p.1)
-    };
-    let fit_seconds = fit_seconds.filter(|_| stages.has(Stage::Windows));
-    let Some(fit_seconds) = fit_seconds.filter(|_| best.as_ref().is_none_or(|b| b.1 > target)) else {
-        return best;
-    };
     let mut pace = Pace { fit_seconds, window: Duration::ZERO };
     let mut width = FIRST_WINDOW;
     // A sweep begins only with time for a window and for a fit of every buffer after it.
     while Instant::now() + pace.window + pace.fitting(order.len()) < deadline {
         let ceiling = best.as_ref().map_or(ceiling, |b: &Placed| b.1);
-        let Some(offsets) = sweep(inst, &order, (target, ceiling), width, deadline, &mut pace, (nodes, stages)) else {
+        let Some(offsets) = sweep(inst, order, (target, ceiling), width, deadline, &mut pace, (nodes, stages)) else {
             break;
         };
         let arena = arena_of(inst, &offsets);
@@ -245,7 +180,7 @@ fn search_window(
 mod tests {
     use super::*;
     use crate::exact::checked;
-    use crate::exact::portfolio::fit_before;
+    use crate::exact::placed::fit_before;
     use crate::random_instance;
 
     /// A sweep with no time for windows is best fit by start alone, which gives way to the deadline and to the
@@ -270,30 +205,5 @@ mod tests {
         assert_eq!(sweep_until(soon, arena + 1), Some(plan));
         assert_eq!(sweep_until(soon, arena), None);
         assert_eq!(nodes, 0, "no window searched");
-    }
-
-    /// The incumbent is one of the plans lowered, and what comes back is never above it: with no time at all, it
-    /// comes back as it is; with time, lower or as low.
-    #[test]
-    fn the_sweeps_hand_back_the_incumbent_or_a_plan_below_it() {
-        let buffers = random_instance(5_000, 3);
-        let inst = Instance::new(&buffers, 1).unwrap();
-        let part: Vec<u32> = (0..inst.len() as u32).collect();
-        let order = inst.by_start(part.iter().copied());
-        let incumbent = fit_before(&inst, &order, u64::MAX, Instant::now() + Duration::from_secs(60)).0.unwrap();
-        let incumbent = (incumbent.clone(), arena_of(&inst, &incumbent));
-        let (target, mut nodes) = (inst.lower_bound(), 0);
-        assert!(incumbent.1 > target);
-        let now = Instant::now();
-        assert_eq!(
-            sweeps(&inst, &part, target, Some(incumbent.clone()), now, &mut nodes, &mut Trace::all()),
-            Some(incumbent.clone())
-        );
-        assert_eq!(sweeps(&inst, &part, target, None, now, &mut nodes, &mut Trace::all()), None);
-        let soon = Instant::now() + Duration::from_secs(2);
-        let (plan, arena) =
-            sweeps(&inst, &part, target, Some(incumbent.clone()), soon, &mut nodes, &mut Trace::all()).unwrap();
-        assert_eq!(checked(&buffers, &plan).1, arena);
-        assert!(arena <= incumbent.1);
     }
 }

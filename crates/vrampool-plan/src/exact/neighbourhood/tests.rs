@@ -2,7 +2,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::exact::checked;
-use crate::exact::portfolio::fit_before;
+use crate::exact::placed::fit_before;
 use crate::{random_instance, validate, Buffer};
 
 /// Lowers the plan `offsets` of `buffers` with a minute to spare.
