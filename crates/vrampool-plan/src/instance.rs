@@ -4,7 +4,6 @@
 
 use crate::bound::lower_bound_of;
 use crate::buffer::{check_buffers, round_up};
-use crate::exact::unit_of_sizes;
 use crate::{Buffer, PlanError};
 
 pub(crate) struct Instance {
@@ -105,6 +104,19 @@ impl Instance {
         order.sort_unstable_by_key(|&i| (self.lo[i as usize], i));
         order
     }
+}
+
+/// The step between arenas of buffers of these sizes (see `exact/minimise.rs`): their greatest common divisor,
+/// 1 for none.
+pub(crate) fn unit_of_sizes(sizes: impl IntoIterator<Item = u64>) -> u64 {
+    sizes.into_iter().fold(0, gcd).max(1)
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
 }
 
 #[cfg(test)]

@@ -40,9 +40,11 @@ mod floors;
 mod greedy;
 mod instance;
 mod mode;
+mod order;
 mod placed_index;
 mod plan;
 mod synthetic;
+mod trace;
 mod validate;
 
 pub use arena::{KeyPlan, PlannedPool, PlannedStats, AUTO_KEY, AUTO_PLAN_ALLOCATIONS, DEFAULT_KEY};
@@ -53,8 +55,12 @@ pub use error::PlanError;
 pub use exact::{exact_search, ExactOutcome};
 pub use greedy::{best_fit_decreasing, greedy_by_size};
 pub use mode::PlannedMode;
+#[doc(hidden)]
+pub use plan::plan_with_stages;
 pub use plan::{decide, plan, Algorithm, Decision, Plan, PlanOptions};
 pub use synthetic::{
     large_graph, llm_decoding_instance, llm_training_instance, packed_instance, random_instance, GraphFamily,
 };
+#[doc(hidden)]
+pub use trace::{Stage, Stages};
 pub use validate::validate;

@@ -2,10 +2,11 @@
 
 use std::time::{Duration, Instant};
 
-use crate::exact::{deadline_after, exact_decide, fallback_plan, search_instance, Start, Verdict};
+use crate::exact::{deadline_after, exact_decide, fallback_plan, search_instance, split, Start, Verdict};
 use crate::floors::floors_by_start;
 use crate::greedy::{best_fit_decreasing_until, greedy_by_size_of, greedy_by_size_until, greedy_is_cheap};
 use crate::instance::Instance;
+use crate::trace::{Stages, Trace};
 use crate::{validate, Buffer, PlanError};
 
 /// Which offset assignment to run.
@@ -90,10 +91,34 @@ pub struct Plan {
 
 /// Plans `buffers` with `options`. The result is checked by the independent validator before it is returned.
 pub fn plan(buffers: &[Buffer], options: &PlanOptions) -> Result<Plan, PlanError> {
+    planned(buffers, options, None).map(|(plan, _)| plan)
+}
+
+/// [`plan`] with the exact search's `stages` alone, and the time at which its arena was first reached (for Auto
+/// and Exact): the ablation benchmark's (`examples/ablation.rs`).
+#[doc(hidden)]
+pub fn plan_with_stages(
+    buffers: &[Buffer],
+    options: &PlanOptions,
+    stages: Stages,
+) -> Result<(Plan, Option<Duration>), PlanError> {
+    planned(buffers, options, Some(stages))
+}
+
+/// [`plan`], recording the stages' progress where `stages` are given.
+fn planned(
+    buffers: &[Buffer],
+    options: &PlanOptions,
+    stages: Option<Stages>,
+) -> Result<(Plan, Option<Duration>), PlanError> {
     let start = Instant::now();
     let alignment = options.alignment;
     // The working form, checked once, for every algorithm that runs.
     let inst = Instance::new(buffers, alignment)?;
+    let mut trace = match stages {
+        Some(stages) => Trace::recording(stages, start, &inst, &split(&inst)),
+        None => Trace::all(),
+    };
     let lower_bound = inst.lower_bound();
     let arena = |offsets: &[u64]| validate(buffers, offsets, alignment);
     // A first plan's arena, and how long its check took: the search keeps that long for the check at the end.
@@ -109,12 +134,13 @@ pub fn plan(buffers: &[Buffer], options: &PlanOptions) -> Result<Plan, PlanError
             let fallback = fallback_plan(&inst, search_deadline(start, options.budget, Duration::ZERO));
             let (_, check) = timed_arena(&fallback)?;
             let deadline = search_deadline(start, options.budget, check);
-            let outcome = search_instance(&inst, deadline, Start::Fallback(fallback));
+            let outcome = search_instance(&inst, deadline, Start::Fallback(fallback), &mut trace);
             (outcome.offsets, outcome.bound_bytes)
         }
         Algorithm::Auto => {
             // Cheapest first; stop as soon as a plan meets the lower bound.
             let greedy = first_plan(&inst, start, options.budget);
+            trace.plan(&inst, &greedy);
             // The heuristics' time counts against the budget, and so does the check of the plan at the end.
             let (greedy_arena, check) = timed_arena(&greedy)?;
             if greedy_arena <= lower_bound {
@@ -128,14 +154,18 @@ pub fn plan(buffers: &[Buffer], options: &PlanOptions) -> Result<Plan, PlanError
                     greedy_arena,
                     start.checked_add(options.budget / 2),
                 )?;
-                let outcome = search_instance(&inst, search_deadline(start, options.budget, check), Start::Seed(&seed));
+                trace.plan(&inst, &seed);
+                let deadline = search_deadline(start, options.budget, check);
+                let outcome = search_instance(&inst, deadline, Start::Seed(&seed), &mut trace);
                 // The search's plan only where it beats its seed: no plan Auto gives is worse than the heuristics'.
                 let offsets = if arena(&outcome.offsets)? < seed_arena { outcome.offsets } else { seed };
                 (offsets, outcome.bound_bytes)
             }
         }
     };
-    finish(buffers, offsets, lower_bound, bound, options, start)
+    let plan = finish(buffers, offsets, lower_bound, bound, options, start)?;
+    let reached = trace.time_to(plan.arena_bytes);
+    Ok((plan, reached))
 }
 
 /// The answer to "do the buffers fit in an arena of `capacity` bytes?".

@@ -1,4 +1,4 @@
-//! Large graphs, planned window by window (`exact::windows`): LLM-like lifetimes from the crate's generators.
+//! Large graphs, planned as large parts (`exact/large.rs`): LLM-like lifetimes from the crate's generators.
 //! Every plan is checked by the validator.
 
 use std::time::{Duration, Instant};

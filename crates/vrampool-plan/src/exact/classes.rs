@@ -16,7 +16,7 @@
 
 use std::time::Instant;
 
-use super::portfolio::{arena_of, Placed};
+use super::placed::{arena_of, Placed};
 use crate::floors::settled;
 use crate::greedy::best_fit_by_size_of;
 use crate::instance::Instance;
@@ -28,8 +28,9 @@ const CLASS_BITS: [u32; 2] = [8, 10];
 /// The lowest plan of `part` by best fit decreasing on each of the classes that merge sizes, settled, if one is
 /// done before `deadline`. Best fit decreasing's spatial order alone (larger first): on the classes its
 /// temporal order (longer-lived first) packs at 1.04-1.07 of the bound where the spatial one reaches
-/// 1.005-1.015 (random instances of 45,000 and 60,000 buffers), and it takes as long again.
-pub(crate) fn best_fit_in_classes(inst: &Instance, part: &[u32], deadline: Instant) -> Option<Placed> {
+/// 1.005-1.015 (random instances of 45,000 and 60,000 buffers), and it takes as long again. Unsettled where
+/// `settle` is false (the ablation's).
+pub(crate) fn best_fit_in_classes(inst: &Instance, part: &[u32], deadline: Instant, settle: bool) -> Option<Placed> {
     CLASS_BITS
         .iter()
         .filter_map(|&bits| {
@@ -37,7 +38,11 @@ pub(crate) fn best_fit_in_classes(inst: &Instance, part: &[u32], deadline: Insta
                 return None;
             }
             let offsets = best_fit_by_size_of(&inst.in_classes(bits)?, part, Some(deadline))?;
-            let plan = settled(inst, part, &offsets);
+            let plan = if settle {
+                settled(inst, part, &offsets)
+            } else {
+                part.iter().map(|&i| (i, offsets[i as usize])).collect()
+            };
             let arena = arena_of(inst, &plan);
             Some((plan, arena))
         })
@@ -58,13 +63,13 @@ mod tests {
         let buffers = random_instance(6_000, 13);
         let inst = Instance::new(&buffers, 1).unwrap();
         let part: Vec<u32> = (0..inst.len() as u32).collect();
-        let (plan, arena) = best_fit_in_classes(&inst, &part, Instant::now() + Duration::from_secs(60)).unwrap();
+        let (plan, arena) = best_fit_in_classes(&inst, &part, Instant::now() + Duration::from_secs(60), true).unwrap();
         assert_eq!(checked(&buffers, &plan).1, arena);
         let as_given = validate(&buffers, &best_fit_decreasing_until(&inst, None).unwrap(), 1).unwrap();
         let bound = inst.lower_bound() as f64;
         let (ours, theirs) = (arena as f64 / bound, as_given as f64 / bound);
         assert!(ours < 1.01 && theirs > 1.05, "classes {ours:.4}, as given {theirs:.4}");
         // With no time, nothing.
-        assert!(best_fit_in_classes(&inst, &part, Instant::now()).is_none());
+        assert!(best_fit_in_classes(&inst, &part, Instant::now(), true).is_none());
     }
 }

@@ -13,6 +13,8 @@ use std::time::Instant;
 use super::component::Component;
 use super::probe::{jitter, orders, Prober, MINIMALLOC_ORDERS, SWAPS};
 use super::search::{fits, Outcome, Ranking};
+use crate::instance::unit_of_sizes;
+use crate::trace::{Stage, Trace};
 
 /// Nodes the bound's prober gets for each node of the descent, at least and at most.
 const BOUND_SHARE: u64 = 1;
@@ -26,13 +28,15 @@ pub(crate) struct Minimised {
 }
 
 /// Lowers the part's arena until it is at most `target` (the lower bound of the whole instance), proven
-/// optimal, or `deadline` comes. `incumbent` is a plan to start from (arena, local offsets).
+/// optimal, or `deadline` comes. `incumbent` is a plan to start from (arena, local offsets). `trace` says whether
+/// the descent runs, and hears of each better plan.
 pub(crate) fn minimise(
     part: &Component,
     target: u64,
     incumbent: Option<(u64, Vec<u64>)>,
     deadline: Instant,
     nodes: &mut u64,
+    trace: &mut Trace,
 ) -> Minimised {
     let unit = unit_of(part);
     let mut low = part.load().div_ceil(unit) * unit;
@@ -40,22 +44,27 @@ pub(crate) fn minimise(
         return Minimised { plan: incumbent, bound: low };
     }
     let orders = orders(part);
+    let stages = trace.stages;
     let mut best = match incumbent {
         Some(best) => best,
         // Any plan at all, to descend from.
-        None => match Prober::new(part, u64::MAX).run(part, &orders, deadline, nodes) {
-            Outcome::Fits(plan) => (arena_of(part, &plan), plan),
+        None => match Prober::new(part, u64::MAX, stages).run(part, &orders, deadline, nodes) {
+            Outcome::Fits(plan) => {
+                let arena = arena_of(part, &plan);
+                trace.found(arena);
+                (arena, plan)
+            }
             _ => return Minimised { plan: None, bound: low },
         },
     };
     // A plan at `goal` is at most `target`: arenas come in steps of `unit`.
     let goal = target / unit * unit;
-    let mut bound = Prober::new(part, goal.max(low));
+    let mut bound = Prober::new(part, goal.max(low), stages);
     let mut descent = Descent::new();
     let (mut bound_nodes, mut descent_nodes) = (0u64, 0u64);
     while best.0 > goal && best.0 > low && Instant::now() < deadline {
         let before = *nodes;
-        match descent.capacity(unit, best.0, bound.capacity) {
+        match descent.capacity(unit, best.0, bound.capacity).filter(|_| stages.has(Stage::Descent)) {
             Some(capacity) if descent_nodes.saturating_mul(descent.share()) < bound_nodes => {
                 let outcome = descent.try_at(part, &orders, capacity, deadline, nodes);
                 descent_nodes += *nodes - before;
@@ -75,8 +84,9 @@ pub(crate) fn minimise(
                 }
             }
         }
+        trace.found(best.0);
         if bound.capacity < low {
-            bound = Prober::new(part, low);
+            bound = Prober::new(part, low, stages);
         }
     }
     Minimised { bound: low.min(best.0), plan: Some(best) }
@@ -222,18 +232,6 @@ pub(crate) fn arena_of(part: &Component, plan: &[u64]) -> u64 {
 /// divisor, and so is the optimum.
 pub(crate) fn unit_of(part: &Component) -> u64 {
     unit_of_sizes(part.size.iter().copied())
-}
-
-/// [`unit_of`] for any sizes: their greatest common divisor, 1 for none.
-pub(crate) fn unit_of_sizes(sizes: impl IntoIterator<Item = u64>) -> u64 {
-    sizes.into_iter().fold(0, gcd).max(1)
-}
-
-fn gcd(mut a: u64, mut b: u64) -> u64 {
-    while b != 0 {
-        (a, b) = (b, a % b);
-    }
-    a
 }
 
 #[cfg(test)]

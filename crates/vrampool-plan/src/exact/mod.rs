@@ -8,8 +8,10 @@ mod aligned;
 mod chains;
 mod classes;
 mod component;
+mod large;
 mod minimise;
 mod neighbourhood;
+mod placed;
 mod portfolio;
 mod probe;
 #[cfg(test)]
@@ -22,11 +24,12 @@ use std::time::{Duration, Instant};
 use crate::floors::floors_by_start;
 use crate::greedy::{best_fit_decreasing_until, greedy_by_size_until};
 use crate::instance::Instance;
+use crate::trace::{Stages, Trace};
 use crate::{validate, Buffer, PlanError};
+pub(crate) use component::split;
+use component::write_part;
 use component::Component;
-pub(crate) use component::{Order, Traits};
 use minimise::minimise;
-pub(crate) use minimise::unit_of_sizes;
 use probe::{orders, Prober};
 use search::{Outcome, Ranking};
 
@@ -36,7 +39,7 @@ const MAX_ENTRIES: u64 = 20_000_000;
 /// Nor are parts of more buffers than this: each node of the search scans its group, so one descent costs
 /// O(n^2), and the search recurses once per placement.
 const MAX_BUFFERS: usize = 20_000;
-/// Parts of more buffers than this are planned window by window (`windows.rs`): a round robin over thousands
+/// Parts of more buffers than this are planned as large parts (`large.rs`): a round robin over thousands
 /// of buffers at once gets nowhere in a budget of seconds.
 const WINDOWS_ABOVE: usize = 4_000;
 const STACK_BYTES: usize = 64 << 20;
@@ -73,7 +76,7 @@ pub fn exact_search(
         }
         None => Start::Fallback(fallback_plan(&inst, deadline)),
     };
-    Ok(search_instance(&inst, deadline, start))
+    Ok(search_instance(&inst, deadline, start, &mut Trace::all()))
 }
 
 /// What the search starts from: a valid plan in either case.
@@ -94,8 +97,9 @@ pub(crate) fn fallback_plan(inst: &Instance, deadline: Instant) -> Vec<u64> {
         .unwrap_or_else(|| floors_by_start(inst))
 }
 
-/// [`exact_search`] on the checked instance, until `deadline`.
-pub(crate) fn search_instance(inst: &Instance, deadline: Instant, start: Start) -> ExactOutcome {
+/// [`exact_search`] on the checked instance, until `deadline`, with the stages of `trace`, which records the
+/// parts' progress.
+pub(crate) fn search_instance(inst: &Instance, deadline: Instant, start: Start, trace: &mut Trace) -> ExactOutcome {
     let target = inst.lower_bound();
     let (mut offsets, seed) = match start {
         Start::Seed(seed) => (seed.to_vec(), Some(seed)),
@@ -120,10 +124,11 @@ pub(crate) fn search_instance(inst: &Instance, deadline: Instant, start: Start) 
                 let part_deadline = now + deadline.saturating_duration_since(now) / left;
                 left -= 1;
                 let incumbent = incumbents.then_some(offsets.as_slice());
+                trace.part_of(part[0]);
                 if part.len() > WINDOWS_ABOVE {
                     let incumbent = incumbent.map(|s| part_plan(inst, &part, s));
                     if let Some((placed, _)) =
-                        windows::sweeps(inst, &part, target, incumbent, part_deadline, &mut nodes)
+                        large::search_large(inst, &part, target, incumbent, part_deadline, &mut nodes, trace)
                     {
                         placed.into_iter().for_each(|(i, offset)| offsets[i as usize] = offset);
                     }
@@ -134,7 +139,7 @@ pub(crate) fn search_instance(inst: &Instance, deadline: Instant, start: Start) 
                 }
                 let comp = Component::new(inst, &part);
                 let seeded = incumbent.map(|s| (part_arena(inst, &part, s), local(&comp, s)));
-                let found = minimise(&comp, target, seeded, part_deadline, &mut nodes);
+                let found = minimise(&comp, target, seeded, part_deadline, &mut nodes, trace);
                 bound = bound.max(found.bound);
                 if let Some((arena, local)) = found.plan {
                     write_part(&mut offsets, &comp.members, local.into_iter());
@@ -188,8 +193,9 @@ pub(crate) fn exact_decide(inst: &Instance, capacity: u64, budget: Duration, see
             let now = Instant::now();
             let left = (large.len() - k + usize::from(!parts.is_empty())) as u32;
             let part_deadline = now + deadline.saturating_duration_since(now) / left;
+            let incumbent = Some(part_plan(inst, part, seed));
             let found =
-                windows::sweeps(inst, part, capacity, Some(part_plan(inst, part, seed)), part_deadline, &mut nodes);
+                large::search_large(inst, part, capacity, incumbent, part_deadline, &mut nodes, &mut Trace::all());
             let Some((placed, _)) = found.filter(|&(_, arena)| arena <= capacity) else {
                 return Verdict::Unknown;
             };
@@ -203,7 +209,7 @@ pub(crate) fn exact_decide(inst: &Instance, capacity: u64, budget: Duration, see
             if comp.load() > capacity {
                 return Verdict::Infeasible;
             }
-            let (orders, prober) = (orders(&comp), Prober::new(&comp, capacity));
+            let (orders, prober) = (orders(&comp), Prober::new(&comp, capacity, Stages::ALL));
             open.push((comp, orders, prober));
         }
         while !open.is_empty() {
@@ -236,7 +242,7 @@ fn part_arena(inst: &Instance, part: &[u32], offsets: &[u64]) -> u64 {
 }
 
 /// The part's plan at `offsets` (parallel to the instance's buffers), with its arena.
-fn part_plan(inst: &Instance, part: &[u32], offsets: &[u64]) -> portfolio::Placed {
+fn part_plan(inst: &Instance, part: &[u32], offsets: &[u64]) -> placed::Placed {
     (part.iter().map(|&i| (i, offsets[i as usize])).collect(), part_arena(inst, part, offsets))
 }
 
@@ -276,12 +282,6 @@ fn on_search_thread<T: Send>(search: impl FnOnce() -> T + Send) -> Option<T> {
 /// A plan's offsets of the part's buffers, in local order.
 fn local(part: &Component, plan: &[u64]) -> Vec<u64> {
     part.members.iter().map(|&i| plan[i as usize]).collect()
-}
-
-pub(crate) fn write_part(offsets: &mut [u64], members: &[u32], values: impl Iterator<Item = u64>) {
-    for (&i, v) in members.iter().zip(values) {
-        offsets[i as usize] = v;
-    }
 }
 
 #[cfg(test)]

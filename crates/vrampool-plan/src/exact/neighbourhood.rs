@@ -12,7 +12,7 @@
 //! and a level given up keeps the moves made for it.
 //!
 //! Where levels are missed three times in a row at one arena, the caller may shake the plan (`shake`: the
-//! squeaky wheel from it, see `windows.rs`), once for each arena; a better plan it hands back is lowered in
+//! squeaky wheel from it, see `large.rs`), once for each arena; a better plan it hands back is lowered in
 //! turn. The bands and the wheel move different buffers: on the random instance of 30,000 buffers the bands
 //! stall at 1.0056 of the bound in 0.4 s, and with smaller steps and longer slices they stay there for any time
 //! (each level ends in one band the search decides neither way); the wheel from that plan finds 1.0036, which
@@ -21,12 +21,12 @@
 use std::time::{Duration, Instant};
 
 use super::component::{merge_spans, Component};
-use super::minimise::unit_of_sizes;
-use super::portfolio::Placed;
+use super::placed::Placed;
 use super::probe::{orders, Prober};
 use super::search::Outcome;
-use crate::instance::Instance;
+use crate::instance::{unit_of_sizes, Instance};
 use crate::placed_index::canonical;
+use crate::trace::{Stages, Trace};
 
 /// The bands tried in turn for one buffer, in thousandths of the lower bound below the level; in a plan within
 /// 1.1 of the bound the last takes every buffer overlapping it.
@@ -58,7 +58,7 @@ pub(crate) fn lower_peaks(
     mut plans: Vec<Placed>,
     target: u64,
     deadline: Instant,
-    nodes: &mut u64,
+    (nodes, trace): (&mut u64, &mut Trace),
     mut shake: impl FnMut(&Placed) -> Option<Placed>,
 ) -> Placed {
     // With no time left (the runs may take it all), not even the index of overlaps is built.
@@ -68,7 +68,7 @@ pub(crate) fn lower_peaks(
     }
     let overlaps = Overlaps::new(inst, order);
     let unit = unit_of_sizes(order.iter().map(|&i| inst.size[i as usize]));
-    let mut searches = Searches { nodes, setup: Duration::ZERO };
+    let mut searches = Searches { nodes, setup: Duration::ZERO, stages: trace.stages };
     let mut descents: Vec<Descent> =
         plans.into_iter().map(|plan| Descent::new(inst, order, &overlaps, plan, (target, unit), deadline)).collect();
     while let Some(k) = next_descent(&descents, target) {
@@ -78,6 +78,7 @@ pub(crate) fn lower_peaks(
         let began = Instant::now();
         descents[k].level(&mut searches, &mut shake);
         descents[k].seconds += began.elapsed().as_secs_f64();
+        trace.found(descents[k].arena);
     }
     let lowest = descents.into_iter().min_by_key(|d| d.arena).expect("at least one plan");
     (lowest.lowering.plan().0, lowest.arena)
@@ -191,6 +192,7 @@ struct Lowering<'a> {
 struct Searches<'n> {
     nodes: &'n mut u64,
     setup: Duration,
+    stages: Stages,
 }
 
 impl Lowering<'_> {
@@ -271,7 +273,7 @@ impl Lowering<'_> {
         };
         comp.set_obstacles(obstacles);
         searches.setup = searches.setup.max(began.elapsed());
-        let mut prober = Prober::new(&comp, level);
+        let mut prober = Prober::new(&comp, level, searches.stages);
         let outcome = prober.run(&comp, &orders(&comp), stop, searches.nodes);
         if let Outcome::Fits(local) = &outcome {
             for (&i, &o) in comp.members.iter().zip(local) {

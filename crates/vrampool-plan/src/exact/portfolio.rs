@@ -1,4 +1,4 @@
-//! The runs a large part gets before the window sweeps (`windows.rs`): lowest floor first (`floors/`) with each
+//! The runs a large part gets before the window sweeps (`large.rs`): lowest floor first (`floors/`) with each
 //! tie-break, and best fit in order of start (what a dynamic allocator replaying the run would do) with a few
 //! first phases, each in both directions of time (a plan of the mirrored part is one of the part). A run stops
 //! as soon as it cannot beat the best plan so far, so the losing ones cost little.
@@ -20,11 +20,11 @@ use std::time::Instant;
 
 use super::aligned::aligned_fit_before;
 use super::chains::chains;
-use super::component::Order;
+use super::placed::{arena_of, fit_before, Placed};
 use crate::floors::{lowest_floor_first, squeaky_wheel, PATIENCE};
-use crate::greedy::best_fit;
 use crate::instance::Instance;
-use crate::placed_index::{free_elsewhere, PlacedIndex};
+use crate::order::Order;
+use crate::trace::{Stage, Stages, Trace};
 
 /// Which buffers best fit by start places before the rest, each phase in order of start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +51,23 @@ enum Run {
     /// Best fit by start with the gap chosen by the neighbours' ends (`aligned.rs`), among the gaps at most this
     /// many times the smallest, with a first phase.
     Aligned(u64, First),
+}
+
+impl Run {
+    /// The stages the run belongs to.
+    fn stages(self) -> Vec<Stage> {
+        let first = |first: First| match first {
+            First::Nothing => vec![],
+            First::ChainsAndLongest(_) => vec![Stage::FirstPhases, Stage::Chains],
+            _ => vec![Stage::FirstPhases],
+        };
+        match self {
+            Run::Floors(_) => vec![Stage::FloorRuns],
+            Run::Fit(First::Nothing) => vec![Stage::FitRuns],
+            Run::Fit(f) => first(f),
+            Run::Aligned(_, f) => [vec![Stage::Aligned], first(f)].concat(),
+        }
+    }
 }
 
 /// Lowest floor first's runs, each with whether time runs backwards: by start first, the cheapest good one
@@ -104,14 +121,16 @@ const FIT_RUNS: [(Run, bool); 22] = {
 
 /// One kind of run: its runs in turn, where it has got to, the time it has taken and the best arena it found.
 struct Queue {
-    runs: &'static [(Run, bool)],
+    runs: Vec<(Run, bool)>,
     next: usize,
     seconds: f64,
     best: u64,
 }
 
 impl Queue {
-    fn new(runs: &'static [(Run, bool)]) -> Queue {
+    /// The runs of `runs` whose stages run.
+    fn new(runs: &[(Run, bool)], stages: Stages) -> Queue {
+        let runs = runs.iter().copied().filter(|&(run, _)| run.stages().into_iter().all(|s| stages.has(s))).collect();
         Queue { runs, next: 0, seconds: 0.0, best: u64::MAX }
     }
 
@@ -140,14 +159,6 @@ fn next_kind(floors: &Queue, fits: &Queue) -> Option<usize> {
 /// and the bands, which take their best plan down by 0.5-1.7% of the bound, would get none.
 const RUNS_SHARE: (u32, u32) = (2, 3);
 
-/// Buffers placed between looks at the clock: where thousands of long-lived buffers leave gaps between them, a
-/// placement by best fit scans them all (tens of microseconds), and 1,024 placements overran the deadline by
-/// up to 70 ms.
-const CLOCK_EVERY: usize = 64;
-
-/// A plan of a part: (instance index, offset) per buffer, and its arena.
-pub(crate) type Placed = (Vec<(u32, u64)>, u64);
-
 /// What the runs found: the best plan and the one it replaced, the seconds best fit took per buffer (once
 /// measured), and where a floor run's plan led above the bound (the squeaky wheel's turn), its tie-break and the
 /// timeline it ran on (the mirrored part where time ran backwards).
@@ -159,14 +170,22 @@ pub(crate) struct Runs {
 }
 
 /// The best plan of `order` (the part, sorted by start) the runs find before `deadline` that beats `ceiling`,
-/// stopping early at one that meets `target`; no run begins after `RUNS_SHARE` of the time.
-pub(crate) fn best_of_runs(inst: &Instance, order: &[u32], target: u64, ceiling: u64, deadline: Instant) -> Runs {
+/// stopping early at one that meets `target`; no run begins after `RUNS_SHARE` of the time. The runs are those of
+/// `trace`'s stages, which hears of each better plan.
+pub(crate) fn best_of_runs(
+    inst: &Instance,
+    order: &[u32],
+    target: u64,
+    ceiling: u64,
+    deadline: Instant,
+    trace: &mut Trace,
+) -> Runs {
     let mirrored = inst.mirrored();
     let (mut best, mut runner_up, mut fit_seconds): (Option<Placed>, Option<Placed>, Option<f64>) = (None, None, None);
     // The last floor run kept (the best of those kept, its arena the floors' queue's best): tie-break, direction
     // of time and offsets (parallel to `order`).
     let mut best_floors: Option<(Order, bool, Vec<u64>)> = None;
-    let mut kinds = [Queue::new(&FLOOR_RUNS), Queue::new(&FIT_RUNS)];
+    let mut kinds = [Queue::new(&FLOOR_RUNS, trace.stages), Queue::new(&FIT_RUNS, trace.stages)];
     let now = Instant::now();
     let last_start = now + deadline.saturating_duration_since(now) * RUNS_SHARE.0 / RUNS_SHARE.1;
     while let Some(kind) = next_kind(&kinds[0], &kinds[1]) {
@@ -200,6 +219,7 @@ pub(crate) fn best_of_runs(inst: &Instance, order: &[u32], target: u64, ceiling:
         if let Some(plan) = plan {
             let arena = arena_of(inst, &plan);
             queue.best = arena;
+            trace.found(arena);
             runner_up = best.replace((plan, arena));
         }
     }
@@ -210,9 +230,13 @@ pub(crate) fn best_of_runs(inst: &Instance, order: &[u32], target: u64, ceiling:
         let timeline = if backwards { &mirrored } else { inst };
         let floors_best = (offsets, kinds[0].best);
         // The wheel's plans beat the floors' best, which is the best of all when it has its turn.
-        if let Some((offsets, arena)) =
-            squeaky_wheel(timeline, order, tie_break, floors_best, (target, PATIENCE), deadline)
+        if let Some((offsets, arena)) = trace
+            .stages
+            .has(Stage::Squeaky)
+            .then(|| squeaky_wheel(timeline, order, tie_break, floors_best, (target, PATIENCE), deadline))
+            .flatten()
         {
+            trace.found(arena);
             runner_up = best.replace((order.iter().copied().zip(offsets).collect(), arena));
         }
         floors_lead = Some((tie_break, backwards.then_some(mirrored)));
@@ -225,11 +249,6 @@ pub(crate) fn best_of_runs(inst: &Instance, order: &[u32], target: u64, ceiling:
 /// beat it from a worse plan; there they took 1.1-1.5 s and beat nothing, and the bands are owed that time.
 fn wheel_s_turn(best: Option<u64>, floors_best: u64, target: u64) -> bool {
     best.is_some_and(|best| best > target && best == floors_best)
-}
-
-/// The arena of a part's plan: the highest top of its buffers.
-pub(crate) fn arena_of(inst: &Instance, plan: &[(u32, u64)]) -> u64 {
-    plan.iter().map(|&(i, o)| o + inst.size[i as usize]).max().unwrap_or(0)
 }
 
 /// The part's buffers in the order best fit by start takes them on `timeline`: those of `first`, then the rest,
@@ -266,54 +285,6 @@ pub(crate) fn fit_order(timeline: &Instance, part: &[u32], first: First) -> Vec<
     let mut order = part.to_vec();
     order.sort_by_cached_key(|&i| (later(i as usize), timeline.lo[i as usize], i));
     order
-}
-
-/// `order` placed by best fit, if done before `deadline` with no buffer's top above `beat`; and how many
-/// buffers were placed.
-pub(crate) fn fit_before(
-    inst: &Instance,
-    order: &[u32],
-    beat: u64,
-    deadline: Instant,
-) -> (Option<Vec<(u32, u64)>>, usize) {
-    fit_onto(inst, (PlacedIndex::new(inst.segments), Vec::with_capacity(order.len())), order, beat, deadline)
-}
-
-/// [`fit_before`] among buffers already placed: `placed` holds them, `offsets` their plan, which the placements
-/// of `order` extend; the count is of `order`'s buffers.
-pub(crate) fn fit_onto(
-    inst: &Instance,
-    (mut placed, offsets): (PlacedIndex, Vec<(u32, u64)>),
-    order: &[u32],
-    beat: u64,
-    deadline: Instant,
-) -> (Option<Vec<(u32, u64)>>, usize) {
-    let mut spans = Vec::new();
-    let done = place_in_turn(inst, offsets, order, (beat, deadline), |i| best_fit(inst, &mut placed, i, &mut spans));
-    free_elsewhere(placed);
-    done
-}
-
-/// `order`'s buffers, each at the offset `place` gives it (and records), appended to `offsets`, if done before
-/// `deadline` with no buffer's top above `beat`; and how many of `order`'s buffers were placed.
-pub(crate) fn place_in_turn(
-    inst: &Instance,
-    mut offsets: Vec<(u32, u64)>,
-    order: &[u32],
-    (beat, deadline): (u64, Instant),
-    mut place: impl FnMut(u32) -> u64,
-) -> (Option<Vec<(u32, u64)>>, usize) {
-    for (k, &i) in order.iter().enumerate() {
-        if k % CLOCK_EVERY == 0 && Instant::now() >= deadline {
-            return (None, k);
-        }
-        let offset = place(i);
-        if offset + inst.size[i as usize] > beat {
-            return (None, k + 1);
-        }
-        offsets.push((i, offset));
-    }
-    (Some(offsets), order.len())
 }
 
 #[cfg(test)]

@@ -18,8 +18,10 @@
 
 use std::time::Instant;
 
-use super::component::{Component, Order};
+use super::component::Component;
 use super::search::{fits_reaching, Outcome, Ranking};
+use crate::order::Order;
+use crate::trace::{Stage, Stages};
 
 /// The orders of every round, in turn: MiniMalloc's three with their ranks kept for the whole search; TWA and
 /// TAW ranked anew at each decomposition, as MiniMalloc's own search does; then larger area first, and
@@ -64,20 +66,25 @@ pub(crate) struct Prober {
     pub rounds: u64,
     /// The most buffers each turn's last search placed at once (empty until the first turn).
     deepest: Vec<usize>,
+    /// Turns in a round: the fixed orders, and their jittered copies where `Stage::Jitter` runs.
+    copies: usize,
+    boost: u64,
 }
 
 impl Prober {
     /// The first round's node limit is twice the part's buffers, as MiniMalloc's.
-    pub fn new(part: &Component, capacity: u64) -> Prober {
-        Prober { capacity, limit: 2 * part.len().max(1) as u64, turn: 0, rounds: 0, deepest: Vec::new() }
+    pub fn new(part: &Component, capacity: u64, stages: Stages) -> Prober {
+        let copies = if stages.has(Stage::Jitter) { 2 } else { 1 };
+        let boost = if stages.has(Stage::DeepestBoost) { DEEPEST_BOOST } else { 1 };
+        Prober { capacity, limit: 2 * part.len().max(1) as u64, turn: 0, rounds: 0, deepest: Vec::new(), copies, boost }
     }
 
     /// One search, under the next order in turn: a fixed one, or a jittered copy of one.
     pub fn step(&mut self, part: &Component, orders: &[Ranking], deadline: Instant, nodes: &mut u64) -> Outcome {
         let n = orders.len();
-        self.deepest.resize(2 * n, 0);
+        self.deepest.resize(self.copies * n, 0);
         let most = self.deepest.iter().copied().max().unwrap_or(0);
-        let boost = if most > 0 && self.deepest[self.turn] == most { DEEPEST_BOOST } else { 1 };
+        let boost = if most > 0 && self.deepest[self.turn] == most { self.boost } else { 1 };
         let limit = nodes.saturating_add(self.limit.saturating_mul(boost));
         let (outcome, deepest) = match orders.get(self.turn) {
             Some(ranking) => fits_reaching(part, ranking, self.capacity, deadline, nodes, limit),
@@ -90,7 +97,7 @@ impl Prober {
         };
         self.deepest[self.turn] = deepest;
         self.turn += 1;
-        if self.turn == 2 * n {
+        if self.turn == self.copies * n {
             self.turn = 0;
             self.rounds += 1;
             self.limit = self.limit.saturating_mul(2);
@@ -208,7 +215,7 @@ mod tests {
         let part = Component::new(&inst, &(0..inst.len() as u32).collect::<Vec<_>>());
         let orders = orders(&part);
         let budget = 20_000;
-        let mut prober = Prober::new(&part, 1_024);
+        let mut prober = Prober::new(&part, 1_024, Stages::ALL);
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut nodes = 0;
         let plan = loop {
@@ -218,7 +225,7 @@ mod tests {
             }
         };
         let mut offsets = vec![0; inst.len()];
-        crate::exact::write_part(&mut offsets, &part.members, plan.into_iter());
+        crate::exact::component::write_part(&mut offsets, &part.members, plan.into_iter());
         assert!(crate::validate(&buffers, &offsets, 1).unwrap() <= 1_024);
         assert_eq!(fixed_orders_alone(&part, &orders, 1_024, budget), None, "the fixed orders decide it too");
     }
@@ -231,7 +238,7 @@ mod tests {
         let part = Component::new(&inst, &(0..inst.len() as u32).collect::<Vec<_>>());
         let orders = orders(&part);
         let turns = 2 * orders.len();
-        let mut prober = Prober::new(&part, 1 << 20);
+        let mut prober = Prober::new(&part, 1 << 20, Stages::ALL);
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut nodes = 0;
         let limit = 2 * part.len() as u64;

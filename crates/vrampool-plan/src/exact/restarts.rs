@@ -15,11 +15,11 @@
 
 use std::time::{Duration, Instant};
 
-use super::component::{Component, Order};
+use super::component::{write_part, Component};
 use super::probe::{jitter, SWAPS};
 use super::search::{fits, Outcome, Ranking};
-use super::write_part;
 use crate::instance::Instance;
+use crate::order::Order;
 use crate::{read_csv, validate};
 
 const UNIT: u64 = 1_024;

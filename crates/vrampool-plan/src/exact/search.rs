@@ -41,7 +41,8 @@
 use std::collections::HashSet;
 use std::time::Instant;
 
-use super::component::{Component, Order};
+use super::component::Component;
+use crate::order::Order;
 
 /// Groups of at least this many buffers look at the clock on every node, the others on every 64th: a node
 /// scans its group (and hashes it for the memo), so on a large group one node can take milliseconds.

@@ -1,5 +1,4 @@
-//! Large parts (thousands of buffers, up to the whole of a training step or of a decoding run): decompose by
-//! time, search windows, stitch.
+//! Window sweeps of a large part (`large.rs`): decompose by time, search windows, stitch.
 //!
 //! The buffers are taken in order of their start, a window at a time. Each window is searched as a part of
 //! its own, with the buffers of earlier windows that are still live fixed where they were put (obstacles, see
@@ -14,27 +13,16 @@
 //! best fit among those placed, which gives up at the deadline or at the arena to beat, so a sweep ends on
 //! time, with a plan or with none (the best so far stands).
 //!
-//! Before the sweeps, cheaper runs (`portfolio.rs`: lowest floor first and best fit by start, with several
-//! tie-breaks and first phases, in both directions of time) take the time while they beat the best so far: on
-//! most graphs one of them ends within a few thousandths of the bound, where the windows would begin a step
-//! above. Where sizes are ragged, best fit decreasing on size classes (`classes.rs`) goes first, as a plan
-//! beside theirs. The time they leave goes first to lowering the peaks of the two best plans, the incumbent's
-//! among them where fewer than two runs beat it, and of the plan on classes where it is lower still
-//! (`neighbourhood.rs`; where a floor run's plan led, the squeaky wheel shakes a plan the bands cannot lower),
-//! then to the sweeps. Best fit's pace, measured in the runs, paces the sweeps. Each sweep, with windows twice
-//! as wide as the last, stops as soon as it cannot beat the best so far.
 
 use std::time::{Duration, Instant};
 
-use super::classes::best_fit_in_classes;
 use super::component::Component;
-use super::neighbourhood::lower_peaks;
-use super::portfolio::{arena_of, best_of_runs, fit_onto, Placed, Runs};
+use super::placed::{arena_of, fit_onto, Placed};
 use super::probe::{orders, Prober};
 use super::search::Outcome;
-use crate::floors::squeaky_wheel;
 use crate::instance::Instance;
 use crate::placed_index::PlacedIndex;
+use crate::trace::{Stages, Trace};
 
 /// Buffers in the first sweep's first window, and the fewest and most in any.
 const FIRST_WINDOW: usize = 400;
@@ -42,73 +30,34 @@ const MIN_WINDOW: usize = 50;
 const MAX_WINDOW: usize = 3_200;
 /// Rounds of the round robin a window gets at one capacity before the capacity rises.
 const ROUNDS: u64 = 2;
-/// Runs in a row that do not beat the lowered plan before the squeaky wheel gives up shaking it: a lowered plan
-/// is harder to beat than a floor run's (on the random instance of 30,000 buffers the wheel's first better
-/// plan came after more than 8).
-const SHAKE_PATIENCE: usize = 32;
 /// The capacity's first rise, as a fraction of the bound; each further rise within a window is half as large
 /// again.
 const RISES_PER_BOUND: u64 = 1_024;
 
-/// The best plan of the part found before `deadline`, the runs', the lowered plans' or the sweeps', or else
-/// `incumbent` (the part's plan so far, if any, whose arena the runs must beat; it is lowered as theirs are):
-/// offsets (instance index, offset) and the arena; `None` if there is no incumbent and nothing was found in
-/// time. `target` is the lower bound.
+/// Window sweeps of `order` (the part, sorted by start) before `deadline`, each with windows twice as wide as the
+/// last, paced by best fit's `fit_seconds` a buffer; each stops as soon as it cannot beat `best` (or else
+/// `ceiling`). The best plan, `best` where no sweep beats it; `trace` hears of each better plan.
 pub(crate) fn sweeps(
     inst: &Instance,
-    part: &[u32],
+    order: &[u32],
     target: u64,
-    incumbent: Option<Placed>,
+    (mut best, ceiling): (Option<Placed>, u64),
+    fit_seconds: f64,
     deadline: Instant,
-    nodes: &mut u64,
+    (nodes, trace): (&mut u64, &mut Trace),
 ) -> Option<Placed> {
-    let order = inst.by_start(part.iter().copied());
-    let ceiling = incumbent.as_ref().map_or(u64::MAX, |p| p.1);
-    // Best fit on size classes first (cheap, and the runs may leave no time after them): a plan to lower beside
-    // theirs, not one they must beat (`classes.rs`). A quarter of the time at most: where every buffer meets
-    // thousands of others (a staircase of 60,000), best fit alone takes longer than the budget.
-    let now = Instant::now();
-    let classes_until = now + deadline.saturating_duration_since(now) / 4;
-    let in_classes = best_fit_in_classes(inst, part, classes_until).filter(|p| p.1 < ceiling);
-    if in_classes.as_ref().is_some_and(|p| p.1 <= target) {
-        return in_classes;
-    }
-    let Runs { best, runner_up, fit_seconds, floors_lead } = best_of_runs(inst, &order, target, ceiling, deadline);
-    // Where a floor run's plan led, a plan the bands cannot lower is shaken by the squeaky wheel with its
-    // tie-break.
-    let shake = |plan: &Placed| {
-        let (tie_break, mirrored) = floors_lead.as_ref()?;
-        let timeline = mirrored.as_ref().unwrap_or(inst);
-        let offsets = plan.0.iter().map(|&(_, o)| o).collect();
-        // Half the time left at most, so that the bands go on where the wheel finds nothing.
-        let now = Instant::now();
-        let until = now + deadline.saturating_duration_since(now) / 2;
-        let (offsets, arena) =
-            squeaky_wheel(timeline, &order, *tie_break, (offsets, plan.1), (target, SHAKE_PATIENCE), until)?;
-        Some((order.iter().copied().zip(offsets).collect(), arena))
-    };
-    // The two best plans are lowered (the incumbent is one of them where fewer than two runs beat it), and
-    // best fit on size classes where it is below both.
-    let mut plans: Vec<Placed> = best.into_iter().chain(runner_up).collect();
-    if plans.len() < 2 {
-        plans.extend(incumbent);
-    }
-    let lowest = plans.iter().map(|p| p.1).min().unwrap_or(u64::MAX);
-    plans.extend(in_classes.filter(|p| p.1 < lowest));
-    let mut best = (!plans.is_empty()).then(|| lower_peaks(inst, &order, plans, target, deadline, nodes, shake));
-    let Some(fit_seconds) = fit_seconds.filter(|_| best.as_ref().is_none_or(|b| b.1 > target)) else {
-        return best;
-    };
+    let stages = trace.stages;
     let mut pace = Pace { fit_seconds, window: Duration::ZERO };
     let mut width = FIRST_WINDOW;
     // A sweep begins only with time for a window and for a fit of every buffer after it.
     while Instant::now() + pace.window + pace.fitting(order.len()) < deadline {
         let ceiling = best.as_ref().map_or(ceiling, |b: &Placed| b.1);
-        let Some(offsets) = sweep(inst, &order, (target, ceiling), width, deadline, &mut pace, nodes) else {
+        let Some(offsets) = sweep(inst, order, (target, ceiling), width, deadline, &mut pace, (nodes, stages)) else {
             break;
         };
         let arena = arena_of(inst, &offsets);
         if arena < ceiling {
+            trace.found(arena);
             best = Some((offsets, arena));
         }
         if arena <= target {
@@ -146,7 +95,7 @@ fn sweep(
     width: usize,
     deadline: Instant,
     pace: &mut Pace,
-    nodes: &mut u64,
+    (nodes, stages): (&mut u64, Stages),
 ) -> Option<Vec<(u32, u64)>> {
     let start = Instant::now();
     let mut capacity = target;
@@ -167,7 +116,8 @@ fn sweep(
             width = (width * 2).min(MAX_WINDOW);
         }
         let window = &order[done..(done + width).min(order.len())];
-        let Some(local) = search_window(inst, window, &placed, &mut capacity, target, windows_end, nodes) else {
+        let Some(local) = search_window(inst, window, &placed, (&mut capacity, target), windows_end, (nodes, stages))
+        else {
             break;
         };
         pace.window = now.elapsed();
@@ -191,10 +141,9 @@ fn search_window(
     inst: &Instance,
     window: &[u32],
     placed: &PlacedIndex,
-    capacity: &mut u64,
-    target: u64,
+    (capacity, target): (&mut u64, u64),
     deadline: Instant,
-    nodes: &mut u64,
+    (nodes, stages): (&mut u64, Stages),
 ) -> Option<Vec<(u32, u64)>> {
     let mut comp = Component::new(inst, window);
     let mut spans = Vec::new();
@@ -211,7 +160,7 @@ fn search_window(
     let orders = orders(&comp);
     let mut rise = (target / RISES_PER_BOUND).max(1);
     loop {
-        let mut prober = Prober::new(&comp, *capacity);
+        let mut prober = Prober::new(&comp, *capacity, stages);
         while prober.rounds < ROUNDS {
             if let Outcome::Fits(local) = prober.step(&comp, &orders, deadline, nodes) {
                 return Some(comp.members.iter().copied().zip(local).collect());
@@ -231,7 +180,7 @@ fn search_window(
 mod tests {
     use super::*;
     use crate::exact::checked;
-    use crate::exact::portfolio::fit_before;
+    use crate::exact::placed::fit_before;
     use crate::random_instance;
 
     /// A sweep with no time for windows is best fit by start alone, which gives way to the deadline and to the
@@ -245,8 +194,9 @@ mod tests {
         // Fitting every buffer would take 3 s at this pace, more than the deadlines below leave for windows.
         let mut pace = Pace { fit_seconds: 1e-3, window: Duration::ZERO };
         let mut nodes = 0;
-        let mut sweep_until =
-            |deadline, ceiling| sweep(&inst, &order, (target, ceiling), 400, deadline, &mut pace, &mut nodes);
+        let mut sweep_until = |deadline, ceiling| {
+            sweep(&inst, &order, (target, ceiling), 400, deadline, &mut pace, (&mut nodes, Stages::ALL))
+        };
         assert_eq!(sweep_until(Instant::now(), u64::MAX), None);
         let soon = Instant::now() + Duration::from_secs(2);
         let plan = sweep_until(soon, u64::MAX).expect("time for best fit");
@@ -255,26 +205,5 @@ mod tests {
         assert_eq!(sweep_until(soon, arena + 1), Some(plan));
         assert_eq!(sweep_until(soon, arena), None);
         assert_eq!(nodes, 0, "no window searched");
-    }
-
-    /// The incumbent is one of the plans lowered, and what comes back is never above it: with no time at all, it
-    /// comes back as it is; with time, lower or as low.
-    #[test]
-    fn the_sweeps_hand_back_the_incumbent_or_a_plan_below_it() {
-        let buffers = random_instance(5_000, 3);
-        let inst = Instance::new(&buffers, 1).unwrap();
-        let part: Vec<u32> = (0..inst.len() as u32).collect();
-        let order = inst.by_start(part.iter().copied());
-        let incumbent = fit_before(&inst, &order, u64::MAX, Instant::now() + Duration::from_secs(60)).0.unwrap();
-        let incumbent = (incumbent.clone(), arena_of(&inst, &incumbent));
-        let (target, mut nodes) = (inst.lower_bound(), 0);
-        assert!(incumbent.1 > target);
-        let now = Instant::now();
-        assert_eq!(sweeps(&inst, &part, target, Some(incumbent.clone()), now, &mut nodes), Some(incumbent.clone()));
-        assert_eq!(sweeps(&inst, &part, target, None, now, &mut nodes), None);
-        let soon = Instant::now() + Duration::from_secs(2);
-        let (plan, arena) = sweeps(&inst, &part, target, Some(incumbent.clone()), soon, &mut nodes).unwrap();
-        assert_eq!(checked(&buffers, &plan).1, arena);
-        assert!(arena <= incumbent.1);
     }
 }

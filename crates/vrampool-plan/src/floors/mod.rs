@@ -29,8 +29,8 @@ mod projection;
 mod skyline;
 mod squeaky;
 
-use crate::exact::{Order, Traits};
 use crate::instance::Instance;
+use crate::order::{Order, Traits};
 use projection::Projection;
 use skyline::Skyline;
 pub(crate) use squeaky::{squeaky_wheel, PATIENCE};

@@ -12,8 +12,8 @@
 use std::time::Instant;
 
 use super::lowest_floor_first_promoting;
-use crate::exact::Order;
 use crate::instance::Instance;
+use crate::order::Order;
 use crate::synthetic::SplitMix64;
 
 /// Runs in a row that do not beat the best before the wheel stops, where it starts from a floor run's plan.

@@ -2,7 +2,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::exact::checked;
-use crate::exact::portfolio::fit_before;
+use crate::exact::placed::fit_before;
 use crate::{random_instance, validate, Buffer};
 
 /// Lowers the plan `offsets` of `buffers` with a minute to spare.
@@ -12,8 +12,15 @@ fn lowered(buffers: &[Buffer], offsets: &[u64]) -> (Vec<u64>, u64) {
     let arena = validate(buffers, offsets, 1).unwrap();
     let plan = order.iter().map(|&i| (i, offsets[i as usize])).collect();
     let deadline = Instant::now() + Duration::from_secs(60);
-    let (plan, reported) =
-        lower_peaks(&inst, &order, vec![(plan, arena)], inst.lower_bound(), deadline, &mut 0, |_| None);
+    let (plan, reported) = lower_peaks(
+        &inst,
+        &order,
+        vec![(plan, arena)],
+        inst.lower_bound(),
+        deadline,
+        (&mut 0, &mut Trace::all()),
+        |_| None,
+    );
     let (offsets, arena) = checked(buffers, &plan);
     assert_eq!(reported, arena);
     (offsets, arena)
@@ -72,9 +79,9 @@ fn of_two_plans_the_one_higher_at_first_can_end_lower() {
     let free = placed([0, 1, 2, 3, 5]);
     assert!(stuck.1 < free.1);
     let far = || Instant::now() + Duration::from_secs(60);
-    let alone = lower_peaks(&inst, &order, vec![stuck.clone()], 4 * k, far(), &mut 0, |_| None);
+    let alone = lower_peaks(&inst, &order, vec![stuck.clone()], 4 * k, far(), (&mut 0, &mut Trace::all()), |_| None);
     assert_eq!(alone.1, 5 * k);
-    let both = lower_peaks(&inst, &order, vec![stuck, free], 4 * k, far(), &mut 0, |_| None);
+    let both = lower_peaks(&inst, &order, vec![stuck, free], 4 * k, far(), (&mut 0, &mut Trace::all()), |_| None);
     assert_eq!(checked(&buffers, &both.0).1, 4 * k);
     assert_eq!(both.1, 4 * k);
 }
@@ -98,7 +105,7 @@ fn a_random_plan_by_best_fit_is_lowered_and_stays_valid() {
             vec![(plan.clone(), before)],
             inst.lower_bound(),
             Instant::now(),
-            &mut 0,
+            (&mut 0, &mut Trace::all()),
             |_| None,
         );
         assert_eq!((checked(&buffers, &kept).0, arena), (offsets, before));
@@ -116,7 +123,7 @@ fn a_plan_the_bands_cannot_lower_is_shaken_once_and_a_better_one_is_lowered_in_t
     // Below any plan: where the bands miss levels at an arena, the plan is shaken, once for each arena, the last
     // time at the plan they stall at.
     let mut shaken = Vec::new();
-    let stalled = lower_peaks(&inst, &order, vec![(plan.clone(), arena)], 0, far(), &mut 0, |p| {
+    let stalled = lower_peaks(&inst, &order, vec![(plan.clone(), arena)], 0, far(), (&mut 0, &mut Trace::all()), |p| {
         shaken.push(p.clone());
         None
     });
@@ -128,7 +135,7 @@ fn a_plan_the_bands_cannot_lower_is_shaken_once_and_a_better_one_is_lowered_in_t
     assert!(best.arena_bytes < stalled.1, "{} against {}", best.arena_bytes, stalled.1);
     let better: Placed = (order.iter().map(|&i| (i, best.offsets[i as usize])).collect(), best.arena_bytes);
     let mut given = Vec::new();
-    let lowered = lower_peaks(&inst, &order, vec![(plan, arena)], 0, far(), &mut 0, |p| {
+    let lowered = lower_peaks(&inst, &order, vec![(plan, arena)], 0, far(), (&mut 0, &mut Trace::all()), |p| {
         given.push(p.1);
         (given.len() == 1).then(|| better.clone())
     });

@@ -180,15 +180,15 @@ fn the_runs_keep_the_best_plan_of_them_all() {
     let far = Instant::now() + Duration::from_secs(120);
     let arenas = each_run_s_arena(&buffers, &inst, &order, far);
     let least = *arenas.iter().min().unwrap();
-    let Runs { best, fit_seconds, .. } = best_of_runs(&inst, &order, 0, u64::MAX, far);
+    let Runs { best, fit_seconds, .. } = best_of_runs(&inst, &order, 0, u64::MAX, far, &mut Trace::all());
     let (plan, arena) = best.unwrap();
     assert_eq!((checked(&buffers, &plan).1, arena), (least, least));
     assert!(fit_seconds.is_some_and(|s| s > 0.0));
     // Only a plan that beats the ceiling is kept; one that meets the target ends the runs.
-    assert_eq!(best_of_runs(&inst, &order, 0, least, far).best, None);
-    assert_eq!(best_of_runs(&inst, &order, 0, least + 1, far).best.map(|b| b.1), Some(least));
+    assert_eq!(best_of_runs(&inst, &order, 0, least, far, &mut Trace::all()).best, None);
+    assert_eq!(best_of_runs(&inst, &order, 0, least + 1, far, &mut Trace::all()).best.map(|b| b.1), Some(least));
     assert!(arenas[0] > least, "{arenas:?}");
-    let first = best_of_runs(&inst, &order, arenas[0], u64::MAX, far).best;
+    let first = best_of_runs(&inst, &order, arenas[0], u64::MAX, far, &mut Trace::all()).best;
     assert_eq!(first.map(|b| b.1), Some(arenas[0]));
 }
 
@@ -201,7 +201,7 @@ fn the_squeaky_wheel_takes_the_runs_best_below_every_run_s() {
     let least = *each_run_s_arena(&buffers, &inst, &order, far).iter().min().unwrap();
     let bound = inst.lower_bound();
     assert!(least > bound);
-    let (plan, arena) = best_of_runs(&inst, &order, bound, u64::MAX, far).best.unwrap();
+    let (plan, arena) = best_of_runs(&inst, &order, bound, u64::MAX, far, &mut Trace::all()).best.unwrap();
     assert_eq!(checked(&buffers, &plan).1, arena);
     assert!(arena < least, "{arena} against the runs' {least}");
     assert_eq!(arena, bound, "found by trying seeds: the wheel reaches the bound here");
@@ -209,7 +209,7 @@ fn the_squeaky_wheel_takes_the_runs_best_below_every_run_s() {
 
 #[test]
 fn the_kind_that_found_the_better_plan_gets_two_thirds_of_the_time() {
-    let queue = |runs: &'static [(Run, bool)], next, seconds, best| Queue { runs, next, seconds, best };
+    let queue = |runs: &'static [(Run, bool)], next, seconds, best| Queue { runs: runs.to_vec(), next, seconds, best };
     let (floors, fits) = (&FLOOR_RUNS[..], &FIT_RUNS[..]);
     // Nothing run yet, or nothing found: lowest floor first, then whichever has had less time.
     assert_eq!(next_kind(&queue(floors, 0, 0.0, u64::MAX), &queue(fits, 0, 0.0, u64::MAX)), Some(0));
