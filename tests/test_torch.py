@@ -120,6 +120,35 @@ def test_install_ends_the_planned_arenas_iteration_at_every_optimizer_step(run_p
     assert figures == {"replayed": 4, "same": True, "device_allocs": 0, "allocated": 4 << 20}, figures
 
 
+def test_install_makes_sharing_a_cuda_tensor_an_error_that_names_vrampool(run_python: Callable[..., str]) -> None:
+    """Issue 50: torch.multiprocessing cannot share a CUDA tensor through a pluggable allocator;
+    under install() its pickler says so, naming vrampool and the ways round it, in the sending
+    process. CPU tensors pickle as before. (A CUDA tensor needs a GPU: a stand-in says is_cuda.)"""
+    pytest.importorskip("torch")
+    out = run_python(
+        """
+        import json, torch
+        from multiprocessing.reduction import ForkingPickler
+        import vrampool.torch as vt
+        vt.install(device="sim", sim_capacity="256MB")
+        ForkingPickler.dumps(torch.ones(3))
+        class CudaLike:
+            is_cuda = True
+        messages = []
+        for cls in (torch.Tensor, torch.nn.Parameter, torch.UntypedStorage):
+            try:
+                ForkingPickler._extra_reducers[cls](CudaLike())
+            except RuntimeError as e:
+                messages.append(str(e))
+        print(json.dumps(messages))
+        """
+    )
+    import json
+
+    messages = json.loads(out.splitlines()[-1])
+    assert len(messages) == 3 and all("vrampool.ipc" in m and "torch.multiprocessing" in m for m in messages), messages
+
+
 def test_install_sets_every_hook_and_torch_drives_them(run_python: Callable[..., str]) -> None:
     pytest.importorskip("torch")
     out = run_python(

@@ -213,6 +213,7 @@ def install(**conf: Any) -> Any:
             raise
         _installed = True
         _mark_optimizer_steps()
+        _refuse_cuda_sharing()
         return alloc
 
 
@@ -230,6 +231,36 @@ def _mark_optimizer_steps() -> None:
             _native.abi_planned_step(AUTO_KEY)
 
     register_optimizer_step_post_hook(step_ended)
+
+
+#: What ``torch.multiprocessing`` meets when it would share a CUDA tensor under :func:`install`.
+CUDA_SHARING_REFUSED = (
+    "vrampool: torch.multiprocessing cannot share a CUDA tensor under vrampool.torch.install(): "
+    "PyTorch shares CUDA memory through its own allocator's IPC handles, which a pluggable allocator "
+    "cannot give. Share a vrampool.DevicePool(0, ipc=True) buffer instead (vrampool.ipc), send the "
+    "tensor through the CPU, or keep PyTorch's allocator in this process (vrampool.torch.pool() for a region)"
+)
+
+
+def _refuse_cuda_sharing() -> None:
+    """Makes ``torch.multiprocessing``'s pickler refuse CUDA tensors and storages with
+    :data:`CUDA_SHARING_REFUSED` (PyTorch's own refusal is an internal message of its pluggable
+    allocator, raised only in the receiving process); everything else pickles as before."""
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing.reductions as reductions  # registers PyTorch's reducers first
+
+    def refusing(reduce: Any) -> Any:
+        def reduce_unless_cuda(obj: Any) -> Any:
+            if getattr(obj, "is_cuda", False):
+                raise RuntimeError(CUDA_SHARING_REFUSED)
+            return reduce(obj)
+
+        return reduce_unless_cuda
+
+    for cls, reduce in list(ForkingPickler._extra_reducers.items()):
+        if reduce in (reductions.reduce_tensor, reductions.reduce_storage, reductions.reduce_typed_storage, reductions.reduce_typed_storage_child):
+            ForkingPickler.register(cls, refusing(reduce))
 
 
 @contextlib.contextmanager
