@@ -69,7 +69,11 @@ class DevicePool:
     chunks that no block uses back to the device, so one tier's or one step's cached memory does
     not stay reserved beside another's growth;
     ``reclaim=False`` keeps every cached segment, as PyTorch's caching allocator does, at the
-    price of a higher peak.
+    price of a higher peak. ``steady`` (on by default) serves a workload that repeats itself from
+    one planned arena once each step has been seen (a step ends once nothing allocated is live,
+    or at PyTorch's optimizer step under :func:`vrampool.torch.install`): after warm-up no device
+    call and no sync. Its calls take one lock; ``steady=False`` leaves the pool's lock-free paths
+    alone, for many threads that never repeat a step.
     ``ipc=True`` makes every segment shareable with other processes (:mod:`vrampool.ipc`:
     :meth:`ipc_handle`, :meth:`export`, and buffers that pickle for ``spawn`` children); it
     turns expandable segments off.
@@ -101,6 +105,7 @@ class DevicePool:
         record_events: bool = False,
         expandable: Optional[bool] = None,
         reclaim: Optional[bool] = None,
+        steady: Optional[bool] = None,
         scrub: str = "off",
         track_leaks: bool = False,
         ipc: Optional[bool] = None,
@@ -115,6 +120,7 @@ class DevicePool:
             "record_events": record_events,
             "expandable": expandable,
             "reclaim": reclaim,
+            "steady": steady,
             "scrub": scrub,
             "track_leaks": track_leaks,
             "ipc": ipc,

@@ -48,9 +48,10 @@ pub const AUTO_KEY: u64 = u64::MAX;
 /// time.
 pub const AUTO_PLAN_ALLOCATIONS: usize = 8;
 
-/// An iteration records at most this many events; a longer one is not planned (a program that never reaches
-/// a boundary must not grow the record without end).
-const MAX_RECORDED_EVENTS: usize = 1 << 22;
+/// An iteration records at most this many events; a longer one is not planned: a program that never reaches
+/// a boundary must not grow the record without end, nor stall the free that ends it on a plan of a hundred
+/// thousand buffers (a training step allocates thousands).
+const MAX_RECORDED_EVENTS: usize = 1 << 18;
 
 /// The arena's size is a multiple of this: the unit of the default pool's large blocks and mappings.
 const ARENA_UNIT: u64 = 2 << 20;
