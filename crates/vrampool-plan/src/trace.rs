@@ -32,16 +32,12 @@ pub enum Stage {
     Chains,
     /// The squeaky wheel after the runs (`floors/squeaky.rs`).
     Squeaky,
-    /// The squeaky wheel shaking a plan the bands cannot lower.
-    Shake,
     /// Lowering the peaks by bands (`exact/neighbourhood.rs`).
     Lowering,
-    /// The window sweeps (`exact/windows.rs`).
-    Windows,
 }
 
 impl Stage {
-    pub const ALL: [Stage; 14] = [
+    pub const ALL: [Stage; 12] = [
         Stage::Jitter,
         Stage::DeepestBoost,
         Stage::Descent,
@@ -53,9 +49,7 @@ impl Stage {
         Stage::FirstPhases,
         Stage::Chains,
         Stage::Squeaky,
-        Stage::Shake,
         Stage::Lowering,
-        Stage::Windows,
     ];
 
     pub fn name(self) -> &'static str {
@@ -71,9 +65,7 @@ impl Stage {
             Stage::FirstPhases => "first-phases",
             Stage::Chains => "chains",
             Stage::Squeaky => "squeaky",
-            Stage::Shake => "shake",
             Stage::Lowering => "lowering",
-            Stage::Windows => "windows",
         }
     }
 }

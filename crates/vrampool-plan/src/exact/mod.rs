@@ -17,7 +17,6 @@ mod probe;
 #[cfg(test)]
 mod restarts;
 mod search;
-mod windows;
 
 use std::time::{Duration, Instant};
 
@@ -186,7 +185,7 @@ pub(crate) fn exact_decide(inst: &Instance, capacity: u64, budget: Duration, see
     let verdict = on_search_thread(|| {
         let (mut offsets, mut nodes) = (seed.to_vec(), 0);
         // Large parts as `plan` searches them, aiming at the capacity, each part with its share of the time
-        // (the small ones together count as one); a plan within the capacity or none: windows prove nothing.
+        // (the small ones together count as one); a plan within the capacity or none: the search proves nothing.
         // The arena to beat is the seed's, not the capacity: the portfolio's runs end a few percent above the
         // bound and only their lowering comes down to it, so runs cut at the capacity would find nothing.
         for (k, part) in large.iter().enumerate() {

@@ -10,13 +10,6 @@
 //!
 //! Every move keeps the plan valid and no buffer above the level it was moved for, so the arena never rises,
 //! and a level given up keeps the moves made for it.
-//!
-//! Where levels are missed three times in a row at one arena, the caller may shake the plan (`shake`: the
-//! squeaky wheel from it, see `large.rs`), once for each arena; a better plan it hands back is lowered in
-//! turn. The bands and the wheel move different buffers: on the random instance of 30,000 buffers the bands
-//! stall at 1.0056 of the bound in 0.4 s, and with smaller steps and longer slices they stay there for any time
-//! (each level ends in one band the search decides neither way); the wheel from that plan finds 1.0036, which
-//! the bands take to the bound.
 
 use std::time::{Duration, Instant};
 
@@ -35,19 +28,15 @@ const BANDS: [u64; 8] = [10, 20, 50, 100, 200, 350, 500, 1_100];
 /// milliseconds.
 const MAX_MEMBERS: usize = 2_000;
 /// The search's time for one band at first; it doubles each time the step below the arena is back at its
-/// least, up to `MAX_SLICE`, after which the part's remaining time goes to the window sweeps.
+/// least, up to `MAX_SLICE`, after which the plan is done.
 const FIRST_SLICE: Duration = Duration::from_millis(200);
 const MAX_SLICE: Duration = Duration::from_millis(1_600);
-/// Levels missed in a row at one arena before the plan is shaken: one miss is often made up by the next,
-/// smaller step, and a shake costs up to dozens of runs.
-const MISSES_BEFORE_SHAKE: u32 = 3;
 /// Members whose obstacles are gathered between two looks at the clock (each visits every buffer overlapping
 /// it, thousands where buffers live long).
 const OBSTACLES_CLOCK_EVERY: usize = 16;
 
 /// The lowest of `plans` (of the part `order`, sorted by start; at least one) with its arena lowered towards
-/// `target` before `deadline`, by as many steps as the searches of the bands around its highest buffers find,
-/// and by the plans `shake` hands back (each below the plan it is given) where levels are missed at one arena.
+/// `target` before `deadline`, by as many steps as the searches of the bands around its highest buffers find.
 ///
 /// The plans are lowered side by side, a level at a time: the lowest so far gets two thirds of the time, the
 /// others share the rest. The lowest at first is not always the lowest in the end (on serving seed 4 the
@@ -59,7 +48,6 @@ pub(crate) fn lower_peaks(
     target: u64,
     deadline: Instant,
     (nodes, trace): (&mut u64, &mut Trace),
-    mut shake: impl FnMut(&Placed) -> Option<Placed>,
 ) -> Placed {
     // With no time left (the runs may take it all), not even the index of overlaps is built.
     if plans.iter().any(|p| p.1 <= target) || Instant::now() >= deadline {
@@ -76,7 +64,7 @@ pub(crate) fn lower_peaks(
             break;
         }
         let began = Instant::now();
-        descents[k].level(&mut searches, &mut shake);
+        descents[k].level(&mut searches);
         descents[k].seconds += began.elapsed().as_secs_f64();
         trace.found(descents[k].arena);
     }
@@ -106,10 +94,6 @@ struct Descent<'a> {
     unit: u64,
     step: u64,
     slice: Duration,
-    /// Levels missed in a row at this arena, and the arena last shaken to no avail (the wheel is seeded, so
-    /// shaking the same plan again gives nothing).
-    missed: u32,
-    shaken: Option<u64>,
     /// Whether the steps and the slices are spent.
     done: bool,
     seconds: f64,
@@ -127,17 +111,7 @@ impl<'a> Descent<'a> {
         let offset = vec![u64::MAX; inst.len()];
         let mut lowering = Lowering { inst, order, overlaps, offset, target, deadline };
         lowering.take(&plan);
-        let mut descent = Descent {
-            lowering,
-            arena,
-            unit,
-            step: 0,
-            slice: FIRST_SLICE,
-            missed: 0,
-            shaken: None,
-            done: false,
-            seconds: 0.0,
-        };
+        let mut descent = Descent { lowering, arena, unit, step: 0, slice: FIRST_SLICE, done: false, seconds: 0.0 };
         descent.step = descent.first_step();
         descent
     }
@@ -147,23 +121,13 @@ impl<'a> Descent<'a> {
     }
 
     /// Tries the next level below the arena, and sets the step and the slice for the one after.
-    fn level(&mut self, searches: &mut Searches, shake: &mut impl FnMut(&Placed) -> Option<Placed>) {
+    fn level(&mut self, searches: &mut Searches) {
         let (before, target) = (self.arena, self.lowering.target);
         let reached = self.lowering.reach(before - self.step.min(before - target), self.slice, searches);
         self.arena = self.lowering.arena();
-        self.missed = if reached || self.arena < before { 0 } else { self.missed + 1 };
         self.done = self.arena <= target;
         if reached {
             return;
-        }
-        if self.missed >= MISSES_BEFORE_SHAKE && self.shaken != Some(self.arena) {
-            self.shaken = Some(self.arena);
-            if let Some(better) = shake(&self.lowering.plan()).filter(|b| b.1 < self.arena) {
-                self.lowering.take(&better.0);
-                self.arena = better.1;
-                (self.step, self.done) = (self.first_step(), self.arena <= target);
-                return;
-            }
         }
         if self.step > self.unit {
             self.step = (self.step / 2).max(self.unit);

@@ -1,4 +1,4 @@
-//! The runs a large part gets before the window sweeps (`large.rs`): lowest floor first (`floors/`) with each
+//! The runs a large part gets before the lowering (`large.rs`): lowest floor first (`floors/`) with each
 //! tie-break, and best fit in order of start (what a dynamic allocator replaying the run would do) with a few
 //! first phases, each in both directions of time (a plan of the mirrored part is one of the part). A run stops
 //! as soon as it cannot beat the best plan so far, so the losing ones cost little.
@@ -159,14 +159,10 @@ fn next_kind(floors: &Queue, fits: &Queue) -> Option<usize> {
 /// and the bands, which take their best plan down by 0.5-1.7% of the bound, would get none.
 const RUNS_SHARE: (u32, u32) = (2, 3);
 
-/// What the runs found: the best plan and the one it replaced, the seconds best fit took per buffer (once
-/// measured), and where a floor run's plan led above the bound (the squeaky wheel's turn), its tie-break and the
-/// timeline it ran on (the mirrored part where time ran backwards).
+/// What the runs found: the best plan and the one it replaced.
 pub(crate) struct Runs {
     pub best: Option<Placed>,
     pub runner_up: Option<Placed>,
-    pub fit_seconds: Option<f64>,
-    pub floors_lead: Option<(Order, Option<Instance>)>,
 }
 
 /// The best plan of `order` (the part, sorted by start) the runs find before `deadline` that beats `ceiling`,
@@ -181,7 +177,7 @@ pub(crate) fn best_of_runs(
     trace: &mut Trace,
 ) -> Runs {
     let mirrored = inst.mirrored();
-    let (mut best, mut runner_up, mut fit_seconds): (Option<Placed>, Option<Placed>, Option<f64>) = (None, None, None);
+    let (mut best, mut runner_up): (Option<Placed>, Option<Placed>) = (None, None);
     // The last floor run kept (the best of those kept, its arena the floors' queue's best): tie-break, direction
     // of time and offsets (parallel to `order`).
     let mut best_floors: Option<(Order, bool, Vec<u64>)> = None;
@@ -204,13 +200,7 @@ pub(crate) fn best_of_runs(
                 best_floors = Some((tie_break, backwards, offsets));
                 plan
             }),
-            Run::Fit(first) => {
-                let (plan, placed) = fit_before(timeline, &fit_order(timeline, order, first), beat, deadline);
-                if placed > 0 {
-                    fit_seconds.get_or_insert(began.elapsed().as_secs_f64() / placed as f64);
-                }
-                plan
-            }
+            Run::Fit(first) => fit_before(timeline, &fit_order(timeline, order, first), beat, deadline).0,
             Run::Aligned(factor, first) => {
                 aligned_fit_before(timeline, &fit_order(timeline, order, first), factor, beat, deadline).0
             }
@@ -225,7 +215,6 @@ pub(crate) fn best_of_runs(
     }
     // The runs are done (or the time is up): the squeaky wheel on the best floor run, if it has its turn.
     let turn = wheel_s_turn(best.as_ref().map(|b| b.1), kinds[0].best, target);
-    let mut floors_lead = None;
     if let Some((tie_break, backwards, offsets)) = best_floors.filter(|_| turn) {
         let timeline = if backwards { &mirrored } else { inst };
         let floors_best = (offsets, kinds[0].best);
@@ -239,9 +228,8 @@ pub(crate) fn best_of_runs(
             trace.found(arena);
             runner_up = best.replace((order.iter().copied().zip(offsets).collect(), arena));
         }
-        floors_lead = Some((tie_break, backwards.then_some(mirrored)));
     }
-    Runs { best, runner_up, fit_seconds, floors_lead }
+    Runs { best, runner_up }
 }
 
 /// Whether the squeaky wheel runs, given the best arena of all runs and of the floor runs: only where a floor

@@ -12,15 +12,8 @@ fn lowered(buffers: &[Buffer], offsets: &[u64]) -> (Vec<u64>, u64) {
     let arena = validate(buffers, offsets, 1).unwrap();
     let plan = order.iter().map(|&i| (i, offsets[i as usize])).collect();
     let deadline = Instant::now() + Duration::from_secs(60);
-    let (plan, reported) = lower_peaks(
-        &inst,
-        &order,
-        vec![(plan, arena)],
-        inst.lower_bound(),
-        deadline,
-        (&mut 0, &mut Trace::all()),
-        |_| None,
-    );
+    let (plan, reported) =
+        lower_peaks(&inst, &order, vec![(plan, arena)], inst.lower_bound(), deadline, (&mut 0, &mut Trace::all()));
     let (offsets, arena) = checked(buffers, &plan);
     assert_eq!(reported, arena);
     (offsets, arena)
@@ -79,9 +72,9 @@ fn of_two_plans_the_one_higher_at_first_can_end_lower() {
     let free = placed([0, 1, 2, 3, 5]);
     assert!(stuck.1 < free.1);
     let far = || Instant::now() + Duration::from_secs(60);
-    let alone = lower_peaks(&inst, &order, vec![stuck.clone()], 4 * k, far(), (&mut 0, &mut Trace::all()), |_| None);
+    let alone = lower_peaks(&inst, &order, vec![stuck.clone()], 4 * k, far(), (&mut 0, &mut Trace::all()));
     assert_eq!(alone.1, 5 * k);
-    let both = lower_peaks(&inst, &order, vec![stuck, free], 4 * k, far(), (&mut 0, &mut Trace::all()), |_| None);
+    let both = lower_peaks(&inst, &order, vec![stuck, free], 4 * k, far(), (&mut 0, &mut Trace::all()));
     assert_eq!(checked(&buffers, &both.0).1, 4 * k);
     assert_eq!(both.1, 4 * k);
 }
@@ -106,43 +99,9 @@ fn a_random_plan_by_best_fit_is_lowered_and_stays_valid() {
             inst.lower_bound(),
             Instant::now(),
             (&mut 0, &mut Trace::all()),
-            |_| None,
         );
         assert_eq!((checked(&buffers, &kept).0, arena), (offsets, before));
     }
-}
-
-#[test]
-fn a_plan_the_bands_cannot_lower_is_shaken_once_and_a_better_one_is_lowered_in_turn() {
-    let buffers = random_instance(300, 3);
-    let inst = Instance::new(&buffers, 1).unwrap();
-    let order = inst.by_start(0..inst.len() as u32);
-    let far = || Instant::now() + Duration::from_secs(60);
-    let plan = fit_before(&inst, &order, u64::MAX, far()).0.expect("no limit");
-    let arena = checked(&buffers, &plan).1;
-    // Below any plan: where the bands miss levels at an arena, the plan is shaken, once for each arena, the last
-    // time at the plan they stall at.
-    let mut shaken = Vec::new();
-    let stalled = lower_peaks(&inst, &order, vec![(plan.clone(), arena)], 0, far(), (&mut 0, &mut Trace::all()), |p| {
-        shaken.push(p.clone());
-        None
-    });
-    assert_eq!(shaken.last(), Some(&stalled), "the plan as it stands");
-    assert!(shaken.windows(2).all(|w| w[1].1 < w[0].1), "once for each arena: {:?}", shaken.iter().map(|p| p.1));
-    assert_eq!(checked(&buffers, &stalled.0).1, stalled.1);
-    // A better plan handed back is taken and lowered further; the next stall shakes it.
-    let best = crate::plan(&buffers, &crate::PlanOptions::default()).unwrap();
-    assert!(best.arena_bytes < stalled.1, "{} against {}", best.arena_bytes, stalled.1);
-    let better: Placed = (order.iter().map(|&i| (i, best.offsets[i as usize])).collect(), best.arena_bytes);
-    let mut given = Vec::new();
-    let lowered = lower_peaks(&inst, &order, vec![(plan, arena)], 0, far(), (&mut 0, &mut Trace::all()), |p| {
-        given.push(p.1);
-        (given.len() == 1).then(|| better.clone())
-    });
-    assert!(given[0] > best.arena_bytes && given.len() >= 2, "{given:?}");
-    assert!(given[1..].iter().all(|&a| a <= best.arena_bytes), "the better plan was taken: {given:?}");
-    assert_eq!(given.last(), Some(&lowered.1));
-    assert_eq!(checked(&buffers, &lowered.0).1, lowered.1);
 }
 
 #[test]

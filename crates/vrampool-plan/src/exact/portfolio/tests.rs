@@ -180,10 +180,9 @@ fn the_runs_keep_the_best_plan_of_them_all() {
     let far = Instant::now() + Duration::from_secs(120);
     let arenas = each_run_s_arena(&buffers, &inst, &order, far);
     let least = *arenas.iter().min().unwrap();
-    let Runs { best, fit_seconds, .. } = best_of_runs(&inst, &order, 0, u64::MAX, far, &mut Trace::all());
+    let Runs { best, .. } = best_of_runs(&inst, &order, 0, u64::MAX, far, &mut Trace::all());
     let (plan, arena) = best.unwrap();
     assert_eq!((checked(&buffers, &plan).1, arena), (least, least));
-    assert!(fit_seconds.is_some_and(|s| s > 0.0));
     // Only a plan that beats the ceiling is kept; one that meets the target ends the runs.
     assert_eq!(best_of_runs(&inst, &order, 0, least, far, &mut Trace::all()).best, None);
     assert_eq!(best_of_runs(&inst, &order, 0, least + 1, far, &mut Trace::all()).best.map(|b| b.1), Some(least));
