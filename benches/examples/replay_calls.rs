@@ -7,12 +7,9 @@
 //! `--repeat` replays the trace that many times back to back on one pool; `--trim-each-pass`
 //! gives every cached byte back between them (`empty_cache` at each step's end); `--conf` applies
 //! `VRAMPOOL_CONF` text over `default`.
-use vrampool_core::{Pool, PoolConfig};
-use vrampool_plan::PlannedMode;
+use vrampool_core::PoolConfig;
 use vrampool_whatif::peers::PeerConfig;
-use vrampool_whatif::replay::{
-    events_from_buffers, read_trace_csv, replay_device, replay_prepared, replay_resource, PreparedTrace, ReplayOptions, ReplayTarget,
-};
+use vrampool_whatif::replay::{events_from_buffers, read_trace_csv, replay_prepared, PreparedTrace, ReplayOptions, ReplayTarget};
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -47,15 +44,7 @@ fn main() {
         let name = std::path::Path::new(&path).file_stem().map_or(path.clone(), |s| s.to_string_lossy().into_owned());
         for (row, target) in &targets {
             let options = ReplayOptions { samples: 0, capacity: None, repeat, trim_each_pass };
-            let r = match target {
-                // As the binding makes its pools: the planned steps over the pool (the `steady` option).
-                ReplayTarget::Pool(config) if config.steady => {
-                    let pool = Pool::new(replay_device(options), config.clone()).unwrap_or_else(|e| fail(&e.to_string()));
-                    replay_resource(&prepared, "default", &PlannedMode::steady(pool), options)
-                }
-                _ => replay_prepared(&prepared, target, options),
-            }
-            .unwrap_or_else(|e| fail(&format!("{path}: {e}")));
+            let r = replay_prepared(&prepared, target, options).unwrap_or_else(|e| fail(&format!("{path}: {e}")));
             let ratio = |bytes: u64| bytes as f64 / r.lower_bound_bytes as f64;
             let (first, last) = (ratio(r.first_pass_peak_reserved_bytes), ratio(r.peak_reserved_bytes));
             let bound = r.lower_bound_bytes >> 20;

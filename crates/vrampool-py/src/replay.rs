@@ -5,8 +5,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use vrampool_core::config::{key_names, Scope};
-use vrampool_core::{Pool, PoolId, PoolSegment};
-use vrampool_plan::PlannedMode;
+use vrampool_core::{PoolId, PoolSegment};
 use vrampool_whatif::peers::PeerConfig;
 use vrampool_whatif::replay::{self, PreparedTrace, ReplayOptions, ReplayReport, ReplayTarget, TraceBuffer};
 use vrampool_whatif::replay_row::{pool_row_conf, row_target};
@@ -117,23 +116,10 @@ fn replay_trace<'py>(
     let options = ReplayOptions { samples, capacity, repeat, trim_each_pass: false };
     let reports: Vec<ReplayReport> = crate::exit::detach(py, || {
         let prepared = PreparedTrace::new(&replay::events_from_buffers(&buffers)?)?;
-        targets.iter().map(|target| replay_row(&prepared, target, options)).collect::<Result<Vec<_>, _>>()
+        targets.iter().map(|target| replay::replay_prepared(&prepared, target, options)).collect::<Result<Vec<_>, _>>()
     })
     .map_err(value_error)?;
     reports.iter().map(|r| report_dict(py, r)).collect()
-}
-
-/// One row's replay: a pool with the `steady` option runs under the planned steps, as the binding
-/// makes its pools (`DeviceResource`).
-fn replay_row(prepared: &PreparedTrace, target: &ReplayTarget, options: ReplayOptions) -> Result<ReplayReport, replay::ReplayError> {
-    match target {
-        ReplayTarget::Pool(config) if config.steady => {
-            let device = replay::replay_device(options);
-            let pool = Pool::new(device, config.clone()).map_err(|source| replay::ReplayError::Pool { index: 0, source })?;
-            replay::replay_resource(prepared, target.name(), &PlannedMode::steady(pool), options)
-        }
-        _ => replay::replay_prepared(prepared, target, options),
-    }
 }
 
 fn report_dict<'py>(py: Python<'py>, r: &ReplayReport) -> PyResult<Bound<'py, PyDict>> {

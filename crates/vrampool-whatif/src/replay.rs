@@ -29,6 +29,7 @@ use vrampool_core::device::{SimDevice, SimMode, StreamId};
 use vrampool_core::error::{OomReport, PoolError};
 use vrampool_core::strategy::StrategyKind;
 use vrampool_core::{MemoryResource, Pool, PoolConfig, PoolCore};
+use vrampool_plan::PlannedMode;
 
 /// Capacity of the simulated device a replay runs on: large enough that no trace runs out.
 pub const REPLAY_CAPACITY: u64 = 1 << 50;
@@ -448,36 +449,22 @@ pub fn sample_stride(events: usize, samples: usize) -> usize {
 /// Replays a prepared trace through a new pool or allocator model on an address-only simulated
 /// device, sampling the timeline at up to `options.samples` evenly spaced event indices. The
 /// samples are read inside the timed loop, so events per second include their cost. With a
-/// capacity, running out of memory ends the replay with `out_of_memory` set.
+/// capacity, running out of memory ends the replay with `out_of_memory` set. A pool with the
+/// `steady` option runs under the planned steps, as the binding makes its pools.
 pub fn replay_prepared(prepared: &PreparedTrace, target: &ReplayTarget, options: ReplayOptions) -> Result<ReplayReport, ReplayError> {
-    let device = replay_device(options);
+    let device = Arc::new(SimDevice::new(options.capacity.unwrap_or(REPLAY_CAPACITY), SimMode::AddressOnly));
     let report = match target {
         ReplayTarget::Pool(config) => {
             let mut pool = Pool::new(device, config.clone()).map_err(|source| ReplayError::Pool { index: 0, source })?;
-            run(prepared, &mut pool, options)
+            if config.steady {
+                run(prepared, &mut (&PlannedMode::steady(pool) as &dyn MemoryResource), options)
+            } else {
+                run(prepared, &mut pool, options)
+            }
         }
         ReplayTarget::Peer(peer) => run(prepared, &mut peer.build(device, options.capacity), options),
     }?;
     Ok(ReplayReport { strategy: target.name(), approximate: matches!(target, ReplayTarget::Peer(p) if p.approximate()), ..report })
-}
-
-/// The address-only simulated device a replay with `options` runs on.
-pub fn replay_device(options: ReplayOptions) -> Arc<SimDevice> {
-    Arc::new(SimDevice::new(options.capacity.unwrap_or(REPLAY_CAPACITY), SimMode::AddressOnly))
-}
-
-/// Replays a prepared trace through `resource` (made on [`replay_device`]), as [`replay_prepared`] does a
-/// pool: for the adaptors other crates put over a pool, such as the planned steps that the `default` row's
-/// `steady` option asks for.
-pub fn replay_resource(
-    prepared: &PreparedTrace,
-    name: &'static str,
-    resource: &dyn MemoryResource,
-    options: ReplayOptions,
-) -> Result<ReplayReport, ReplayError> {
-    let mut target = resource;
-    let report = run(prepared, &mut target, options)?;
-    Ok(ReplayReport { strategy: name, ..report })
 }
 
 /// `options.repeat` copies of the trace run back to back on the same pool or model (a warm one,
