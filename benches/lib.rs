@@ -34,16 +34,20 @@ pub fn malloc_pair(layout: Layout) {
     }
 }
 
+/// Marsaglia's xorshift64 from `seed` (not 0): the same numbers every run, for workloads.
+pub fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+    move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    }
+}
+
 /// The `mixed` workload: 1,000 operations, each `(allocate?, size)`, over random sizes from
 /// 512 B to 8 MiB (six in ten below 16 KiB, three below 1 MiB), the same every run.
 pub fn mixed_ops() -> Vec<(bool, u64)> {
-    let mut rng = 0x2545_F491_4F6C_DD1Du64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut next = xorshift(0x2545_F491_4F6C_DD1D);
     (0..1000)
         .map(|_| {
             let r = next();
@@ -52,7 +56,7 @@ pub fn mixed_ops() -> Vec<(bool, u64)> {
                 6..=8 => 16 * KIB + (r >> 8) % MIB,
                 _ => MIB + (r >> 8) % (7 * MIB),
             };
-            (r % 2 == 0, size)
+            (r.is_multiple_of(2), size)
         })
         .collect()
 }

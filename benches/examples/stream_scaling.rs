@@ -6,6 +6,7 @@
 //! (default streams 1000 2000 4000 10000, 3 runs; prints the median seconds of each).
 use std::time::Instant;
 
+use vrampool_benches::xorshift;
 use vrampool_core::sizes::{KIB, MIB};
 use vrampool_core::PoolConfig;
 use vrampool_whatif::peers::{PeerConfig, PEER_NAMES};
@@ -16,13 +17,7 @@ use vrampool_whatif::replay::{
 const BUFFERS: u64 = 10_000;
 
 fn trace(streams: u64) -> PreparedTrace {
-    let mut seed = 0x9e3779b97f4a7c15u64;
-    let mut random = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut random = xorshift(0x9e3779b97f4a7c15);
     let buffers: Vec<TraceBuffer> = (0..BUFFERS)
         .map(|id| {
             let size = match random() % 3 {
