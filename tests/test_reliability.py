@@ -324,8 +324,26 @@ def test_torch_statistics_of_a_device_that_does_not_exist_are_an_error(device: A
 # ---- processes (issue 16) ----
 
 
-def _run(code: str, timeout: int = 120) -> "subprocess.CompletedProcess[str]":
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout)
+def _run(code: str, timeout: int = 120, prelude: str = "") -> "subprocess.CompletedProcess[str]":
+    return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout)
+
+
+#: For the fork tests' scripts: waits up to 10 s for a forked child; (1, 0) if it hung (it is
+#: killed), else (0, 1 if it exited non-zero).
+_REAP = """
+import os, time
+def reap(pid):
+    deadline = time.time() + 10
+    while True:
+        got, status = os.waitpid(pid, os.WNOHANG)
+        if got:
+            return 0, int(os.waitstatus_to_exitcode(status) != 0)
+        if time.time() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            return 1, 0
+        time.sleep(0.01)
+"""
 
 
 def test_a_fork_while_threads_allocate_gives_a_child_that_fails_clearly_and_never_hangs() -> None:
@@ -364,24 +382,15 @@ def test_a_fork_while_threads_allocate_gives_a_child_that_fails_clearly_and_neve
                     except PoolClosedError:
                         pass
                 os._exit(code)
-            deadline = time.time() + 10
-            while True:
-                got, status = os.waitpid(pid, os.WNOHANG)
-                if got:
-                    failed += os.waitstatus_to_exitcode(status) != 0
-                    break
-                if time.time() > deadline:
-                    os.kill(pid, 9)
-                    os.waitpid(pid, 0)
-                    hung += 1
-                    break
-                time.sleep(0.01)
+            child_hung, child_failed = reap(pid)
+            hung, failed = hung + child_hung, failed + child_failed
         stop = True
         for t in threads:
             t.join()
         print(hung, failed)
         """,
         timeout=400,
+        prelude=_REAP,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["0", "0"], f"children hung, failed: {done.stdout}"
@@ -441,24 +450,15 @@ def test_a_fork_while_threads_hammer_a_planned_pool_gives_children_that_raise_an
                     except PoolClosedError as e:
                         code = code or (0 if "forked" in str(e) else 4)
                 os._exit(code)
-            deadline = time.time() + 10
-            while True:
-                got, status = os.waitpid(pid, os.WNOHANG)
-                if got:
-                    failed += os.waitstatus_to_exitcode(status) != 0
-                    break
-                if time.time() > deadline:
-                    os.kill(pid, 9)
-                    os.waitpid(pid, 0)
-                    hung += 1
-                    break
-                time.sleep(0.01)
+            child_hung, child_failed = reap(pid)
+            hung, failed = hung + child_hung, failed + child_failed
         stop = True
         for t in threads:
             t.join()
         print(hung, failed)
         """,
         timeout=400,
+        prelude=_REAP,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["0", "0"], f"children hung, failed: {done.stdout}"
