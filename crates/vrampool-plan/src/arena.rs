@@ -243,12 +243,17 @@ impl<B: MemoryResource> PlannedPool<B> {
 
     /// Iteration boundaries without a caller: an iteration ends once nothing this pool handed out is live,
     /// every iteration picks its plan by its first allocation (`AUTO_KEY`), and one of fewer than
-    /// `AUTO_PLAN_ALLOCATIONS` allocations is not planned. A loop that frees all it allocated each step is then served from the
-    /// arena from its second step on, with no call of its own.
+    /// `AUTO_PLAN_ALLOCATIONS` allocations is not planned. A loop that frees all it allocated each step is
+    /// then served from the arena from its second step on, with no call of its own.
     pub fn with_auto_steps(mut self) -> Self {
         self.auto_steps = true;
         self.state.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner()).iteration.key = AUTO_KEY;
         self
+    }
+
+    /// Whether iterations end by themselves ([`PlannedPool::with_auto_steps`]).
+    pub fn has_auto_steps(&self) -> bool {
+        self.auto_steps
     }
 
     /// Arena offsets in multiples of `alignment` (by default the backing's alignment).

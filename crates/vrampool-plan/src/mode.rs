@@ -34,8 +34,6 @@ use crate::arena::{PlannedPool, PlannedStats};
 pub struct PlannedMode<U: MemoryResource> {
     planned: PlannedPool<U>,
     on: AtomicBool,
-    /// On for good, with automatic boundaries (`steady`), whatever `set_on` says.
-    steady: bool,
     /// Set by the first planned allocation: until then no buffer can be the arena's, and frees
     /// go straight to the upstream.
     engaged: AtomicBool,
@@ -44,20 +42,18 @@ pub struct PlannedMode<U: MemoryResource> {
 impl<U: MemoryResource> PlannedMode<U> {
     /// The mode, off, over `upstream`.
     pub fn new(upstream: U) -> Self {
-        Self {
-            planned: PlannedPool::new(upstream),
-            on: AtomicBool::new(false),
-            steady: false,
-            engaged: AtomicBool::new(false),
-        }
+        Self { planned: PlannedPool::new(upstream), on: AtomicBool::new(false), engaged: AtomicBool::new(false) }
     }
 
     /// The mode, on, over `upstream`, with iterations that end by themselves (see
     /// [`PlannedPool::with_auto_steps`]): a repeating workload reaches its steady state, one arena and no
     /// device call, with no call of its own. Explicit `step`s still mark boundaries.
     pub fn steady(upstream: U) -> Self {
-        let planned = PlannedPool::new(upstream).with_auto_steps();
-        Self { planned, on: AtomicBool::new(false), steady: true, engaged: AtomicBool::new(false) }
+        Self {
+            planned: PlannedPool::new(upstream).with_auto_steps(),
+            on: AtomicBool::new(false),
+            engaged: AtomicBool::new(false),
+        }
     }
 
     pub fn upstream(&self) -> &U {
@@ -65,12 +61,12 @@ impl<U: MemoryResource> PlannedMode<U> {
     }
 
     pub fn is_on(&self) -> bool {
-        self.steady || self.on.load(Relaxed)
+        self.is_steady() || self.on.load(Relaxed)
     }
 
     /// Whether the mode is on for good, with automatic boundaries ([`PlannedMode::steady`]).
     pub fn is_steady(&self) -> bool {
-        self.steady
+        self.planned.has_auto_steps()
     }
 
     /// Turns the mode on or off (a steady mode stays on). Off, the arena only waits for its last
