@@ -518,8 +518,9 @@ impl Drop for CudaDevice {
 /// (`check_map`), the caller holding `vm`'s lock since that check; the device's context is
 /// current.
 unsafe fn map_allocation(vm: &mut VirtualMemory, addr: u64, size: u64, allocation: u64, device: sys::CUdevice) -> DeviceResult<()> {
-    let bytes = size as usize; // fits: it lies inside a reservation the driver made
-                               // SAFETY: as the caller guarantees.
+    // Fits: it lies inside a reservation the driver made.
+    let bytes = size as usize;
+    // SAFETY: as the caller guarantees.
     if let Err(e) = unsafe { calls::mem_map(addr, bytes, allocation) } {
         // Created (or imported) by the caller, mapped nowhere.
         release_or_keep(vm, allocation);
