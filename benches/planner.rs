@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use criterion::Criterion;
 use vrampool_plan::{
-    decide, large_graph, llm_decoding_instance, llm_training_instance, packed_instance, plan, random_instance, read_csv, Algorithm, Buffer,
-    Decision, GraphFamily, PlanOptions,
+    csv_files, decide, large_graph, llm_decoding_instance, llm_training_instance, packed_instance, plan, random_instance, read_csv,
+    Algorithm, Buffer, Decision, GraphFamily, PlanOptions,
 };
 
 /// Columns of the table and criterion's functions, in this order.
@@ -132,16 +132,7 @@ fn print_large(cases: &[(String, Vec<Buffer>)]) {
 
 fn instances() -> Vec<(String, Vec<Buffer>)> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut paths: Vec<PathBuf> = [root.join("tests/data/static"), root.join("../shared/traces/static")]
-        .iter()
-        .filter_map(|dir| std::fs::read_dir(dir).ok())
-        .flatten()
-        .map(|entry| entry.expect("directory entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "csv"))
-        .collect();
-    paths.sort_by_key(|p| p.file_name().map(|n| n.to_owned()));
-    paths.dedup_by_key(|p| p.file_name().map(|n| n.to_owned()));
-    paths
+    csv_files(&[root.join("tests/data/static"), root.join("../shared/traces/static")])
         .into_iter()
         .map(|path| {
             let name = path.file_stem().expect("file name").to_string_lossy().into_owned();

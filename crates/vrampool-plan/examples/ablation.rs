@@ -17,8 +17,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use vrampool_plan::{
-    large_graph, llm_decoding_instance, llm_training_instance, packed_instance, plan_with_stages, random_instance,
-    read_csv, Algorithm, Buffer, GraphFamily, PlanOptions, Stage, Stages,
+    csv_files, large_graph, llm_decoding_instance, llm_training_instance, packed_instance, plan_with_stages,
+    random_instance, read_csv, Algorithm, Buffer, GraphFamily, PlanOptions, Stage, Stages,
 };
 
 type Error = Box<dyn std::error::Error>;
@@ -149,17 +149,9 @@ fn check_against(
 fn instances(graph_seed: u64) -> Result<Named, Error> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let mut found: Named = Vec::new();
-    for dir in [root.join("tests/data/static"), root.join("../shared/traces/static")] {
-        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
-        let mut names: Vec<String> =
-            entries.map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned())).collect::<Result<_, _>>()?;
-        names.sort();
-        for name in names.into_iter().filter(|n| n.ends_with(".csv")) {
-            if found.iter().all(|(n, _)| *n != name) {
-                let buffers = read_csv(std::fs::File::open(dir.join(&name))?)?;
-                found.push((name, buffers));
-            }
-        }
+    for path in csv_files(&[root.join("tests/data/static"), root.join("../shared/traces/static")]) {
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        found.push((name, read_csv(std::fs::File::open(&path)?)?));
     }
     found.extend([
         ("random-2000-seed-101".to_owned(), random_instance(2_000, 101)),

@@ -2,11 +2,28 @@
 //! fifth column, `offset`. The format is tiny, so the parser is written by hand: commas, no quoting.
 
 use std::io::{BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
 
 use crate::buffer::check_one;
 use crate::{Buffer, Plan, PlanError};
 
 const FIELDS: [&str; 4] = ["id", "lower", "upper", "size"];
+
+/// The `.csv` files in `dirs` (a folder that cannot be read is skipped), sorted by file name, each name
+/// once: the first folder's where several hold it (the repository's instances before `../shared`'s).
+pub fn csv_files(dirs: &[PathBuf]) -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = dirs
+        .iter()
+        .filter_map(|dir| std::fs::read_dir(dir).ok())
+        .flatten()
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "csv"))
+        .collect();
+    // Stable: of two files of one name, the earlier folder's stays first, and dedup keeps it.
+    paths.sort_by_key(|p| p.file_name().map(|n| n.to_owned()));
+    paths.dedup_by_key(|p| p.file_name().map(|n| n.to_owned()));
+    paths
+}
 
 /// Reads buffers from MiniMalloc CSV. The header must be `id,lower,upper,size`; an extra `offset` column (a
 /// solved instance) is accepted and ignored. Blank lines are skipped, surrounding spaces and a `\r` are
@@ -106,6 +123,19 @@ mod tests {
 
     fn read(text: &str) -> Result<Vec<Buffer>, PlanError> {
         read_csv(text.as_bytes())
+    }
+
+    #[test]
+    fn csv_files_are_sorted_by_name_once_each_the_first_folders_copy_kept() {
+        let root = std::env::temp_dir().join(format!("vrampool-csv-files-{}", std::process::id()));
+        let (first, second) = (root.join("repo"), root.join("shared"));
+        for (dir, names) in [(&first, ["b.csv", "a.csv", "notes.txt"]), (&second, ["b.csv", "c.csv", "d.json"])] {
+            std::fs::create_dir_all(dir).unwrap();
+            names.iter().for_each(|n| std::fs::write(dir.join(n), "").unwrap());
+        }
+        let found = csv_files(&[first.clone(), second.clone(), root.join("missing")]);
+        std::fs::remove_dir_all(&root).unwrap();
+        assert_eq!(found, vec![first.join("a.csv"), first.join("b.csv"), second.join("c.csv")]);
     }
 
     /// The error's message, which must name the line.

@@ -50,7 +50,7 @@ mod validate;
 pub use arena::{KeyPlan, PlannedPool, PlannedStats, AUTO_KEY, AUTO_PLAN_ALLOCATIONS, DEFAULT_KEY};
 pub use bound::lower_bound;
 pub use buffer::Buffer;
-pub use csv::{read_csv, read_plan_csv, write_plan_csv};
+pub use csv::{csv_files, read_csv, read_plan_csv, write_plan_csv};
 pub use error::PlanError;
 pub use exact::{exact_search, ExactOutcome};
 pub use greedy::{best_fit_decreasing, greedy_by_size};

@@ -227,16 +227,7 @@ fn large_tensors_cost_the_default_pool_at_most_a_page_each() {
 /// where it is there.
 fn static_traces() -> Vec<(String, Vec<TraceEvent>)> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let mut paths: Vec<_> = [root.join("tests/data/static"), root.join("../shared/traces/static")]
-        .iter()
-        .filter_map(|dir| std::fs::read_dir(dir).ok())
-        .flatten()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "csv"))
-        .collect();
-    paths.sort_by_key(|p| p.file_name().map(|n| n.to_owned()));
-    paths.dedup_by_key(|p| p.file_name().map(|n| n.to_owned()));
-    paths
+    vrampool_plan::csv_files(&[root.join("tests/data/static"), root.join("../shared/traces/static")])
         .into_iter()
         .map(|path| {
             let text = std::fs::read_to_string(&path).unwrap();
