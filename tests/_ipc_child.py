@@ -48,8 +48,10 @@ def read_from_socket(sock: socket.socket, handle: Any, count: int, results: Any)
         results.put(("error", repr(e)))
 
 
-def bad_inputs(handle: Any, mine: Any, other: Any, results: Any) -> None:
-    """Each importer-side mistake, as the exception it raises (type name and message)."""
+def bad_inputs(handle: Any, mine: Any, other: Any, stale: Any, results: Any) -> None:
+    """Each importer-side mistake, as the exception it raises (type name and message); ``stale``
+    names a legacy segment freed before the child opens it (None for file descriptors, whose
+    import keeps the memory: the lifetime rule)."""
     seen = {}
 
     def attempt(name: str, call: Any) -> None:
@@ -70,11 +72,16 @@ def bad_inputs(handle: Any, mine: Any, other: Any, results: Any) -> None:
     attempt("past the end", lambda: buffer.write(b"x" * (buffer.size + 1)))
     buffer.close()
     attempt("read closed", lambda: buffer.read())
-    with open(os.devnull, "rb") as null:
-        bogus = vrampool.ipc.BufferDescriptor(handle.pool_id, handle.device, os.dup(null.fileno()), 0, 0, 64, mine.segment_size)
-    attempt("not an export", lambda: pool.open(bogus))
-    bogus.close()
-    attempt("closed descriptor", lambda: pool.open(bogus))
+    if mine.legacy_handle is None:
+        with open(os.devnull, "rb") as null:
+            bogus = vrampool.ipc.BufferDescriptor(handle.pool_id, handle.device, os.dup(null.fileno()), 0, 0, 64, mine.segment_size)
+        attempt("not an export", lambda: pool.open(bogus))
+        bogus.close()
+        attempt("closed descriptor", lambda: pool.open(bogus))
+    else:
+        bogus = vrampool.ipc.BufferDescriptor(handle.pool_id, handle.device, bytes(64), 0, 0, 64, mine.segment_size)
+        attempt("not an export", lambda: pool.open(bogus))
+        attempt("stale", lambda: pool.open(stale))
     seen["open after all"] = (str(pool.open_buffers), str(pool.open_segments))
     results.put(seen)
 
@@ -123,3 +130,26 @@ def legacy_open(handles: List[bytes], results: Any) -> None:
         assert lib.cuIpcCloseMemHandle(ptr.value) == 0
         seen.append((again, out.raw))
     results.put(seen)
+
+
+
+def export_without_vmm(results: Any, done: Any) -> None:
+    """An exporter on a device without virtual-memory management (started with
+    EMULATED_CUDA_VMM=0): an ``ipc=True`` pool's buffer, written, then sent pickled (plain data:
+    a legacy handle); freed once the parent is done with it."""
+    import ctypes
+
+    from vrampool.ipc import export_buffer
+
+    try:
+        pool = vrampool.DevicePool(0, ipc=True)
+        buffer = pool.allocate(3000)
+        lib = ctypes.CDLL("libcuda.so.1")
+        lib.cuMemcpyHtoD_v2.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t]
+        assert lib.cuMemcpyHtoD_v2(buffer.ptr, pattern(9, 3000), 3000) == 0
+        results.put((export_buffer(buffer).legacy_handle is not None, pickle.dumps(buffer)))
+        done.wait(120)
+        pool.deallocate(buffer)
+        results.put(pool.close())
+    except BaseException as e:  # noqa: BLE001
+        results.put(("error", repr(e)))

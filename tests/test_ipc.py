@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from _ipc_child import after_fork, bad_inputs, legacy_open, pattern, read_from_socket, write_all, write_wait_read
+from _ipc_child import after_fork, bad_inputs, export_without_vmm, legacy_open, pattern, read_from_socket, write_all, write_wait_read
 from vrampool import DeviceError, DevicePool, InvalidFreeError, PoolClosedError
 from vrampool.ipc import ImportedPool, export_buffer, send_descriptor
 
@@ -87,8 +87,9 @@ def run(target: Any, *args: Any, context: Any = SPAWN) -> Any:
     return report
 
 
-@pytest.mark.parametrize("children", [2, 4])
-def test_children_write_100_buffers_of_one_pool_and_nothing_leaks(pool: DevicePool, children: int) -> None:
+@pytest.mark.parametrize("children, handles", [(2, "auto"), (4, "auto"), (2, "legacy")])
+def test_children_write_100_buffers_of_one_pool_and_nothing_leaks(children: int, handles: str) -> None:
+    pool = DevicePool(0, ipc=True, ipc_handles=handles)
     free_before = pool.mem_info()[0]
     # Small, middle and large tiers: sizes from 512 B to 2.5 MiB, one pool.
     sizes = [512 + 997 * i if i % 10 else 5 * MIB // 2 for i in range(100)]
@@ -117,7 +118,9 @@ def test_children_write_100_buffers_of_one_pool_and_nothing_leaks(pool: DevicePo
     assert pool.close() == []
 
 
-def test_descriptors_pass_over_a_unix_socket(pool: DevicePool) -> None:
+@pytest.mark.parametrize("handles", ["auto", "legacy"])
+def test_descriptors_pass_over_a_unix_socket(handles: str) -> None:
+    pool = DevicePool(0, ipc=True, ipc_handles=handles)
     buffers = [pool.allocate(4096 * (i + 1)) for i in range(3)]
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     results = SPAWN.Queue()
@@ -132,6 +135,28 @@ def test_descriptors_pass_over_a_unix_socket(pool: DevicePool) -> None:
     assert child.exitcode == 0
     for tag, buffer in enumerate(buffers):
         assert read_device(buffer.ptr, buffer.size) == pattern(tag, buffer.size)
+    pool.close()
+
+
+def test_a_device_without_virtual_memory_shares_by_legacy_handle() -> None:
+    """Where the driver has no VMM, an ``ipc=True`` pool's plain segments are shared through
+    cuIpcGetMemHandle: the exporter here is a child started with EMULATED_CUDA_VMM=0."""
+    results, done = SPAWN.Queue(), SPAWN.Event()
+    os.environ["EMULATED_CUDA_VMM"] = "0"
+    try:
+        child = SPAWN.Process(target=export_without_vmm, args=(results, done))
+        child.start()
+    finally:
+        del os.environ["EMULATED_CUDA_VMM"]
+    legacy, pickled = results.get(timeout=120)
+    assert legacy, "a legacy IPC handle, not a file descriptor"
+    buffer = pickle.loads(pickled)
+    assert buffer.read() == pattern(9, 3000)
+    buffer.close()
+    done.set()
+    assert results.get(timeout=120) == [], "the exporter's pool closed with nothing live"
+    child.join(60)
+    assert child.exitcode == 0
 
 
 def test_the_exporter_refuses_what_it_cannot_share(pool: DevicePool) -> None:
@@ -158,10 +183,15 @@ def test_the_exporter_refuses_what_it_cannot_share(pool: DevicePool) -> None:
         pool.ipc_handle()
 
 
-def test_importer_mistakes_are_clear_errors_and_leave_nothing_open(pool: DevicePool) -> None:
-    with DevicePool(0, ipc=True) as other_pool:
-        buffer, foreign = pool.allocate(4096), other_pool.allocate(4096)
-        seen = run(bad_inputs, pool.ipc_handle(), pool.export(buffer), other_pool.export(foreign))
+@pytest.mark.parametrize("handles", ["auto", "legacy"])
+def test_importer_mistakes_are_clear_errors_and_leave_nothing_open(handles: str) -> None:
+    pool = DevicePool(0, ipc=True, ipc_handles=handles)
+    with DevicePool(0, ipc=True, ipc_handles=handles) as other_pool:
+        buffer, foreign, freed = pool.allocate(4096), other_pool.allocate(4096), pool.allocate(64 * MIB)
+        stale = pool.export(freed)
+        freed.free()
+        pool.trim()
+        seen = run(bad_inputs, pool.ipc_handle(), pool.export(buffer), other_pool.export(foreign), stale)
     assert seen["other pool"][0] == "ValueError" and "not from this one" in seen["other pool"][1], seen
     assert seen["open twice"][0] == "ValueError" and "already open" in seen["open twice"][1], seen
     assert seen["free"][0] == "InvalidFreeError" and "its exporter frees it" in seen["free"][1], seen
@@ -171,8 +201,12 @@ def test_importer_mistakes_are_clear_errors_and_leave_nothing_open(pool: DeviceP
     assert seen["past the end"][0] == "ValueError", seen
     assert seen["read closed"][0] == "ValueError" and "closed" in seen["read closed"][1], seen
     assert seen["not an export"][0] == DeviceError.__name__ and "CUDA_ERROR_INVALID_VALUE" in seen["not an export"][1], seen
-    assert seen["closed descriptor"][0] == "ValueError", seen
+    if handles == "legacy":
+        assert seen["stale"][0] == DeviceError.__name__ and "CUDA_ERROR_INVALID_VALUE" in seen["stale"][1], seen
+    else:
+        assert seen["closed descriptor"][0] == "ValueError", seen
     assert seen["open after all"] == ("0", "0"), seen
+    pool.close()
 
 
 def test_a_forked_child_is_refused(pool: DevicePool) -> None:

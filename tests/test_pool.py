@@ -197,6 +197,18 @@ def test_options_and_unknown_ones() -> None:
         DevicePool("gpu")  # type: ignore[arg-type]
 
 
+def test_conf_text_comes_before_the_keywords_and_is_checked() -> None:
+    assert DevicePool("sim", strategy=None, conf="strategy:best_fit,alignment:4096").strategy == "best_fit"
+    assert DevicePool("sim", conf="strategy:best_fit").strategy == "hybrid", "a keyword wins"
+    assert DevicePool("sim", strategy=None, conf="alignment:4096").allocate(5000).ptr % 4096 == 0
+    with pytest.raises(ValueError, match="ipc_handles"):
+        DevicePool("sim", ipc_handles="fd")
+    with pytest.raises(ValueError, match="unknown configuration key"):
+        DevicePool("sim", conf="device:sim")
+    assert vrampool.options.pool_pairs("device:cuda, sim_capacity:1GB,ipc:true ,ipc_handles=legacy") == "ipc:true,ipc_handles=legacy"
+    assert vrampool.options.pool_pairs("") == ""
+
+
 def test_cuda_pool_without_a_driver_is_a_clear_error() -> None:
     try:
         pool = DevicePool(0)

@@ -8,6 +8,10 @@ physical allocation with a POSIX file-descriptor handle, and a descriptor holds 
 for the segment under its buffer, with the buffer's offset in it. File descriptors cross processes
 over a Unix socket (SCM_RIGHTS): :func:`send_descriptor` / :func:`recv_descriptor` on a socket of
 your own, or pickling through :mod:`multiprocessing` (its resource sharer sends them the same way).
+Where the device has no virtual-memory management, or with ``ipc_handles="legacy"``, segments are
+``cuMemAlloc`` allocations and a descriptor holds their legacy IPC handle (64 bytes,
+``cuIpcGetMemHandle``) instead: plain data, which is also what Numba's arrays share
+(:mod:`vrampool.numba`).
 A :class:`~vrampool.DeviceBuffer` of such a pool pickles into its pool's handle and its descriptor,
 and unpickles, in a process started with the ``spawn`` or ``forkserver`` method, as an
 ImportedBuffer of that process's :func:`imported_pool` for the handle. A forked child cannot use
@@ -29,7 +33,7 @@ import socket
 import struct
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple, Union
 
 from vrampool import _native
 from vrampool._native import InvalidFreeError, NativeBuffer, PoolClosedError
@@ -58,19 +62,22 @@ class PoolHandle:
 class BufferDescriptor:
     """One buffer of an exporting pool: its pool, the exporter's address of the segment under it
     (``segment``), its ``offset`` in that segment, its ``size`` and the segment's
-    (``segment_size``), and ``fd``, a file descriptor for the segment that the descriptor owns
-    (``close()``, or collection, closes it). It pickles through :mod:`multiprocessing`, which
-    passes the file descriptor."""
+    (``segment_size``), and the segment's handle: ``fd``, a file descriptor that the descriptor
+    owns (``close()``, or collection, closes it), or ``legacy_handle``, the 64 bytes of a legacy
+    IPC handle. It pickles through :mod:`multiprocessing`, which passes the file descriptor."""
 
-    __slots__ = ("pool_id", "device", "segment", "offset", "size", "segment_size", "_fd")
+    __slots__ = ("pool_id", "device", "segment", "offset", "size", "segment_size", "legacy_handle", "_fd")
 
-    def __init__(self, pool_id: str, device: int, fd: int, segment: int, offset: int, size: int, segment_size: int) -> None:
+    def __init__(self, pool_id: str, device: int, handle: Union[int, bytes], segment: int, offset: int, size: int, segment_size: int) -> None:
         self.pool_id, self.device, self.segment = pool_id, device, segment
         self.offset, self.size, self.segment_size = offset, size, segment_size
-        self._fd: Optional[int] = fd
+        self.legacy_handle: Optional[bytes] = handle if isinstance(handle, bytes) else None
+        self._fd: Optional[int] = None if isinstance(handle, bytes) else handle
 
     @property
     def fd(self) -> int:
+        if self.legacy_handle is not None:
+            raise ValueError(f"{self!r} holds a legacy IPC handle, not a file descriptor")
         if self._fd is None:
             raise ValueError(f"{self!r} was closed: its file descriptor is gone")
         return self._fd
@@ -88,6 +95,8 @@ class BufferDescriptor:
         self.close()
 
     def __reduce__(self) -> Tuple[Any, ...]:
+        if self.legacy_handle is not None:
+            return (BufferDescriptor, (self.pool_id, self.device, self.legacy_handle) + self._fields()[2:])
         # The resource sharer dups the descriptor now and hands the dup to the one process that
         # asks (over SCM_RIGHTS); a spawning Popen's own passing would need it open until launch.
         from multiprocessing import resource_sharer
@@ -99,7 +108,7 @@ class BufferDescriptor:
         return (self.pool_id, self.device, self.segment, self.offset, self.size, self.segment_size)
 
     def __repr__(self) -> str:
-        state = "closed" if self._fd is None else f"fd={self._fd}"
+        state = "legacy IPC handle" if self.legacy_handle is not None else "closed" if self._fd is None else f"fd={self._fd}"
         return f"BufferDescriptor(pool={self.pool_id}, segment={self.segment:#x}, offset={self.offset}, size={self.size}, {state})"
 
 
@@ -122,8 +131,8 @@ def export_buffer(buffer: NativeBuffer) -> BufferDescriptor:
     a pool made without ``ipc=True``, or a forked process's inherited pool."""
     if not isinstance(buffer, NativeBuffer):
         raise TypeError(f"export_buffer takes a DeviceBuffer, not {type(buffer).__name__}")
-    fd, offset, segment_size = buffer.ipc_export()
-    return BufferDescriptor(_pool_id(buffer.pool_id), buffer.device, fd, buffer.ptr - offset, offset, buffer.size, segment_size)
+    handle, offset, segment_size = buffer.ipc_export()
+    return BufferDescriptor(_pool_id(buffer.pool_id), buffer.device, handle, buffer.ptr - offset, offset, buffer.size, segment_size)
 
 
 def _check_not_forked() -> None:
@@ -237,7 +246,11 @@ class ImportedPool:
                 raise ValueError(f"{descriptor!r} is already open in this process as {self._buffers[key]!r}; use that one, or close it first")
             segment = self._segments.get(descriptor.segment)
             if segment is None:
-                segment = self._segments[descriptor.segment] = [self._native.open(descriptor.fd, descriptor.segment_size), 0]
+                if descriptor.legacy_handle is not None:
+                    base = self._native.open_legacy(descriptor.legacy_handle, descriptor.segment_size)
+                else:
+                    base = self._native.open(descriptor.fd, descriptor.segment_size)
+                segment = self._segments[descriptor.segment] = [base, 0]
             segment[1] += 1
             buffer = self._buffers[key] = ImportedBuffer(self, key, segment[0] + descriptor.offset, descriptor.size)
             return buffer
@@ -309,16 +322,17 @@ _HEADER = struct.Struct("<I")
 
 
 def send_descriptor(sock: socket.socket, descriptor: BufferDescriptor) -> None:
-    """Sends ``descriptor`` (its numbers, and its file descriptor by SCM_RIGHTS) over the Unix
-    socket ``sock``; the caller keeps and closes its own copy."""
-    body = json.dumps(descriptor._fields()).encode()
-    socket.send_fds(sock, [_HEADER.pack(len(body)) + body], [descriptor.fd])
+    """Sends ``descriptor`` (its numbers, and its file descriptor by SCM_RIGHTS or its legacy
+    handle) over the Unix socket ``sock``; the caller keeps and closes its own copy."""
+    legacy = descriptor.legacy_handle
+    body = json.dumps(descriptor._fields() + (None if legacy is None else legacy.hex(),)).encode()
+    socket.send_fds(sock, [_HEADER.pack(len(body)) + body], [] if legacy is not None else [descriptor.fd])
 
 
 def recv_descriptor(sock: socket.socket) -> BufferDescriptor:
     """The next descriptor :func:`send_descriptor` sent over ``sock``; the caller owns it."""
     head, fds, _, _ = socket.recv_fds(sock, _HEADER.size, 1)
-    if len(head) != _HEADER.size or len(fds) != 1:
+    if len(head) != _HEADER.size or len(fds) > 1:
         for fd in fds:
             os.close(fd)
         raise ValueError("the socket did not carry a vrampool buffer descriptor (closed, or another message)")
@@ -327,9 +341,15 @@ def recv_descriptor(sock: socket.socket) -> BufferDescriptor:
     while len(body) < length:
         chunk = sock.recv(length - len(body))
         if not chunk:
-            os.close(fds[0])
+            for fd in fds:
+                os.close(fd)
             raise ValueError("the socket closed in the middle of a buffer descriptor")
         body += chunk
     # JSON, not pickle: the bytes come from another process.
-    pool_id, device, segment, offset, size, segment_size = json.loads(body)
-    return BufferDescriptor(pool_id, device, fds[0], segment, offset, size, segment_size)
+    pool_id, device, segment, offset, size, segment_size, legacy = json.loads(body)
+    if (legacy is None) != (len(fds) == 1):
+        for fd in fds:
+            os.close(fd)
+        raise ValueError("the socket's buffer descriptor came without its handle")
+    handle = fds[0] if legacy is None else bytes.fromhex(legacy)
+    return BufferDescriptor(pool_id, device, handle, segment, offset, size, segment_size)

@@ -21,7 +21,7 @@ from typing import Any, Dict, Mapping
 from vrampool import _native
 from vrampool.streams import as_int
 
-__all__ = ["ALLOCATOR_KEYS", "KEYS", "POOL_KEYS", "conf_text"]
+__all__ = ["ALLOCATOR_KEYS", "KEYS", "POOL_KEYS", "conf_text", "pool_pairs"]
 
 #: Every key the core takes, with the kind of its value (``choice``, ``bytes``, ``count``,
 #: ``bytes_or_fraction``, ``bool``).
@@ -60,3 +60,20 @@ def conf_text(options: Mapping[str, Any], keys: Mapping[str, str] = ALLOCATOR_KE
         if value is not None:
             parts.append(f"{key}:{_text(key, kind, value)}")
     return ",".join(parts)
+
+
+def pool_pairs(text: str) -> str:
+    """The pairs of a ``VRAMPOOL_CONF`` text whose key is a pool's (``ipc:true`` of
+    ``device:cuda,ipc:true``), as they are written; the core checks them.
+
+    >>> pool_pairs("device:sim,small_max:[64KB],ipc:true")
+    'small_max:[64KB],ipc:true'
+    """
+    pairs, depth, start = [], 0, 0
+    for i, c in enumerate(text + ","):
+        depth += {"[": 1, "]": -1}.get(c, 0)
+        if c == "," and depth <= 0:
+            pairs.append(text[start:i].strip())
+            start = i + 1
+    keep = [p for p in pairs if p.replace("=", ":").split(":")[0].strip() in POOL_KEYS]
+    return ",".join(keep)

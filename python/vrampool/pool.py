@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import traceback
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 from vrampool._native import InvalidFreeError, NativeBuffer, NativePool, PoolClosedError, WrongDeviceError
-from vrampool.options import POOL_KEYS, conf_text
+from vrampool.options import POOL_KEYS, conf_text, pool_pairs
 from vrampool.streams import as_int, stream_handle
 from vrampool.summary import format_summary
 
@@ -76,10 +77,14 @@ class DevicePool:
     alone, for many threads that never repeat a step.
     ``ipc=True`` makes every segment shareable with other processes (:mod:`vrampool.ipc`:
     :meth:`ipc_handle`, :meth:`export`, and buffers that pickle for ``spawn`` children); it
-    turns expandable segments off.
+    turns expandable segments off. ``ipc_handles`` picks the handles: ``"auto"`` (the default)
+    shares by file descriptor where the device has virtual-memory management and by legacy IPC
+    handle elsewhere; ``"legacy"`` always by legacy IPC handle (``cuIpcGetMemHandle`` of
+    ``cuMemAlloc`` segments), which Numba's arrays need (:mod:`vrampool.numba`).
 
-    The options are ``VRAMPOOL_CONF``'s keys, read by the core as that text is
-    (:mod:`vrampool.options`): sizes are bytes (an int, or a string such as ``"64KB"``); ``limit``
+    ``conf`` takes pool options as ``VRAMPOOL_CONF`` writes them (``"ipc:true,limit:0.5"``),
+    applied before the keywords. The options are ``VRAMPOOL_CONF``'s keys, read by the core as
+    that text is (:mod:`vrampool.options`): sizes are bytes (an int, or a string such as ``"64KB"``); ``limit``
     is bytes (an int) or a fraction of the device's memory in (0, 1] (a float: ``1.0`` is the
     whole device, ``1`` one byte); None leaves an option at its default.
 
@@ -106,9 +111,11 @@ class DevicePool:
         expandable: Optional[bool] = None,
         reclaim: Optional[bool] = None,
         steady: Optional[bool] = None,
-        scrub: str = "off",
+        scrub: Optional[str] = "off",
         track_leaks: bool = False,
         ipc: Optional[bool] = None,
+        ipc_handles: Optional[str] = None,
+        conf: str = "",
     ) -> None:
         options = {
             "strategy": strategy,
@@ -124,8 +131,9 @@ class DevicePool:
             "scrub": scrub,
             "track_leaks": track_leaks,
             "ipc": ipc,
+            "ipc_handles": ipc_handles,
         }
-        conf = conf_text(options, POOL_KEYS)
+        conf = ",".join(part for part in (conf, conf_text(options, POOL_KEYS)) if part)
         # ptr -> the Python stack that allocated it (track_leaks only). Entries of blocks freed
         # without `deallocate` (buffer.free(), collection) are dropped in batches.
         self._stacks: Optional[Dict[int, traceback.StackSummary]] = {} if track_leaks is True else None
@@ -409,7 +417,8 @@ _shared_lock = threading.Lock()
 
 def shared_pool(device: int = 0) -> DevicePool:
     """The process-wide pool of CUDA device ``device``, made on first use: the one the CuPy
-    allocator, the Numba plugin and the cuda.core resource use unless given a pool.
+    allocator, the Numba plugin and the cuda.core resource use unless given a pool. It takes
+    the pool keys of ``VRAMPOOL_CONF`` (``VRAMPOOL_CONF=ipc:true``), and the defaults for the rest.
 
     >>> import vrampool.pool as p
     >>> p.set_shared_pool(0, DevicePool("sim", capacity=1 << 30))
@@ -422,7 +431,8 @@ def shared_pool(device: int = 0) -> DevicePool:
         with _shared_lock:
             pool = _shared.get(device)
             if pool is None:
-                pool = _shared[device] = DevicePool(device)
+                conf = pool_pairs(os.environ.get("VRAMPOOL_CONF", ""))
+                pool = _shared[device] = DevicePool(device, strategy=None, scrub=None, conf=conf)
     return pool
 
 

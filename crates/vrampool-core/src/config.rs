@@ -46,6 +46,37 @@ impl Scrub {
     }
 }
 
+/// The handles an `ipc` pool's segments are shared by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IpcHandles {
+    /// POSIX file descriptors of virtual-memory allocations where the device has virtual-memory
+    /// management, legacy IPC handles elsewhere (the default).
+    #[default]
+    Auto,
+    /// Always legacy IPC handles of `cuMemAlloc` segments (`cuIpcGetMemHandle`): what Numba's,
+    /// CuPy's and PyTorch's importers open.
+    Legacy,
+}
+
+impl IpcHandles {
+    pub const NAMES: [&'static str; 2] = ["auto", "legacy"];
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "auto" => Some(Self::Auto),
+            "legacy" => Some(Self::Legacy),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Legacy => "legacy",
+        }
+    }
+}
+
 /// A cap on the memory a pool may reserve.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Limit {
@@ -98,6 +129,8 @@ pub struct PoolConfig {
     /// physical allocation with a POSIX file-descriptor handle). Implies no expandable
     /// segments, so that every block lies in one physical allocation. Off by default.
     pub ipc: bool,
+    /// The handles an `ipc` pool shares its segments by (`IpcHandles`).
+    pub ipc_handles: IpcHandles,
 }
 
 impl Default for PoolConfig {
@@ -116,6 +149,7 @@ impl Default for PoolConfig {
             scrub: Scrub::Off,
             track_leaks: false,
             ipc: false,
+            ipc_handles: IpcHandles::Auto,
         }
     }
 }
@@ -241,7 +275,7 @@ const fn key(name: &'static str, kind: ValueKind, scope: Scope) -> Key {
 }
 
 /// Every key, in the order the documentation lists them.
-pub const KEYS: [Key; 16] = [
+pub const KEYS: [Key; 17] = [
     key("strategy", ValueKind::Choice(&STRATEGY_NAMES), Scope::Pool),
     key("small_max", ValueKind::Bytes, Scope::Pool),
     key("large_min", ValueKind::Bytes, Scope::Pool),
@@ -257,6 +291,7 @@ pub const KEYS: [Key; 16] = [
     key("reclaim", ValueKind::Bool, Scope::Pool),
     key("steady", ValueKind::Bool, Scope::Pool),
     key("ipc", ValueKind::Bool, Scope::Pool),
+    key("ipc_handles", ValueKind::Choice(&IpcHandles::NAMES), Scope::Pool),
     key("device", ValueKind::Choice(&DEVICE_NAMES), Scope::Allocator),
     key("sim_capacity", ValueKind::Bytes, Scope::Allocator),
 ];
@@ -360,6 +395,9 @@ impl PoolConfig {
             "reclaim" => self.reclaim = parse_bool(key, value)?,
             "steady" => self.steady = parse_bool(key, value)?,
             "ipc" => self.ipc = parse_bool(key, value)?,
+            "ipc_handles" => {
+                self.ipc_handles = IpcHandles::parse(parse_choice(key, value, &IpcHandles::NAMES)?).expect("an ipc_handles name")
+            }
             _ => return Ok(false),
         }
         Ok(true)
@@ -477,6 +515,7 @@ impl PoolConfig {
             "reclaim" => Value::Bool(self.reclaim),
             "steady" => Value::Bool(self.steady),
             "ipc" => Value::Bool(self.ipc),
+            "ipc_handles" => Value::Name(self.ipc_handles.name()),
             _ => return None,
         })
     }
@@ -586,6 +625,10 @@ mod tests {
         assert!(!config.ipc, "sharing is off by default");
         config.apply_text("ipc:true").unwrap();
         assert!(config.ipc);
+        assert_eq!(config.ipc_handles, IpcHandles::Auto);
+        config.apply_text("ipc_handles:legacy").unwrap();
+        assert_eq!(config.ipc_handles, IpcHandles::Legacy);
+        assert!(config.apply_text("ipc_handles:fd").is_err(), "auto or legacy only");
         config.apply_text("scrub:on_alloc").unwrap();
         assert_eq!(config.scrub, Scrub::OnAlloc);
         config.apply_text("scrub:off").unwrap();

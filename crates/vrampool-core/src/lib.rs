@@ -40,7 +40,7 @@ pub mod strategy;
 mod sync;
 mod thread_cache;
 
-pub use config::{AllocatorConfig, DeviceKind, Limit, PoolConfig, Scrub};
+pub use config::{AllocatorConfig, DeviceKind, IpcHandles, Limit, PoolConfig, Scrub};
 pub use device::{Device, EventId, MemInfo, SimDevice, SimMode, StreamId};
 pub use error::{DeviceError, InvalidFreeReason, OomReport, PoolError};
 pub use event_log::{EventKind, LogEvent};

@@ -300,3 +300,33 @@ pub(crate) fn mem_import_fd(fd: i32) -> DeviceResult<u64> {
     )?;
     Ok(allocation)
 }
+
+// ---- legacy IPC (`cuMemAlloc` allocations; every Linux driver has it) ----
+
+/// The legacy IPC handle of the `cuMemAlloc` allocation based at `raw`.
+pub(crate) fn ipc_get_mem_handle(raw: u64) -> DeviceResult<[u8; 64]> {
+    let mut handle = sys::CUipcMemHandle { reserved: [0; 64] };
+    // SAFETY: writes one handle; an address that is no allocation of the current context (or one
+    // made by `cuMemCreate`) is an error code.
+    check(unsafe { sys::cuIpcGetMemHandle(&mut handle, raw) }, "cuIpcGetMemHandle")?;
+    Ok(handle.reserved.map(|c| c as u8))
+}
+
+/// Maps another process's allocation by its legacy IPC handle, peer access enabled as needed;
+/// its base address here, which `ipc_close_mem_handle` unmaps.
+pub(crate) fn ipc_open_mem_handle(handle: [u8; 64]) -> DeviceResult<u64> {
+    let mut address = 0;
+    let handle = sys::CUipcMemHandle { reserved: handle.map(|b| b as c_char) };
+    let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
+    // SAFETY: writes one address; the handle is plain bytes that the driver checks (a made-up or
+    // stale one, or one of this process, is an error code).
+    check(unsafe { sys::cuIpcOpenMemHandle_v2(&mut address, handle, flags) }, "cuIpcOpenMemHandle")?;
+    Ok(address)
+}
+
+/// # Safety
+/// `base` came from `ipc_open_mem_handle` and is closed once, after the work that uses it.
+pub(crate) unsafe fn ipc_close_mem_handle(base: u64) -> DeviceResult<()> {
+    // SAFETY: as the caller guarantees.
+    check(unsafe { sys::cuIpcCloseMemHandle(base) }, "cuIpcCloseMemHandle")
+}

@@ -12,7 +12,7 @@ use crate::driver::{self, CurrentContext};
 
 mod sharing;
 
-pub use sharing::Export;
+pub use sharing::{Export, Handle, Sharing};
 
 /// Every segment's base is a multiple of this, as the `Device` trait promises. `cuMemAlloc` only
 /// promises 256 B (in practice it gives far more); `alloc_segment` pads in the rare other case.
@@ -46,6 +46,8 @@ struct VirtualMemory {
     /// Other processes' allocations mapped by `import`: base -> size (each also a reservation
     /// and a mapping above).
     imports: BTreeMap<u64, u64>,
+    /// Other processes' `cuMemAlloc` allocations opened by `import_legacy`: base -> size.
+    legacy_imports: BTreeMap<u64, u64>,
 }
 
 #[derive(Default)]
@@ -78,9 +80,10 @@ pub struct CudaDevice {
     name: String,
     total: u64,
     vm_granularity: Option<u64>,
-    /// Every segment is one shareable physical allocation (`new_shared`), mapped in a
-    /// reservation of its own rather than from `cuMemAlloc`.
-    shared: bool,
+    /// How segments are shared with other processes (`new_shared`): with `FileDescriptor`, every
+    /// segment is one shareable physical allocation, mapped in a reservation of its own rather
+    /// than from `cuMemAlloc`.
+    sharing: Sharing,
     /// Live segments: the base handed out -> the segment.
     segments: Mutex<BTreeMap<u64, Segment>>,
     vm: Mutex<VirtualMemory>,
@@ -124,7 +127,7 @@ impl CudaDevice {
             name: String::new(),
             total: 0,
             vm_granularity: None,
-            shared: false,
+            sharing: Sharing::None,
             segments: Mutex::default(),
             vm: Mutex::default(),
             events: Mutex::default(),
@@ -255,7 +258,11 @@ impl CudaDevice {
 
     /// Fails unless `[address, address + len)` lies inside one live segment or is wholly mapped.
     fn check_owned(&self, address: u64, len: u64) -> DeviceResult<()> {
-        if inside_one(&self.segments.lock(), |s| s.size, address, len) || covered(&self.vm.lock().mappings, |m| m.size, address, len) {
+        if inside_one(&self.segments.lock(), |s| s.size, address, len) {
+            return Ok(());
+        }
+        let vm = self.vm.lock();
+        if covered(&vm.mappings, |m| m.size, address, len) || inside_one(&vm.legacy_imports, |&size| size, address, len) {
             return Ok(());
         }
         Err(DeviceError::Driver(format!("{address:#x}+{len} is not inside memory this device holds")))
@@ -272,7 +279,7 @@ impl Device for CudaDevice {
     }
 
     fn alloc_segment(&self, size: u64) -> DeviceResult<u64> {
-        if self.shared {
+        if self.sharing == Sharing::FileDescriptor {
             return self.alloc_shared_segment(size);
         }
         if size == 0 {
@@ -308,7 +315,7 @@ impl Device for CudaDevice {
             }
         }
         .ok_or_else(|| DeviceError::Driver(format!("free of unknown segment {base:#x} ({size} B)")))?;
-        if self.shared {
+        if self.sharing == Sharing::FileDescriptor {
             return self.free_shared_segment(base, segment);
         }
         let result = self.enter().and_then(|_current| {
@@ -368,7 +375,7 @@ impl Device for CudaDevice {
         check_map(&vm, granularity, addr, size).map_err(DeviceError::Driver)?;
         let bytes = size as usize; // fits: it lies inside a reservation the driver made
         let _current = self.enter()?;
-        let allocation = calls::mem_create(bytes, self.device, self.shared)?;
+        let allocation = calls::mem_create(bytes, self.device, self.sharing == Sharing::FileDescriptor)?;
         // SAFETY: checked under the lock we hold, which `map_allocation` keeps.
         unsafe { map_allocation(&mut vm, addr, size, allocation, self.device) }
     }
@@ -476,6 +483,10 @@ impl Drop for CudaDevice {
         if current.is_ok() {
             let _ = calls::ctx_synchronize();
             let vm = std::mem::take(self.vm.get_mut());
+            for base in vm.legacy_imports.into_keys() {
+                // SAFETY: opened by `import_legacy`, the context idle; closed once.
+                let _ = unsafe { calls::ipc_close_mem_handle(base) };
+            }
             for (addr, mapping) in vm.mappings {
                 // SAFETY: our mapping, the context idle; each unmapped and released once.
                 let _ = unsafe { calls::mem_unmap(addr, mapping.size as usize) };
@@ -490,7 +501,8 @@ impl Drop for CudaDevice {
                 let _ = unsafe { calls::address_free(base, size as usize) };
             }
             // A shared device's segments were mappings, given back with them above.
-            for (_, segment) in std::mem::take(self.segments.get_mut()).into_iter().filter(|_| !self.shared) {
+            let mapped = self.sharing == Sharing::FileDescriptor;
+            for (_, segment) in std::mem::take(self.segments.get_mut()).into_iter().filter(|_| !mapped) {
                 // SAFETY: our segment, the context idle; freed once.
                 let _ = unsafe { calls::mem_free(segment.raw) };
             }

@@ -21,7 +21,7 @@ mod calls;
 mod device;
 mod driver;
 
-pub use device::{CudaDevice, Export};
+pub use device::{CudaDevice, Export, Handle, Sharing};
 pub use driver::{check, error_from, has_symbol, load as load_driver};
 
 /// cudarc's raw driver bindings, for callers that talk to the driver next to the pool (tests,

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use common::{call_count, device, serial, MIB};
 use vrampool_core::{Device, DeviceError, Pool, PoolConfig, PoolError, StrategyKind, StreamId};
-use vrampool_cuda::{sys, CudaDevice};
+use vrampool_cuda::{sys, CudaDevice, Handle, Sharing};
 
 /// Set in the environment of the copies of this binary that some tests start with another
 /// emulated machine (the emulator reads its configuration once, at the first call).
@@ -52,6 +52,7 @@ fn main() {
         ("emulated_a_fault_planned_in_the_environment_is_retried", emulated_a_fault_planned_in_the_environment_is_retried),
         ("emulated_fault_at_every_driver_call", emulated_fault_at_every_driver_call),
         ("emulated_shared_segments_export_and_import", emulated_shared_segments_export_and_import),
+        ("emulated_legacy_segments_export_ipc_handles", emulated_legacy_segments_export_ipc_handles),
     ];
     let runnable = match common::device_present() {
         Ok(()) if common::emulated() => Ok(()),
@@ -493,20 +494,21 @@ fn emulated_shared_segments_export_and_import() {
     assert!(matches!(plain.export(base, 16), Err(DeviceError::Unsupported(_))), "made without ipc");
     plain.free_segment(base, MIB).unwrap();
     let shared = CudaDevice::new_shared(0).unwrap();
-    assert!(shared.is_shared() && !plain.is_shared());
+    assert_eq!((shared.sharing(), plain.sharing()), (Sharing::FileDescriptor, Sharing::None));
     let free_before = shared.mem_info().unwrap().free;
     let base = shared.alloc_segment(3 * MIB).unwrap();
     let export = shared.export(base + 4096, 100).unwrap();
     assert_eq!((export.offset, export.size), (4096, 4 * MIB), "one allocation of whole granules");
     assert!(matches!(shared.export(base + 4 * MIB - 10, 100), Err(DeviceError::Driver(_))), "past the allocation");
-    let imported = plain.import(export.fd.as_raw_fd(), export.size).unwrap();
+    let Handle::Fd(fd) = &export.handle else { panic!("a file descriptor: the emulator has VMM") };
+    let imported = plain.import(fd.as_raw_fd(), export.size).unwrap();
     shared.copy_to_device(base + 4096, b"shared bytes").unwrap();
     let mut back = [0u8; 12];
     plain.copy_to_host(imported + 4096, &mut back).unwrap();
     assert_eq!(&back, b"shared bytes");
     assert!(matches!(plain.export(imported, 16), Err(DeviceError::Unsupported(_))));
     assert!(plain.import(0, 4 * MIB).is_err(), "stdin is no export");
-    assert!(plain.import(export.fd.as_raw_fd(), 8 * MIB).is_err(), "larger than the allocation");
+    assert!(plain.import(fd.as_raw_fd(), 8 * MIB).is_err(), "larger than the allocation");
     assert_eq!(plain.open_imports(), 1, "the refused imports left nothing behind");
     common::fail("cuMemExportToShareableHandle", 1, sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY);
     assert!(shared.export(base, 16).is_err(), "an injected fault is an error");
@@ -516,4 +518,29 @@ fn emulated_shared_segments_export_and_import() {
     shared.free_segment(base, 3 * MIB).unwrap();
     drop(export);
     assert_eq!(shared.mem_info().unwrap().free, free_before, "nothing leaks");
+}
+
+/// Issue 50: a legacy-shared device keeps `cuMemAlloc` segments and exports their IPC handle,
+/// with the block's offset from the allocation's start. (Opening one needs another process:
+/// `tests/test_ipc.py` does; here the emulator's refusal of the process's own handle is checked.)
+fn emulated_legacy_segments_export_ipc_handles() {
+    let _serial = serial();
+    let legacy = CudaDevice::new_shared_legacy(0).unwrap();
+    assert_eq!(legacy.sharing(), Sharing::Legacy);
+    let free_before = legacy.mem_info().unwrap().free;
+    let base = legacy.alloc_segment(3 * MIB).unwrap();
+    let export = legacy.export(base + 4096, 100).unwrap();
+    let Handle::Legacy(handle) = export.handle else { panic!("a legacy handle") };
+    assert_eq!((export.offset, export.size), (4096, 3 * MIB), "the segment is the allocation");
+    let again = legacy.export(base, 16).unwrap();
+    assert!(matches!(again.handle, Handle::Legacy(h) if h == handle), "one handle per allocation");
+    assert!(matches!(legacy.export(base + 3 * MIB - 10, 100), Err(DeviceError::Driver(_))), "past the segment");
+    assert!(matches!(legacy.export(base + 4 * MIB, 16), Err(DeviceError::Driver(_))), "no segment there");
+    assert!(legacy.import_legacy(handle, 3 * MIB).is_err(), "a process cannot open its own handle");
+    assert!(legacy.import_legacy([7; 64], MIB).is_err(), "a made-up handle");
+    assert_eq!(legacy.open_imports(), 0, "the refused opens left nothing behind");
+    common::fail("cuIpcGetMemHandle", 1, sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY);
+    assert!(legacy.export(base, 16).is_err(), "an injected fault is an error");
+    legacy.free_segment(base, 3 * MIB).unwrap();
+    assert_eq!(legacy.mem_info().unwrap().free, free_before, "nothing leaks");
 }

@@ -8,14 +8,15 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use vrampool_core::PoolError;
-use vrampool_cuda::CudaDevice;
+use vrampool_cuda::{CudaDevice, Handle};
 
 use crate::errors::{to_py, InvalidFreeError};
 use crate::resource::DeviceResource;
 
-/// `NativeBuffer.ipc_export`: refused for a freed buffer, a closed or forked pool, and a pool
-/// made without `ipc:true`.
-pub fn export(resource: &DeviceResource, ptr: u64, size: u64, freed: bool, what: &str) -> PyResult<(i32, u64, u64)> {
+/// `NativeBuffer.ipc_export` and `NativePool.ipc_export_range`: `(handle, offset, size)`, the
+/// handle a new file descriptor (the caller's to close) or a legacy IPC handle's 64 bytes.
+/// Refused for a freed buffer, a closed or forked pool, and a pool made without `ipc:true`.
+pub fn export(py: Python<'_>, resource: &DeviceResource, ptr: u64, size: u64, freed: bool, what: &str) -> PyResult<(Py<PyAny>, u64, u64)> {
     let pool = resource.pool();
     pool.check_process().map_err(to_py)?;
     if pool.is_closed() {
@@ -31,7 +32,11 @@ pub fn export(resource: &DeviceResource, ptr: u64, size: u64, freed: bool, what:
         )));
     }
     let export = resource.export(ptr, size).map_err(to_py)?;
-    Ok((export.fd.into_raw_fd(), export.offset, export.size))
+    let handle = match export.handle {
+        Handle::Fd(fd) => fd.into_raw_fd().into_pyobject(py)?.into_any().unbind(),
+        Handle::Legacy(bytes) => PyBytes::new(py, &bytes).into_any().unbind(),
+    };
+    Ok((handle, export.offset, export.size))
 }
 
 /// Maps other processes' exports on one CUDA device of this process.
@@ -53,7 +58,13 @@ impl NativeImporter {
         self.device.import(fd, size).map_err(|e| to_py(e.into()))
     }
 
-    /// Waits for the device's work (an unmap waits for none) and unmaps an `open`.
+    /// Opens the allocation of `size` bytes behind a legacy IPC handle's 64 bytes; the base address.
+    fn open_legacy(&self, handle: &[u8], size: u64) -> PyResult<u64> {
+        let handle: [u8; 64] = handle.try_into().map_err(|_| PyValueError::new_err(format!("a legacy IPC handle is 64 bytes, not {}", handle.len())))?;
+        self.device.import_legacy(handle, size).map_err(|e| to_py(e.into()))
+    }
+
+    /// Waits for the device's work (an unmap waits for none) and unmaps an `open` or `open_legacy`.
     fn close(&self, base: u64) -> PyResult<()> {
         self.device.synchronize().and_then(|()| self.device.close_import(base)).map_err(|e| to_py(e.into()))
     }

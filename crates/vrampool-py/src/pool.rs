@@ -137,6 +137,12 @@ impl NativePool {
         self.resource.pool().config().ipc
     }
 
+    /// `ipc_export` of a buffer, for `[ptr, ptr + size)` inside one of the pool's segments: for
+    /// callers that hold a pointer, not the buffer (Numba's arrays); they keep the memory live.
+    fn ipc_export_range(&self, py: Python<'_>, ptr: u64, size: u64) -> PyResult<(Py<PyAny>, u64, u64)> {
+        crate::ipc::export(py, &self.resource, ptr, size, false, &format!("{size} bytes at {ptr:#x}"))
+    }
+
     #[getter]
     fn device(&self) -> i32 {
         self.resource.ordinal()
@@ -334,10 +340,11 @@ impl NativeBuffer {
         self.resource.ordinal()
     }
 
-    /// `(fd, offset, size)`: a new file descriptor (the caller's to close) for the allocation
-    /// under the buffer, the buffer's offset in it and its size, for another process to map.
-    fn ipc_export(&self) -> PyResult<(i32, u64, u64)> {
-        crate::ipc::export(&self.resource, self.ptr, self.size, self.life().freed, &self.__repr__())
+    /// `(handle, offset, size)`: a handle for the allocation under the buffer (a new file
+    /// descriptor, the caller's to close, or a legacy IPC handle's bytes), the buffer's offset in
+    /// it and the allocation's size, for another process to map.
+    fn ipc_export(&self, py: Python<'_>) -> PyResult<(Py<PyAny>, u64, u64)> {
+        crate::ipc::export(py, &self.resource, self.ptr, self.size, self.life().freed, &self.__repr__())
     }
 
     /// The number of the pool it came from, in this process.

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use vrampool_core::failures::OomRecord;
 use vrampool_core::stats::Stats;
 use vrampool_core::{
-    Device, DeviceError, Limit, LiveBlockInfo, MemoryResource, Pool, PoolConfig, PoolError, PoolSegment, PrivatePools, SimDevice, SimMode,
+    Device, DeviceError, IpcHandles, Limit, LiveBlockInfo, MemoryResource, Pool, PoolConfig, PoolError, PoolSegment, PrivatePools, SimDevice, SimMode,
     StreamId,
 };
 use vrampool_cuda::{CudaDevice, Export};
@@ -43,7 +43,11 @@ impl DeviceResource {
     pub fn open(backend: Backend, ordinal: i32, config: PoolConfig, conf: String) -> Result<Self, PoolError> {
         let (device, sim, cuda): (Arc<dyn Device>, _, _) = match backend {
             Backend::Cuda => {
-                let cuda = Arc::new(if config.ipc { CudaDevice::new_shared(ordinal)? } else { CudaDevice::new(ordinal)? });
+                let cuda = Arc::new(match (config.ipc, config.ipc_handles) {
+                    (false, _) => CudaDevice::new(ordinal)?,
+                    (true, IpcHandles::Auto) => CudaDevice::new_shared(ordinal)?,
+                    (true, IpcHandles::Legacy) => CudaDevice::new_shared_legacy(ordinal)?,
+                });
                 (Arc::clone(&cuda) as Arc<dyn Device>, None, Some(cuda))
             }
             Backend::Sim { capacity, mode } => {
@@ -87,7 +91,7 @@ impl DeviceResource {
         self.id
     }
 
-    /// A file descriptor for the allocation under `[addr, addr + len)`, for another process.
+    /// A handle for the allocation under `[addr, addr + len)`, for another process.
     pub fn export(&self, addr: u64, len: u64) -> Result<Export, PoolError> {
         let cuda = self.cuda.as_ref().ok_or(DeviceError::Unsupported("sharing memory with other processes (a simulated device)"))?;
         Ok(cuda.export(addr, len)?)

@@ -1,7 +1,10 @@
 //! Memory other processes map (issue 50). A shared device makes every segment one physical
 //! allocation with a POSIX file-descriptor handle, mapped in a reservation of its own; `export`
 //! hands out a descriptor for the allocation under a block, and `import`, in the other process,
-//! maps such a descriptor (`cuMemImportFromShareableHandle` + reserve + map + access).
+//! maps such a descriptor (`cuMemImportFromShareableHandle` + reserve + map + access). Where the
+//! device has no virtual-memory management, or when asked (`new_shared_legacy`: the handles
+//! Numba, CuPy and PyTorch open), segments stay `cuMemAlloc` allocations and `export` hands out
+//! their legacy IPC handle (`cuIpcGetMemHandle`), which `import_legacy` opens.
 
 use std::os::fd::{FromRawFd, OwnedFd};
 
@@ -11,11 +14,30 @@ use vrampool_core::{Device, DeviceError};
 use super::{check_map, inside_one, map_allocation, CudaDevice, Segment};
 use crate::{calls, driver};
 
+/// How a device's segments are shared with other processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sharing {
+    /// Not at all (`CudaDevice::new`).
+    None,
+    /// Each segment is one physical allocation with a POSIX file-descriptor handle.
+    FileDescriptor,
+    /// Segments are `cuMemAlloc` allocations, shared by legacy IPC handles.
+    Legacy,
+}
+
+/// What another process opens to reach an allocation.
+#[derive(Debug)]
+pub enum Handle {
+    /// A file descriptor for the whole physical allocation (`Sharing::FileDescriptor`).
+    Fd(OwnedFd),
+    /// The allocation's `CUipcMemHandle` (`Sharing::Legacy`): plain bytes.
+    Legacy([u8; 64]),
+}
+
 /// What another process needs to map the allocation under a block.
 #[derive(Debug)]
 pub struct Export {
-    /// A file descriptor for the whole physical allocation.
-    pub fd: OwnedFd,
+    pub handle: Handle,
     /// Where the block starts inside the allocation.
     pub offset: u64,
     /// The allocation's size (what the importer maps).
@@ -23,22 +45,26 @@ pub struct Export {
 }
 
 impl CudaDevice {
-    /// Opens device `ordinal` as `new` does, with every segment shareable. Fails with
-    /// `DeviceError::Unsupported` where the device has no virtual-memory management or the
-    /// driver no shareable handles.
+    /// Opens device `ordinal` as `new` does, with every segment shareable: by file descriptor
+    /// where the device has virtual-memory management and the driver shareable handles, by
+    /// legacy IPC handle elsewhere.
     pub fn new_shared(ordinal: i32) -> DeviceResult<Self> {
         let mut device = Self::new(ordinal)?;
         let functions = driver::SHARING.iter().all(|name| driver::has_symbol(name));
-        if device.vm_granularity.is_none() || !functions {
-            return Err(DeviceError::Unsupported("sharing memory with other processes (it needs virtual-memory management)"));
-        }
-        device.shared = true;
+        device.sharing = if device.vm_granularity.is_some() && functions { Sharing::FileDescriptor } else { Sharing::Legacy };
         Ok(device)
     }
 
-    /// Whether every segment is shareable (`new_shared`).
-    pub fn is_shared(&self) -> bool {
-        self.shared
+    /// Opens device `ordinal` as `new` does, its segments shared by legacy IPC handle.
+    pub fn new_shared_legacy(ordinal: i32) -> DeviceResult<Self> {
+        let mut device = Self::new(ordinal)?;
+        device.sharing = Sharing::Legacy;
+        Ok(device)
+    }
+
+    /// How the segments are shared.
+    pub fn sharing(&self) -> Sharing {
+        self.sharing
     }
 
     /// A segment of at least `size` bytes: one shareable allocation of whole granules, mapped in
@@ -67,12 +93,17 @@ impl CudaDevice {
         self.unreserve(base, rounded)
     }
 
-    /// A file descriptor for the allocation under `[addr, addr + len)`, with the block's offset in
-    /// it. Refused unless the device is shared and the range lies in one of its allocations.
+    /// A handle for the allocation under `[addr, addr + len)`, with the block's offset in it.
+    /// Refused unless the device is shared and the range lies in one of its allocations.
     pub fn export(&self, addr: u64, len: u64) -> DeviceResult<Export> {
-        if !self.shared {
-            return Err(DeviceError::Unsupported("sharing memory made without ipc (open it with new_shared)"));
+        match self.sharing {
+            Sharing::None => Err(DeviceError::Unsupported("sharing memory made without ipc (open it with new_shared)")),
+            Sharing::FileDescriptor => self.export_fd(addr, len),
+            Sharing::Legacy => self.export_legacy(addr, len),
         }
+    }
+
+    fn export_fd(&self, addr: u64, len: u64) -> DeviceResult<Export> {
         let vm = self.vm.lock();
         if !inside_one(&vm.mappings, |m| m.size, addr, len) {
             return Err(DeviceError::Driver(format!("{addr:#x}+{len} is not inside one allocation of this device")));
@@ -85,7 +116,20 @@ impl CudaDevice {
         let fd = calls::mem_export_fd(mapping.allocation)?;
         // SAFETY: the driver just made `fd` for us and nobody else owns it.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        Ok(Export { fd, offset: addr - start, size: mapping.size })
+        Ok(Export { handle: Handle::Fd(fd), offset: addr - start, size: mapping.size })
+    }
+
+    fn export_legacy(&self, addr: u64, len: u64) -> DeviceResult<Export> {
+        let (base, segment) = {
+            let segments = self.segments.lock();
+            let inside = inside_one(&segments, |s| s.size, addr, len);
+            inside.then(|| segments.range(..=addr).next_back().map(|(&base, &segment)| (base, segment)).expect("inside one segment"))
+        }
+        .ok_or_else(|| DeviceError::Driver(format!("{addr:#x}+{len} is not inside one segment of this device")))?;
+        let _current = self.enter()?;
+        let handle = calls::ipc_get_mem_handle(segment.raw)?;
+        // The importer opens the whole allocation, which starts where `cuMemAlloc` put it.
+        Ok(Export { handle: Handle::Legacy(handle), offset: addr - segment.raw, size: base - segment.raw + segment.size })
     }
 
     /// Maps the `size` bytes of another process's export `fd` (the caller keeps `fd`), readable
@@ -118,6 +162,17 @@ impl CudaDevice {
     /// Unmaps an `import` (after the work that used it: the caller waits for it) and gives its
     /// address range back.
     pub fn close_import(&self, base: u64) -> DeviceResult<()> {
+        if let Some(size) = self.vm.lock().legacy_imports.remove(&base) {
+            let closed = self.enter().and_then(|_current| {
+                // SAFETY: opened by `import_legacy` (claimed above, so closed once); the caller
+                // waited for the work that used it.
+                unsafe { calls::ipc_close_mem_handle(base) }
+            });
+            if closed.is_err() {
+                self.vm.lock().legacy_imports.insert(base, size);
+            }
+            return closed;
+        }
         let size = self.vm.lock().imports.remove(&base).ok_or_else(|| DeviceError::Driver(format!("{base:#x} is not an import")))?;
         if let Err(e) = self.unmap(base, size) {
             self.vm.lock().imports.insert(base, size);
@@ -126,8 +181,18 @@ impl CudaDevice {
         self.unreserve(base, size)
     }
 
+    /// Opens another process's allocation by its legacy IPC handle (`size` bytes, which the
+    /// driver cannot check); the base address. `close_import` closes it.
+    pub fn import_legacy(&self, handle: [u8; 64], size: u64) -> DeviceResult<u64> {
+        let _current = self.enter()?;
+        let base = calls::ipc_open_mem_handle(handle)?;
+        self.vm.lock().legacy_imports.insert(base, size);
+        Ok(base)
+    }
+
     /// Imports still open.
     pub fn open_imports(&self) -> usize {
-        self.vm.lock().imports.len()
+        let vm = self.vm.lock();
+        vm.imports.len() + vm.legacy_imports.len()
     }
 }
