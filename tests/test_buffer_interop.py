@@ -642,7 +642,7 @@ def test_numba_plugin_glue(monkeypatch: pytest.MonkeyPatch, sim_shared_pool: Dev
     assert manager.memalloc(0).device_pointer.value == 0
     info = manager.get_memory_info()
     assert 0 < info.free <= info.total == 1 << 30
-    with pytest.raises(NotImplementedError, match="vrampool.ipc"):
+    with pytest.raises(ValueError, match="ipc_handles:legacy"):
         manager.get_ipc_handle(mp)
     with pytest.raises(MemoryError):
         manager.memalloc(2 << 30)

@@ -12,9 +12,14 @@ Select it before Numba's CUDA context is made, either way::
 
 Each device's allocations come from its shared pool (:func:`vrampool.shared_pool`; use
 :func:`vrampool.pool.set_shared_pool` first to pick one of your own). Host allocations stay
-Numba's (``HostOnlyCUDAMemoryManager``). Numba's IPC handles are not supported: its importer
-opens legacy ``cuIpcOpenMemHandle`` handles, and a block is part of a larger segment; share
-vrampool buffers with :mod:`vrampool.ipc` instead.
+Numba's (``HostOnlyCUDAMemoryManager``).
+
+Numba's IPC (``DeviceNDArray.get_ipc_handle()``, ``cuda.open_ipc_array``) opens legacy
+``cuIpcOpenMemHandle`` handles: it works when the pool shares its segments by legacy handle
+(``VRAMPOOL_CONF=ipc:true,ipc_handles:legacy``). An array is part of a larger segment, so its
+handle names the segment and carries the array's offset, as CuPy's and PyTorch's do; an
+``IpcHandle`` (or ``get_ipc_handle()``) passes the offset on, but the bare 64 handle bytes given to
+``open_ipc_array`` open the segment's start unless its ``offset`` argument is given.
 
 A freed array's memory is reused only once the work queued before its free on the legacy
 default stream and on every blocking stream (Numba's streams are blocking) has completed, as
@@ -28,6 +33,7 @@ arrays its work reads or writes.
 from __future__ import annotations
 
 import ctypes
+import os
 from typing import Any
 
 from vrampool._native import InvalidSizeError, OutOfMemoryError, PoolClosedError
@@ -94,10 +100,16 @@ def _manager_class() -> Any:
             return cuda.MemoryInfo(free=min(total, free + max(0, cached)), total=total)
 
         def get_ipc_handle(self, memory: Any) -> Any:
-            raise NotImplementedError(
-                "vrampool blocks are parts of larger segments, which have no legacy IPC handles: share "
-                "a buffer of DevicePool(device, ipc=True) with vrampool.ipc instead (docs/ipc.md)"
-            )
+            # Numba's importers open legacy handles, with the array's offset in the allocation.
+            pool = self.pool
+            if not pool.ipc:
+                raise ValueError(f"{pool!r} was made without ipc=True: {_LEGACY_POOL}")
+            handle, offset, _ = pool._native.ipc_export_range(int(memory.handle), memory.size)
+            if not isinstance(handle, bytes):
+                os.close(handle)
+                raise ValueError(f"{pool!r} shares by file descriptor, and Numba opens legacy IPC handles: {_LEGACY_POOL}")
+            source = self.context.device.get_device_identity()
+            return _ipc_handle_class()(memory, _binding_handle(handle), memory.size, source, offset=offset)
 
         def reset(self) -> None:
             super().reset()
@@ -110,6 +122,48 @@ def _manager_class() -> Any:
 
     _class = VrampoolMemoryManager
     return _class
+
+
+_LEGACY_POOL = (
+    "for Numba's IPC handles make the plugin's pool share by legacy IPC handle "
+    "(VRAMPOOL_CONF=ipc:true,ipc_handles:legacy, or vrampool.pool.set_shared_pool with "
+    "DevicePool(device, ipc=True, ipc_handles='legacy'))"
+)
+
+
+_ipc_class: Any = None
+
+
+def _ipc_handle_class() -> Any:
+    """Numba's ``IpcHandle``, pickled as the handle's 64 bytes: cuda.bindings 13.4 and later
+    keep ``CUipcMemHandle`` opaque (no ``reserved``), which Numba's own pickling reads."""
+    global _ipc_class
+    if _ipc_class is None:
+        from numba.cuda.cudadrv import driver
+
+        class VrampoolIpcHandle(driver.IpcHandle):  # type: ignore[misc, name-defined]
+            def __reduce__(self) -> Any:
+                return (_rebuild_ipc_handle, (_handle_bytes(self.handle), self.size, self.source_info, self.offset))
+
+        _ipc_class = VrampoolIpcHandle
+    return _ipc_class
+
+
+def _rebuild_ipc_handle(raw: bytes, size: int, source_info: Any, offset: int) -> Any:
+    return _ipc_handle_class()(None, _binding_handle(raw), size, source_info, offset=offset)
+
+
+def _binding_handle(raw: bytes) -> Any:
+    """A ``CUipcMemHandle`` holding ``raw`` (written through its address: no field to set)."""
+    from numba.cuda.cudadrv import driver
+
+    handle = driver.binding.CUipcMemHandle()
+    ctypes.memmove(handle.getPtr(), raw, len(raw))
+    return handle
+
+
+def _handle_bytes(handle: Any) -> bytes:
+    return ctypes.string_at(handle.getPtr(), 64)
 
 
 def _ordinal(device: Any) -> int:
