@@ -1,6 +1,7 @@
 """Sharing N buffers with a spawned process: vrampool's export + open + close (``DevicePool(0,
-ipc=True)``, one shareable segment under many buffers) beside the legacy ``cuIpcGetMemHandle`` +
-``cuIpcOpenMemHandle`` + ``cuIpcCloseMemHandle`` of one ``cuMemAlloc`` allocation per buffer.
+ipc=True)``, one shareable segment under many buffers; and ``ipc_handles="legacy"``, the segments'
+legacy IPC handles) beside the legacy ``cuIpcGetMemHandle`` + ``cuIpcOpenMemHandle`` +
+``cuIpcCloseMemHandle`` of one ``cuMemAlloc`` allocation per buffer.
 Microseconds per buffer, each side timed in its own process.
 
 Run: ``scripts/emulated-cuda.sh python benches/ipc_open.py [--buffers N] [--size BYTES]``. Under
@@ -80,15 +81,17 @@ def main() -> None:
     args = parser.parse_args()
     n, us = args.buffers, 1e6 / args.buffers
 
-    with DevicePool(0, ipc=True) as pool:
-        buffers = [pool.allocate(args.size) for _ in range(n)]
-        start = time.perf_counter()
-        descriptors = [pool.export(b) for b in buffers]
-        export = time.perf_counter() - start
-        opened, closed = run(open_descriptors, pool.ipc_handle(), descriptors)
-        for d in descriptors:
-            d.close()
-        print(f"vrampool: export {export * us:.1f} us, open {opened * us:.1f} us, close {closed * us:.1f} us per buffer")
+    for handles in ("auto", "legacy"):
+        with DevicePool(0, ipc=True, ipc_handles=handles) as pool:
+            buffers = [pool.allocate(args.size) for _ in range(n)]
+            start = time.perf_counter()
+            descriptors = [pool.export(b) for b in buffers]
+            export = time.perf_counter() - start
+            opened, closed = run(open_descriptors, pool.ipc_handle(), descriptors)
+            for d in descriptors:
+                d.close()
+            name = "vrampool" if handles == "auto" else "legacy"
+            print(f"{name:9} export {export * us:.1f} us, open {opened * us:.1f} us, close {closed * us:.1f} us per buffer")
 
     lib = driver()
     ptrs, handles = [], []
