@@ -60,7 +60,8 @@ impl NativeImporter {
 
     /// Opens the allocation of `size` bytes behind a legacy IPC handle's 64 bytes; the base address.
     fn open_legacy(&self, handle: &[u8], size: u64) -> PyResult<u64> {
-        let handle: [u8; 64] = handle.try_into().map_err(|_| PyValueError::new_err(format!("a legacy IPC handle is 64 bytes, not {}", handle.len())))?;
+        let handle: [u8; 64] =
+            handle.try_into().map_err(|_| PyValueError::new_err(format!("a legacy IPC handle is 64 bytes, not {}", handle.len())))?;
         self.device.import_legacy(handle, size).map_err(|e| to_py(e.into()))
     }
 

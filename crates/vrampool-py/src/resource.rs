@@ -9,8 +9,8 @@ use std::sync::Arc;
 use vrampool_core::failures::OomRecord;
 use vrampool_core::stats::Stats;
 use vrampool_core::{
-    Device, DeviceError, IpcHandles, Limit, LiveBlockInfo, MemoryResource, Pool, PoolConfig, PoolError, PoolSegment, PrivatePools, SimDevice, SimMode,
-    StreamId,
+    Device, DeviceError, IpcHandles, Limit, LiveBlockInfo, MemoryResource, Pool, PoolConfig, PoolError, PoolSegment, PrivatePools,
+    SimDevice, SimMode, StreamId,
 };
 use vrampool_cuda::{CudaDevice, Export};
 use vrampool_plan::PlannedMode;
