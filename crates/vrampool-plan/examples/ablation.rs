@@ -5,8 +5,9 @@
 //! changes; the reference runs every stage twice, before and after the others, to show the noise.
 //!
 //! `cargo run --release -p vrampool-plan --example ablation -- [--budget SECONDS] [--only NAME,...]
-//! [--stages NAME,...] [--graph-seed N] [--record FILE | --check FILE]` (by default every stage, and seed 5 of
-//! each large graph family).
+//! [--stages NAME,...] [--graph-seed N] [--random N:SEED,...] [--record FILE | --check FILE]` (by default every
+//! stage, and seed 5 of each large graph family; `--random` adds `random_instance(N, SEED)` for each pair, such
+//! as the large graphs bench's 30000:42,45000:42,60000:42).
 //!
 //! `--record` writes each instance's arena with every stage (two runs, the lower first); `--check` plans each
 //! instance so once more and fails where the arena lies outside what was recorded (an instance planned at its
@@ -32,7 +33,7 @@ const MIN_TIME_CHANGE: f64 = 0.1;
 fn main() -> Result<(), Error> {
     let mut args = std::env::args().skip(1);
     let (mut budget, mut only, mut record, mut check) = (Duration::from_millis(1_500), None, None, None);
-    let (mut stages, mut graph_seed) = (Stage::ALL.to_vec(), 5);
+    let (mut stages, mut graph_seed, mut random) = (Stage::ALL.to_vec(), 5, Vec::new());
     while let Some(arg) = args.next() {
         let value = args.next().ok_or(format!("{arg} needs a value"))?;
         match arg.as_str() {
@@ -47,11 +48,19 @@ fn main() -> Result<(), Error> {
                     .collect::<Result<_, _>>()?
             }
             "--check" => check = Some(PathBuf::from(value)),
+            "--random" => {
+                for pair in value.split(',') {
+                    let (n, seed) = pair.split_once(':').ok_or(format!("--random takes N:SEED, not {pair}"))?;
+                    random.push((n.parse::<usize>()?, seed.parse::<u64>()?));
+                }
+            }
             _ => return Err(format!("unknown argument {arg}").into()),
         }
     }
     let options = PlanOptions { algorithm: Algorithm::Auto, budget, alignment: 1 };
-    let instances: Named = instances(graph_seed)?
+    let mut instances = instances(graph_seed)?;
+    instances.extend(random.into_iter().map(|(n, seed)| (format!("random-{n}-seed-{seed}"), random_instance(n, seed))));
+    let instances: Named = instances
         .into_iter()
         .filter(|(name, _)| only.as_ref().is_none_or(|o| o.iter().any(|n| name.contains(n.as_str()))))
         .collect();
