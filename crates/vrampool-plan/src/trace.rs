@@ -24,13 +24,14 @@ pub enum Stage {
     FloorRuns,
     /// The portfolio's best fit by start with no first phase.
     FitRuns,
-    /// The portfolio's best fit by start with the gap chosen by the neighbours' ends (`exact/aligned.rs`).
+    /// The portfolio's best fit by start with the gap chosen by the neighbours' ends
+    /// (`exact/portfolio/aligned.rs`).
     Aligned,
     /// The portfolio's runs with a first phase (longest, largest, bytes, chains).
     FirstPhases,
-    /// The portfolio's runs with the chains of grown caches first (`exact/chains.rs`).
+    /// The portfolio's runs with the chains of grown caches first (`exact/portfolio/chains.rs`).
     Chains,
-    /// The squeaky wheel after the runs (`floors/squeaky.rs`).
+    /// The squeaky wheel after the runs (`exact/portfolio/squeaky.rs`).
     Squeaky,
     /// Lowering the peaks by bands (`exact/neighbourhood.rs`).
     Lowering,

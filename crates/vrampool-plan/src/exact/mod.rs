@@ -4,8 +4,6 @@
 //! (`probe.rs`). A part is solved when it fits under the lower bound, or when no plan fits one step below its
 //! best (arenas come in steps of the sizes' greatest common divisor).
 
-mod aligned;
-mod chains;
 mod classes;
 mod component;
 mod large;

@@ -3,28 +3,33 @@
 //! first phases, each in both directions of time (a plan of the mirrored part is one of the part). A run stops
 //! as soon as it cannot beat the best plan so far, so the losing ones cost little.
 //!
-//! Best fit by start is the best plan there is in the budget where the floors pack badly (serving with
-//! continuous batching), the more so with the gap chosen by the neighbours' ends (`aligned.rs`) rather than
-//! by its size alone; and a first phase placed before the rest changes it much: the longest-lived buffers
-//! first stack before the short ones fragment the bytes under them (KV caches grown by concatenation, a
-//! pipelined step's saved activations), the largest first keep their slots clear of the small ones (the few
-//! of a share of the bound, a step's logits, clear of the many caches), and the chains of grown caches first
-//! (`chains.rs`), with the longest-lived fifth, stack the caches before the rest. Which split wins, and in
-//! which direction of time, differs from graph to graph and none wins on most, so each kind of run tries its
-//! variants in turn, and the two kinds share the time (`next_kind`). When all have run, if a floor run's plan is
-//! the best, the squeaky wheel (`floors/squeaky.rs`) runs lowest floor first again from it, with the buffers
-//! that ended highest placed first (where the floors' best is 1-2% above the bound, on the random instances, it
-//! lowered 5 of the 13 plans of seeds 1-6 that were above the bound).
+//! Best fit by start is the best plan there is in the budget where the floors pack badly (serving with continuous
+//! batching), the more so with the gap chosen by the neighbours' ends (`portfolio/aligned.rs`) rather than by its
+//! size alone; and a first phase placed before the rest changes it much: the longest-lived buffers first stack
+//! before the short ones fragment the bytes under them (KV caches grown by concatenation, a pipelined step's saved
+//! activations), the largest first keep their slots clear of the small ones (the few of a share of the bound, a
+//! step's logits, clear of the many caches), and the chains of grown caches first (`portfolio/chains.rs`), with the
+//! longest-lived fifth, stack the caches before the rest. Which split wins, and in which direction of time, differs
+//! from graph to graph and none wins on most, so each kind of run tries its variants in turn, and the two kinds
+//! share the time (`next_kind`). When all have run, if a floor run's plan is the best, the squeaky wheel
+//! (`portfolio/squeaky.rs`) runs lowest floor first again from it, with the buffers that ended highest placed first
+//! (where the floors' best is 1-2% above the bound, on the random instances, it lowered 5 of the 13 plans of seeds
+//! 1-6 that were above the bound).
 
 use std::time::Instant;
 
-use super::aligned::aligned_fit_before;
-use super::chains::chains;
+mod aligned;
+mod chains;
+mod squeaky;
+
 use super::placed::{arena_of, fit_before, Placed};
-use crate::floors::{lowest_floor_first, squeaky_wheel, PATIENCE};
+use crate::floors::lowest_floor_first;
 use crate::instance::Instance;
 use crate::order::Order;
 use crate::trace::{Stage, Stages, Trace};
+use aligned::aligned_fit_before;
+use chains::chains;
+use squeaky::{squeaky_wheel, PATIENCE};
 
 /// Which buffers best fit by start places before the rest, each phase in order of start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,8 +53,8 @@ pub(crate) enum First {
 enum Run {
     Floors(Order),
     Fit(First),
-    /// Best fit by start with the gap chosen by the neighbours' ends (`aligned.rs`), among the gaps at most this
-    /// many times the smallest, with a first phase.
+    /// Best fit by start with the gap chosen by the neighbours' ends (`portfolio/aligned.rs`), among the gaps at
+    /// most this many times the smallest, with a first phase.
     Aligned(u64, First),
 }
 

@@ -18,8 +18,9 @@
 //! A run that cannot beat the arena it is given stops as soon as its projection (`projection.rs`: the skyline
 //! plus the bytes still to place, at every moment) shows it, rather than when its skyline passes that arena.
 //!
-//! A run may be told to place some buffers before the rest (*promoted*: all of them lowest floor first, then
-//! the others); the squeaky wheel (`squeaky.rs`) promotes those that ended highest in the best plan so far.
+//! A run may be told to place some buffers before the rest (*promoted*: all of them lowest floor first, then the
+//! others); the portfolio's squeaky wheel (`exact/portfolio/squeaky.rs`) promotes those that ended highest in the
+//! best plan so far.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -27,13 +28,11 @@ use std::time::Instant;
 
 mod projection;
 mod skyline;
-mod squeaky;
 
 use crate::instance::Instance;
 use crate::order::{Order, Traits};
 use projection::Projection;
 use skyline::Skyline;
-pub(crate) use squeaky::{squeaky_wheel, PATIENCE};
 
 /// Placements between looks at the clock.
 const CLOCK_EVERY: u32 = 4_096;

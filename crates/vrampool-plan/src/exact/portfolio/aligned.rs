@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use super::placed::place_in_turn;
+use crate::exact::placed::place_in_turn;
 use crate::instance::Instance;
 use crate::placed_index::{free_elsewhere, PlacedIndex, Span};
 

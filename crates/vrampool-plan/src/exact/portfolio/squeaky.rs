@@ -11,7 +11,7 @@
 
 use std::time::Instant;
 
-use super::lowest_floor_first_promoting;
+use crate::floors::lowest_floor_first_promoting;
 use crate::instance::Instance;
 use crate::order::Order;
 use crate::synthetic::SplitMix64;
@@ -52,4 +52,33 @@ pub(crate) fn squeaky_wheel(
         }
     }
     improved.then_some(best)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::floors::lowest_floor_first;
+    use crate::{random_instance, validate};
+
+    #[test]
+    fn the_squeaky_wheel_beats_the_run_it_starts_from_and_keeps_to_its_deadline() {
+        // Found by trying seeds: the run with Taw ends above the bound, and the wheel takes it down to the bound.
+        let buffers = random_instance(300, 6);
+        let far = Instant::now() + Duration::from_secs(60);
+        let (inst, part) = (Instance::new(&buffers, 1).unwrap(), (0..buffers.len() as u32).collect::<Vec<_>>());
+        let plan = lowest_floor_first(&inst, &part, Order::Taw, u64::MAX, far).unwrap();
+        let (arena, bound) = (validate(&buffers, &plan, 1).unwrap(), inst.lower_bound());
+        assert!(arena > bound);
+        let wheel =
+            |deadline| squeaky_wheel(&inst, &part, Order::Taw, (plan.clone(), arena), (bound, PATIENCE), deadline);
+        let (better, better_arena) = wheel(far).expect("a better plan");
+        assert_eq!(validate(&buffers, &better, 1).unwrap(), better_arena);
+        assert_eq!(better_arena, bound);
+        assert_eq!(wheel(far), Some((better, better_arena)), "the same plan every time");
+        assert_eq!(wheel(Instant::now()), None);
+        // A plan at the target is kept as it is.
+        assert_eq!(squeaky_wheel(&inst, &part, Order::Taw, (plan.clone(), arena), (arena, PATIENCE), far), None);
+    }
 }
