@@ -255,6 +255,41 @@ def test_gpu_numba_plugin_in_a_fresh_process() -> None:
     assert out.stdout.split()[:2] == ["ok", "0"]
 
 
+@pytest.mark.parametrize("handles", ["auto", "legacy"])
+def test_gpu_ipc_buffers_cross_to_a_spawned_child(handles: str, driver: Driver) -> None:
+    """Issue 50 on the real driver: an ``ipc=True`` pool's buffers (file descriptors where the
+    device has VMM; legacy IPC handles) pickle to a spawned child, which writes them."""
+    import multiprocessing
+
+    from _ipc_child import pattern, write_all
+
+    spawn = multiprocessing.get_context("spawn")
+    with DevicePool(0, ipc=True, ipc_handles=handles) as pool:
+        buffers = [pool.allocate(n) for n in (512, 300_000, 5 * MIB)]
+        results = spawn.Queue()
+        child = spawn.Process(target=write_all, args=(buffers, [0, 1, 2], results))
+        child.start()
+        report = results.get(timeout=120)
+        child.join(60)
+        assert child.exitcode == 0 and report[0] == "ok" and report[3:] == (0, 0), report
+        for tag, buf in enumerate(buffers):
+            assert driver.read(buf.ptr, buf.size) == pattern(tag, buf.size), f"buffer {tag}"
+
+
+def test_gpu_numba_ipc_through_the_plugin() -> None:
+    """Numba arrays of a legacy-handle pool opened in spawned children (tests/_numba_ipc.py)."""
+    pytest.importorskip("numba.cuda")
+    script = os.path.join(os.path.dirname(__file__), "_numba_ipc.py")
+    env = dict(os.environ, NUMBA_CUDA_MEMORY_MANAGER="vrampool.numba", VRAMPOOL_CONF="ipc:true,ipc_handles:legacy")
+    out = subprocess.run([sys.executable, script, "share"], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    import json
+
+    report = json.loads(out.stdout.splitlines()[-1])
+    assert report["matched"] == report["cases"] * (report["devices"] + 1 + int(report["raw_path"])), report
+    assert report["offsets"] > 1 and report["twice"] == ["IpcHandle is already opened"], report
+
+
 def test_gpu_cuda_core_resource(pool: DevicePool, driver: Driver) -> None:
     core = pytest.importorskip("cuda.core")
     from vrampool.cuda_core import PoolMemoryResource
