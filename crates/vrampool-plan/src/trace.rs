@@ -27,10 +27,8 @@ pub enum Stage {
     /// The portfolio's best fit by start with the gap chosen by the neighbours' ends
     /// (`exact/portfolio/aligned.rs`).
     Aligned,
-    /// The portfolio's runs with a first phase (longest, largest, bytes, chains).
+    /// The portfolio's runs with a first phase (longest, largest, bytes).
     FirstPhases,
-    /// The portfolio's runs with the chains of grown caches first (`exact/portfolio/chains.rs`).
-    Chains,
     /// The squeaky wheel after the runs (`exact/portfolio/squeaky.rs`).
     Squeaky,
     /// Lowering the peaks by bands (`exact/neighbourhood.rs`).
@@ -38,7 +36,7 @@ pub enum Stage {
 }
 
 impl Stage {
-    pub const ALL: [Stage; 12] = [
+    pub const ALL: [Stage; 11] = [
         Stage::Jitter,
         Stage::DeepestBoost,
         Stage::Descent,
@@ -48,7 +46,6 @@ impl Stage {
         Stage::FitRuns,
         Stage::Aligned,
         Stage::FirstPhases,
-        Stage::Chains,
         Stage::Squeaky,
         Stage::Lowering,
     ];
@@ -64,7 +61,6 @@ impl Stage {
             Stage::FitRuns => "fit-runs",
             Stage::Aligned => "aligned",
             Stage::FirstPhases => "first-phases",
-            Stage::Chains => "chains",
             Stage::Squeaky => "squeaky",
             Stage::Lowering => "lowering",
         }

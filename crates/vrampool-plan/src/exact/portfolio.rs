@@ -8,8 +8,7 @@
 //! size alone; and a first phase placed before the rest changes it much: the longest-lived buffers first stack
 //! before the short ones fragment the bytes under them (KV caches grown by concatenation, a pipelined step's saved
 //! activations), the largest first keep their slots clear of the small ones (the few of a share of the bound, a
-//! step's logits, clear of the many caches), and the chains of grown caches first (`portfolio/chains.rs`), with the
-//! longest-lived fifth, stack the caches before the rest. Which split wins, and in which direction of time, differs
+//! step's logits, clear of the many caches). Which split wins, and in which direction of time, differs
 //! from graph to graph and none wins on most, so each kind of run tries its variants in turn, and the two kinds
 //! share the time (`next_kind`). When all have run, if a floor run's plan is the best, the squeaky wheel
 //! (`portfolio/squeaky.rs`) runs lowest floor first again from it, with the buffers that ended highest placed first
@@ -19,7 +18,6 @@
 use std::time::Instant;
 
 mod aligned;
-mod chains;
 mod squeaky;
 
 use super::placed::{arena_of, fit_before, Placed};
@@ -28,7 +26,6 @@ use crate::instance::Instance;
 use crate::order::Order;
 use crate::trace::{Stage, Stages, Trace};
 use aligned::aligned_fit_before;
-use chains::chains;
 use squeaky::{squeaky_wheel, PATIENCE};
 
 /// Which buffers best fit by start places before the rest, each phase in order of start.
@@ -40,9 +37,6 @@ pub(crate) enum First {
     Longest(usize),
     /// The buffers larger than all but this percentage of the buffers.
     Largest(usize),
-    /// The buffers in chains of ones that replace a smaller one (`chains`: caches grown by concatenation), and
-    /// those of `Longest` with this percentage.
-    ChainsAndLongest(usize),
     /// The buffers of at least this many thousandths of the part's lower bound: a step's logits or a prompt's
     /// MLP rows, each a few percent of the bytes at the busiest moment, whose slots the many smaller caches
     /// would otherwise break up.
@@ -63,7 +57,6 @@ impl Run {
     fn stages(self) -> Vec<Stage> {
         let first = |first: First| match first {
             First::Nothing => vec![],
-            First::ChainsAndLongest(_) => vec![Stage::FirstPhases, Stage::Chains],
             _ => vec![Stage::FirstPhases],
         };
         match self {
@@ -93,9 +86,8 @@ const FLOOR_RUNS: [(Run, bool); 6] = [
 /// both ways, then 8 and 12 backwards (which factor packs best varies from seed to seed by up to 1% of the
 /// bound, with no trend); then the same with the buffers of 2% of the bound or more first, factors 16 and 4 (on
 /// serving seeds 1-24, factor 16 with them first packs below best fit and factor 16 without them, both ways, on
-/// 13 seeds, by up to 4% of the bound); then the grown caches first (`chains`, a gain on serving); then the
-/// splits, backwards first (they win more often that way).
-const FIT_RUNS: [(Run, bool); 22] = {
+/// 13 seeds, by up to 4% of the bound); then the splits, backwards first (they win more often that way).
+const FIT_RUNS: [(Run, bool); 20] = {
     use First::*;
     use Run::{Aligned, Fit};
     [
@@ -111,8 +103,6 @@ const FIT_RUNS: [(Run, bool); 22] = {
         (Aligned(16, Bytes(20)), false),
         (Aligned(4, Bytes(20)), true),
         (Aligned(4, Bytes(20)), false),
-        (Fit(ChainsAndLongest(20)), false),
-        (Fit(ChainsAndLongest(20)), true),
         (Fit(Longest(50)), true),
         (Fit(Largest(5)), true),
         (Fit(Largest(20)), true),
@@ -256,12 +246,6 @@ pub(crate) fn fit_order(timeline: &Instance, part: &[u32], first: First) -> Vec<
     let size = |i: usize| timeline.size[i];
     let later: Box<dyn Fn(usize) -> bool> = match first {
         First::Nothing => Box::new(|_| false),
-        First::ChainsAndLongest(percent) => {
-            let cut = cut(&span, percent);
-            let mut chained = vec![false; timeline.len()];
-            chains(timeline, part).iter().flatten().for_each(|&i| chained[i as usize] = true);
-            Box::new(move |i| !chained[i] && span(i) <= cut)
-        }
         First::Longest(percent) => {
             let cut = cut(&span, percent);
             Box::new(move |i| span(i) <= cut)

@@ -49,12 +49,12 @@ fn a_first_phase_comes_first_and_each_phase_goes_by_start() {
                 First::Nothing => 0,
                 First::Longest(_) => timeline.span(i as usize) as u64,
                 First::Largest(_) => timeline.size[i as usize],
-                First::ChainsAndLongest(_) | First::Bytes(_) => panic!("they have their own tests"),
+                First::Bytes(_) => panic!("it has its own test"),
             };
             let percent = match first {
                 First::Nothing => 0,
                 First::Longest(p) | First::Largest(p) => p,
-                First::ChainsAndLongest(_) | First::Bytes(_) => panic!("they have their own tests"),
+                First::Bytes(_) => panic!("it has its own test"),
             };
             // The first phase: the buffers whose key is above the key of rank n (100 - percent) / 100.
             let mut keys: Vec<u64> = part.iter().map(|&i| key(i)).collect();
@@ -84,31 +84,6 @@ fn the_buffers_of_a_share_of_the_bound_come_first_and_each_phase_goes_by_start()
             let order = fit_order(timeline, &part, First::Bytes(per_mille));
             let (early, late) = phases_by_start(timeline, &order, head);
             assert!(early.iter().all(|&i| large(i)) && late.iter().all(|&i| !large(i)), "{per_mille}");
-        }
-    }
-}
-
-#[test]
-fn grown_caches_and_the_longest_lived_come_first_and_each_phase_goes_by_start() {
-    let buffers = crate::llm_decoding_instance(4, 30, 20, 64);
-    let inst = Instance::new(&buffers, 1).unwrap();
-    let mirrored = inst.mirrored();
-    let part: Vec<u32> = (0..inst.len() as u32).rev().collect();
-    // Backwards the caches shrink, so there are no chains: only the longest-lived come first.
-    for (timeline, grows) in [(&inst, true), (&mirrored, false)] {
-        let mut chained = vec![false; inst.len()];
-        chains(timeline, &part).iter().flatten().for_each(|&i| chained[i as usize] = true);
-        assert_eq!(chained.contains(&true), grows);
-        let mut spans: Vec<u32> = part.iter().map(|&i| timeline.span(i as usize)).collect();
-        spans.sort_unstable();
-        for percent in [0, 20] {
-            let cut = spans.get(spans.len() * (100 - percent) / 100).copied().unwrap_or(u32::MAX);
-            let first = |i: u32| chained[i as usize] || timeline.span(i as usize) > cut;
-            let head = part.iter().filter(|&&i| first(i)).count();
-            assert!((head > 0) == (grows || percent > 0) && head < inst.len(), "{percent}%: {head} first");
-            let order = fit_order(timeline, &part, First::ChainsAndLongest(percent));
-            let (early, late) = phases_by_start(timeline, &order, head);
-            assert!(early.iter().all(|&i| first(i)) && late.iter().all(|&i| !first(i)), "{percent}%");
         }
     }
 }
