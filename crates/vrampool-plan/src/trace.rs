@@ -22,8 +22,6 @@ pub enum Stage {
     Settle,
     /// The portfolio's lowest floor first runs (`exact/portfolio.rs`).
     FloorRuns,
-    /// The portfolio's best fit by start with no first phase.
-    FitRuns,
     /// The portfolio's best fit by start with the gap chosen by the neighbours' ends
     /// (`exact/portfolio/aligned.rs`).
     Aligned,
@@ -36,14 +34,13 @@ pub enum Stage {
 }
 
 impl Stage {
-    pub const ALL: [Stage; 11] = [
+    pub const ALL: [Stage; 10] = [
         Stage::Jitter,
         Stage::DeepestBoost,
         Stage::Descent,
         Stage::Classes,
         Stage::Settle,
         Stage::FloorRuns,
-        Stage::FitRuns,
         Stage::Aligned,
         Stage::FirstPhases,
         Stage::Squeaky,
@@ -58,7 +55,6 @@ impl Stage {
             Stage::Classes => "classes",
             Stage::Settle => "settle",
             Stage::FloorRuns => "floor-runs",
-            Stage::FitRuns => "fit-runs",
             Stage::Aligned => "aligned",
             Stage::FirstPhases => "first-phases",
             Stage::Squeaky => "squeaky",
