@@ -153,3 +153,24 @@ def export_without_vmm(results: Any, done: Any) -> None:
         results.put(pool.close())
     except BaseException as e:  # noqa: BLE001
         results.put(("error", repr(e)))
+
+
+def cuda_core_buffers(buffers: List[Any], tags: List[int], results: Any) -> None:
+    """Unpickled cuda.core buffers of a PoolMemoryResource: each read (its tag's pattern), then
+    written with the next tag's, then closed; reports what stayed open."""
+    import gc
+
+    from cuda.core import Buffer
+
+    try:
+        pool = buffers[0].owner._pool
+        for buffer, tag in zip(buffers, tags):
+            assert type(buffer) is Buffer and buffer.size == buffer.owner.size, (type(buffer), buffer.size)
+            assert buffer.owner.read() == pattern(tag, buffer.size), f"buffer {tag}"
+            buffer.owner.write(pattern(tag + 1, buffer.size))
+            buffer.close()
+        del buffer, buffers
+        gc.collect()
+        results.put(("ok", pool.open_buffers, pool.open_segments))
+    except BaseException as e:  # noqa: BLE001
+        results.put(("error", repr(e)))

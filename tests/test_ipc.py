@@ -17,7 +17,17 @@ from typing import Any, Iterator
 
 import pytest
 
-from _ipc_child import after_fork, bad_inputs, export_without_vmm, legacy_open, pattern, read_from_socket, write_all, write_wait_read
+from _ipc_child import (
+    after_fork,
+    bad_inputs,
+    cuda_core_buffers,
+    export_without_vmm,
+    legacy_open,
+    pattern,
+    read_from_socket,
+    write_all,
+    write_wait_read,
+)
 from vrampool import DeviceError, DevicePool, InvalidFreeError, PoolClosedError
 from vrampool.ipc import ImportedPool, export_buffer, send_descriptor
 
@@ -250,3 +260,26 @@ def test_legacy_ipc_handles_open_in_another_process_and_a_freed_one_is_refused()
     already_mapped, invalid_value = 208, 1
     assert seen == [(already_mapped, b"legacy!!"), (invalid_value, None), (invalid_value, None)]
     assert LIB.cuMemFree_v2(live.value) == 0
+
+
+@pytest.mark.parametrize("handles", ["auto", "legacy"])
+def test_cuda_core_buffers_of_a_pool_resource_pickle_to_a_child(handles: str) -> None:
+    pytest.importorskip("cuda.core")
+    from vrampool.cuda_core import PoolMemoryResource
+
+    current_context()
+    mr = PoolMemoryResource(DevicePool(0, ipc=True, ipc_handles=handles))
+    buffers = [mr.allocate(n) for n in (700, 64 * 1024, 3 * MIB)]
+    for tag, buffer in enumerate(buffers):
+        data = pattern(tag, buffer.size)
+        assert LIB.cuMemcpyHtoD_v2(int(buffer.handle), data, len(data)) == 0
+    assert run(cuda_core_buffers, buffers, list(range(len(buffers)))) == ("ok", 0, 0)
+    for tag, buffer in enumerate(buffers):
+        assert read_device(int(buffer.handle), buffer.size) == pattern(tag + 1, buffer.size), f"buffer {tag}"
+    closed = buffers.pop()
+    closed.close()
+    with pytest.raises(RuntimeError, match="closed"):  # cuda.core's own answer: the resource is gone
+        pickle.dumps(closed)
+    for buffer in buffers:
+        buffer.close()
+    assert mr.live_blocks == 0 and mr.pool.close() == []

@@ -10,6 +10,11 @@ import it, only this module does.
 >>> buf = mr.allocate(1 << 20, stream=dev.default_stream) # doctest: +SKIP
 >>> buf.close()                                           # doctest: +SKIP
 
+A buffer of a resource over a pool made with ``ipc=True`` pickles to a child started with
+``spawn`` (:mod:`vrampool.ipc`): it opens there as a ``Buffer`` over the same memory, owned by
+the :class:`vrampool.ipc.ImportedBuffer` that maps it (closing the buffer unmaps it). cuda.core's
+own buffers keep cuda.core's pickling.
+
 On the simulated device (host memory) the resource is host-accessible and not
 device-accessible, so cuda.core's ``Buffer`` works on it without a GPU or driver:
 
@@ -23,7 +28,8 @@ device-accessible, so cuda.core's ``Buffer`` works on it without a GPU or driver
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+import copyreg
+from typing import Any, Dict, Optional, Tuple
 
 try:
     from cuda.core import Buffer, MemoryResource, Stream
@@ -34,6 +40,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     ) from e
 
 from vrampool._native import InvalidFreeError, NativeBuffer
+from vrampool.ipc import BufferDescriptor, PoolHandle, export_buffer, imported_pool
 from vrampool.pool import DevicePool, shared_pool
 from vrampool.streams import stream_handle
 
@@ -118,3 +125,26 @@ class PoolMemoryResource(MemoryResource):
     def __repr__(self) -> str:
         return f"PoolMemoryResource({self._pool!r}, live_blocks={len(self._live)})"
 
+
+def _reduce_buffer(buffer: Buffer) -> Tuple[Any, ...]:
+    mr = buffer.memory_resource
+    if not isinstance(mr, PoolMemoryResource):
+        # cuda.core's own resources share their own way (and a closed buffer, which has no
+        # resource any more, is refused there).
+        return buffer.__reduce__()
+    block = mr._live.get(int(buffer.handle))
+    if block is None:
+        raise InvalidFreeError(f"{buffer!r} is no live block of {mr!r}: it cannot be shared")
+    descriptor = export_buffer(block)
+    return (_open_pickled, (descriptor.handle, descriptor))
+
+
+def _open_pickled(handle: PoolHandle, descriptor: BufferDescriptor) -> Buffer:
+    try:
+        imported = imported_pool(handle).open(descriptor)
+    finally:
+        descriptor.close()
+    return Buffer.from_handle(imported.ptr, imported.size, owner=imported)
+
+
+copyreg.pickle(Buffer, _reduce_buffer)

@@ -32,6 +32,7 @@ import os
 import socket
 import struct
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple, Union
 
@@ -221,11 +222,13 @@ class ImportedPool:
             raise ValueError(f"pool {handle.pool_id} is this process's own: use its buffers, not an import")
         self.handle = handle
         self._native = _native.NativeImporter(handle.device)
-        self._lock = threading.Lock()
+        # Reentrant: collection may close a dropped buffer inside `open` on this thread, which
+        # counts a segment's buffers before it makes anything collection could run in.
+        self._lock = threading.RLock()
         # segment (exporter's address) -> [base here, open buffers in it]
         self._segments: Dict[int, list] = {}
-        # (segment, offset) -> the open buffer
-        self._buffers: Dict[Tuple[int, int], ImportedBuffer] = {}
+        # (segment, offset) -> the open buffer; weak, so that dropping a buffer closes it
+        self._buffers: "weakref.WeakValueDictionary[Tuple[int, int], ImportedBuffer]" = weakref.WeakValueDictionary()
         self.closed = False
 
     def open(self, descriptor: BufferDescriptor) -> ImportedBuffer:
@@ -242,8 +245,9 @@ class ImportedPool:
         with self._lock:
             if self.closed:
                 raise PoolClosedError(f"the imported pool {self.handle.pool_id} is closed")
-            if key in self._buffers:
-                raise ValueError(f"{descriptor!r} is already open in this process as {self._buffers[key]!r}; use that one, or close it first")
+            existing = self._buffers.get(key)
+            if existing is not None:
+                raise ValueError(f"{descriptor!r} is already open in this process as {existing!r}; use that one, or close it first")
             segment = self._segments.get(descriptor.segment)
             if segment is None:
                 if descriptor.legacy_handle is not None:
@@ -257,7 +261,8 @@ class ImportedPool:
 
     def _close_buffer(self, key: Tuple[int, int]) -> None:
         with self._lock:
-            del self._buffers[key]
+            # Gone already when collection closes the buffer (its weak entry is cleared first).
+            self._buffers.pop(key, None)
             segment = self._segments[key[0]]
             segment[1] -= 1
             if segment[1] == 0:
