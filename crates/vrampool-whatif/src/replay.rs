@@ -28,7 +28,7 @@ use crate::peers::{PeerConfig, PeerModel};
 use vrampool_core::device::{SimDevice, SimMode, StreamId};
 use vrampool_core::error::{OomReport, PoolError};
 use vrampool_core::strategy::StrategyKind;
-use vrampool_core::{MemoryResource, Pool, PoolConfig, PoolCore};
+use vrampool_core::{MemoryResource, Pool, PoolConfig};
 use vrampool_plan::PlannedMode;
 
 /// Capacity of the simulated device a replay runs on: large enough that no trace runs out.
@@ -360,34 +360,8 @@ trait Replayed {
     fn trim(&mut self) -> Result<(), PoolError>;
 }
 
-impl Replayed for Pool {
-    fn allocate(&mut self, size: u64, stream: u64) -> Result<u64, PoolError> {
-        let core: &PoolCore = self;
-        core.allocate(size, StreamId(stream))
-    }
-
-    fn free(&mut self, addr: u64) -> Result<(), PoolError> {
-        let core: &PoolCore = self;
-        core.free(addr, None, None)
-    }
-
-    fn now(&self) -> (u64, u64, f64) {
-        let stats = self.stats();
-        (stats.allocated_bytes.current, stats.reserved_bytes.current, stats.fragmentation())
-    }
-
-    fn totals(&self) -> (u64, u64, u64, u64) {
-        let stats = self.stats();
-        (stats.reserved_bytes.peak, stats.allocated_bytes.peak, stats.num_device_alloc, stats.num_device_free)
-    }
-
-    fn trim(&mut self) -> Result<(), PoolError> {
-        let core: &PoolCore = self;
-        core.trim().map(|_| ())
-    }
-}
-
-impl Replayed for &dyn MemoryResource {
+/// A pool (statically dispatched) or the planned steps over one (`&dyn MemoryResource`).
+impl<R: MemoryResource + ?Sized> Replayed for &R {
     fn allocate(&mut self, size: u64, stream: u64) -> Result<u64, PoolError> {
         (**self).allocate(size, StreamId(stream))
     }
@@ -455,11 +429,11 @@ pub fn replay_prepared(prepared: &PreparedTrace, target: &ReplayTarget, options:
     let device = Arc::new(SimDevice::new(options.capacity.unwrap_or(REPLAY_CAPACITY), SimMode::AddressOnly));
     let report = match target {
         ReplayTarget::Pool(config) => {
-            let mut pool = Pool::new(device, config.clone()).map_err(|source| ReplayError::Pool { index: 0, source })?;
+            let pool = Pool::new(device, config.clone()).map_err(|source| ReplayError::Pool { index: 0, source })?;
             if config.steady {
                 run(prepared, &mut (&PlannedMode::steady(pool) as &dyn MemoryResource), options)
             } else {
-                run(prepared, &mut pool, options)
+                run(prepared, &mut &pool, options)
             }
         }
         ReplayTarget::Peer(peer) => run(prepared, &mut peer.build(device, options.capacity), options),
