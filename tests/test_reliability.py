@@ -328,10 +328,12 @@ def _run(code: str, timeout: int = 120, prelude: str = "") -> "subprocess.Comple
     return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout)
 
 
-#: For the fork tests' scripts: waits up to 10 s for a forked child; (1, 0) if it hung (it is
-#: killed), else (0, 1 if it exited non-zero).
-_REAP = """
-import os, time
+#: For the fork tests' scripts: `fork_under_churn(churn, child, forks, pause)` runs `churn(t, stop)`
+#: on 4 threads and forks `forks` times, `pause` s apart; each child exits with `child()`'s code (6
+#: if it raised). A child is waited for up to 10 s, then killed. Returns (children that hung,
+#: children that exited non-zero).
+_FORK_UNDER_CHURN = """
+import os, threading, time
 def reap(pid):
     deadline = time.time() + 10
     while True:
@@ -343,54 +345,61 @@ def reap(pid):
             os.waitpid(pid, 0)
             return 1, 0
         time.sleep(0.01)
+def fork_under_churn(churn, child, forks, pause):
+    stop = threading.Event()
+    threads = [threading.Thread(target=churn, args=(t, stop)) for t in range(4)]
+    for t in threads:
+        t.start()
+    hung = failed = 0
+    for _ in range(forks):
+        time.sleep(pause)
+        pid = os.fork()
+        if pid == 0:
+            code = 6
+            try:
+                code = child()
+            finally:
+                os._exit(code)
+        child_hung, child_failed = reap(pid)
+        hung, failed = hung + child_hung, failed + child_failed
+    stop.set()
+    for t in threads:
+        t.join()
+    return hung, failed
 """
 
 
 def test_a_fork_while_threads_allocate_gives_a_child_that_fails_clearly_and_never_hangs() -> None:
     done = _run(
         """
-        import os, sys, threading, time
         from vrampool import DevicePool, PoolClosedError
         pool = DevicePool("sim", capacity=1 << 30, strategy="hybrid")
-        stop = False
-        def churn():
+        def churn(t, stop):
             sizes = (512, 4096, 100 << 10, 3 << 20)
-            while not stop:
+            while not stop.is_set():
                 bufs = [pool.allocate(s) for s in sizes]
                 for b in bufs:
                     b.free()
                 pool.trim()
-        threads = [threading.Thread(target=churn) for _ in range(4)]
-        for t in threads:
-            t.start()
-        hung = failed = 0
-        for _ in range(20):
-            time.sleep(0.01)
-            pid = os.fork()
-            if pid == 0:
-                code = 3
+        def child():
+            code = 3
+            try:
+                pool.allocate(4096)
+            except PoolClosedError as e:
+                code = 0 if "forked" in str(e) else 4
+            fresh = DevicePool("sim", capacity=64 << 20)  # a pool made in the child works
+            fresh.allocate(4096).free()
+            for call in (pool.stats, pool.trim, pool.snapshot):
                 try:
-                    pool.allocate(4096)
-                except PoolClosedError as e:
-                    code = 0 if "forked" in str(e) else 4
-                fresh = DevicePool("sim", capacity=64 << 20)  # a pool made in the child works
-                fresh.allocate(4096).free()
-                for call in (pool.stats, pool.trim, pool.snapshot):
-                    try:
-                        call()
-                        code = 5
-                    except PoolClosedError:
-                        pass
-                os._exit(code)
-            child_hung, child_failed = reap(pid)
-            hung, failed = hung + child_hung, failed + child_failed
-        stop = True
-        for t in threads:
-            t.join()
-        print(hung, failed)
+                    call()
+                    code = 5
+                except PoolClosedError:
+                    pass
+            return code
+        print(*fork_under_churn(churn, child, forks=20, pause=0.01))
         """,
         timeout=400,
-        prelude=_REAP,
+        prelude=_FORK_UNDER_CHURN,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["0", "0"], f"children hung, failed: {done.stdout}"
@@ -420,45 +429,31 @@ def test_daemon_threads_inside_pool_calls_at_interpreter_exit_do_not_abort_the_p
 def test_a_fork_while_threads_hammer_a_planned_pool_gives_children_that_raise_and_never_hang() -> None:
     done = _run(
         """
-        import os, threading, time
         from vrampool import DevicePool, PoolClosedError
         planned = DevicePool("sim", capacity=1 << 30).planned()
-        stop = False
-        def churn(t):
+        def churn(t, stop):
             i = 0
-            while not stop:
+            while not stop.is_set():
                 ptrs = [planned.allocate(512 * (1 + (i + k + t) % 9)) for k in range(16)]
                 for p in ptrs:
                     planned.deallocate(p)
                 planned.step(i % 3)
                 planned.stats()
                 i += 1
-        threads = [threading.Thread(target=churn, args=(t,)) for t in range(4)]
-        for t in threads:
-            t.start()
-        hung = failed = 0
-        for _ in range(30):
-            time.sleep(0.005)
-            pid = os.fork()
-            if pid == 0:
-                code = 0
-                for call in (lambda: planned.allocate(4096), lambda: planned.step(), planned.stats, planned.release_arena,
-                             lambda: planned.deallocate(1 << 20), lambda: planned.record_stream(1 << 20, 7)):
-                    try:
-                        call()
-                        code = 3
-                    except PoolClosedError as e:
-                        code = code or (0 if "forked" in str(e) else 4)
-                os._exit(code)
-            child_hung, child_failed = reap(pid)
-            hung, failed = hung + child_hung, failed + child_failed
-        stop = True
-        for t in threads:
-            t.join()
-        print(hung, failed)
+        def child():
+            code = 0
+            for call in (lambda: planned.allocate(4096), lambda: planned.step(), planned.stats, planned.release_arena,
+                         lambda: planned.deallocate(1 << 20), lambda: planned.record_stream(1 << 20, 7)):
+                try:
+                    call()
+                    code = 3
+                except PoolClosedError as e:
+                    code = code or (0 if "forked" in str(e) else 4)
+            return code
+        print(*fork_under_churn(churn, child, forks=30, pause=0.005))
         """,
         timeout=400,
-        prelude=_REAP,
+        prelude=_FORK_UNDER_CHURN,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["0", "0"], f"children hung, failed: {done.stdout}"
