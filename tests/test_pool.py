@@ -205,7 +205,7 @@ def test_conf_text_comes_before_the_keywords_and_is_checked() -> None:
         DevicePool("sim", ipc_handles="fd")
     with pytest.raises(ValueError, match="unknown configuration key"):
         DevicePool("sim", conf="device:sim")
-    assert vrampool.options.pool_pairs("device:cuda, sim_capacity:1GB,ipc:true ,ipc_handles=legacy") == "ipc:true,ipc_handles=legacy"
+    assert vrampool.options.pool_pairs("device:cuda, sim_capacity:1GB,ipc:true ,ipc_handles=legacy") == "ipc:true,ipc_handles:legacy"
     assert vrampool.options.pool_pairs("") == ""
 
 

@@ -64,16 +64,9 @@ def conf_text(options: Mapping[str, Any], keys: Mapping[str, str] = ALLOCATOR_KE
 
 def pool_pairs(text: str) -> str:
     """The pairs of a ``VRAMPOOL_CONF`` text whose key is a pool's (``ipc:true`` of
-    ``device:cuda,ipc:true``), as they are written; the core checks them.
+    ``device:cuda,ipc:true``), split as the core splits them; the core checks their values.
 
     >>> pool_pairs("device:sim,small_max:[64KB],ipc:true")
     'small_max:[64KB],ipc:true'
     """
-    pairs, depth, start = [], 0, 0
-    for i, c in enumerate(text + ","):
-        depth += {"[": 1, "]": -1}.get(c, 0)
-        if c == "," and depth <= 0:
-            pairs.append(text[start:i].strip())
-            start = i + 1
-    keep = [p for p in pairs if p.replace("=", ":").split(":")[0].strip() in POOL_KEYS]
-    return ",".join(keep)
+    return ",".join(f"{key}:{value}" for key, value in _native.conf_pairs(text) if key in POOL_KEYS)
