@@ -40,7 +40,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     ) from e
 
 from vrampool._native import InvalidFreeError, NativeBuffer
-from vrampool.ipc import BufferDescriptor, PoolHandle, export_buffer, imported_pool
+from vrampool.ipc import BufferDescriptor, PoolHandle, export_buffer, open_pickled
 from vrampool.pool import DevicePool, shared_pool
 from vrampool.streams import stream_handle
 
@@ -136,14 +136,11 @@ def _reduce_buffer(buffer: Buffer) -> Tuple[Any, ...]:
     if block is None:
         raise InvalidFreeError(f"{buffer!r} is no live block of {mr!r}: it cannot be shared")
     descriptor = export_buffer(block)
-    return (_open_pickled, (descriptor.handle, descriptor))
+    return (_open_as_buffer, (descriptor.handle, descriptor))
 
 
-def _open_pickled(handle: PoolHandle, descriptor: BufferDescriptor) -> Buffer:
-    try:
-        imported = imported_pool(handle).open(descriptor)
-    finally:
-        descriptor.close()
+def _open_as_buffer(handle: PoolHandle, descriptor: BufferDescriptor) -> Buffer:
+    imported = open_pickled(handle, descriptor)
     return Buffer.from_handle(imported.ptr, imported.size, owner=imported)
 
 

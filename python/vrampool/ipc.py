@@ -308,7 +308,8 @@ def imported_pool(handle: PoolHandle) -> ImportedPool:
         return pool
 
 
-def _open_pickled(handle: PoolHandle, descriptor: BufferDescriptor) -> ImportedBuffer:
+def open_pickled(handle: PoolHandle, descriptor: BufferDescriptor) -> ImportedBuffer:
+    """What an unpickled buffer becomes: ``descriptor`` opened in :func:`imported_pool`, then closed."""
     try:
         return imported_pool(handle).open(descriptor)
     finally:
@@ -318,7 +319,7 @@ def _open_pickled(handle: PoolHandle, descriptor: BufferDescriptor) -> ImportedB
 def _reduce_buffer(buffer: NativeBuffer) -> Tuple[Any, ...]:
     # The descriptor is pickled (its fd dup'd) after this returns, and collected after that.
     descriptor = export_buffer(buffer)
-    return (_open_pickled, (descriptor.handle, descriptor))
+    return (open_pickled, (descriptor.handle, descriptor))
 
 
 copyreg.pickle(NativeBuffer, _reduce_buffer)
