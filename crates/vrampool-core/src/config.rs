@@ -115,7 +115,7 @@ pub struct PoolConfig {
     /// the same segments again. On by default.
     pub reclaim: bool,
     /// Serve a repeating workload's steps from one planned arena once each has been seen
-    /// (`vrampool_plan::PlannedMode::steady`, which the binding puts over the pool; the pool alone
+    /// (`vrampool_steady::PlannedMode::steady`, which the binding puts over the pool; the pool alone
     /// ignores it): after warm-up a step makes no device call and no sync, and reserves what its
     /// plan needs. A step ends at PyTorch's optimizer step, or once everything it allocated is
     /// freed. On by default.

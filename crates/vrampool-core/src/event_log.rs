@@ -46,6 +46,14 @@ impl EventLog {
         self.events.lock().push(LogEvent { time_ns, kind, addr, size, stream });
     }
 
+    /// Takes back the latest event of `kind` at `addr` (one that should not have been logged).
+    pub fn retract(&self, kind: EventKind, addr: u64) {
+        let mut events = self.events.lock();
+        if let Some(at) = events.iter().rposition(|e| e.kind == kind && e.addr == addr) {
+            events.remove(at);
+        }
+    }
+
     pub fn take(&self) -> Vec<LogEvent> {
         std::mem::take(&mut *self.events.lock())
     }

@@ -271,6 +271,18 @@ impl<U: MemoryResource> MemoryResource for PrivatePools<U> {
     fn alignment(&self) -> u64 {
         self.upstream.alignment()
     }
+    fn allocate_carved(&self, size: u64, stream: StreamId) -> Result<u64> {
+        self.upstream.allocate_carved(size, stream)
+    }
+    fn free_carved(&self, addr: u64, size: u64, users: &[StreamId]) -> Result<()> {
+        self.upstream.free_carved(addr, size, users)
+    }
+    fn watches_pieces(&self) -> bool {
+        self.upstream.watches_pieces()
+    }
+    fn piece(&self, addr: u64, size: u64, stream: StreamId, freed: bool) -> Result<()> {
+        self.upstream.piece(addr, size, stream, freed)
+    }
 }
 
 fn add_counter(a: &mut CounterValues, b: &CounterValues) {

@@ -1,7 +1,7 @@
 //! `MemoryResource`: what every layer above the pool talks to, as RMM's `device_memory_resource`
 //! is. The pool is one; the adaptors are others, each over the resource it wraps (its upstream):
 //! [`PrivatePools`](crate::PrivatePools) routes the blocks of private pools (CUDA graphs,
-//! `torch.cuda.MemPool`), and the planned arena's mode (`vrampool_plan::PlannedMode`) serves
+//! `torch.cuda.MemPool`), and the planned arena's mode (`vrampool_steady::PlannedMode`) serves
 //! repeated iterations from one arena. A binding composes them once and calls the outermost.
 //!
 //! Adaptors are generic over their upstream rather than boxed: the allocation fast path then
@@ -55,6 +55,29 @@ pub trait MemoryResource: Send + Sync {
     fn set_limit(&self, limit: Option<Limit>) -> Result<()>;
     /// Every block handed out is aligned to this.
     fn alignment(&self) -> u64;
+
+    /// A block that an adaptor cuts into pieces of its own (the planned arena's regions): as `allocate`,
+    /// but the block itself is neither scrubbed, logged nor tracked as a leak, since each piece is
+    /// (`piece`).
+    fn allocate_carved(&self, size: u64, stream: StreamId) -> Result<u64> {
+        self.allocate(size, stream)
+    }
+    /// Frees a block of `allocate_carved` of `size` bytes, whose reuse waits for `users`, streams other
+    /// than its own that used pieces of it.
+    fn free_carved(&self, addr: u64, size: u64, users: &[StreamId]) -> Result<()> {
+        users.iter().try_for_each(|&s| self.record_stream(addr, s))?;
+        self.free(addr, Some(size), None)
+    }
+    /// Whether `piece` has anything to do (scrubbing or the event log is on).
+    fn watches_pieces(&self) -> bool {
+        false
+    }
+    /// A piece of a carved block was handed out (`freed` false) or freed: scrubbed and logged as a
+    /// block of the resource's own would be. After an error (the device could not scrub it) the
+    /// piece's bytes must not be handed out again.
+    fn piece(&self, _addr: u64, _size: u64, _stream: StreamId, _freed: bool) -> Result<()> {
+        Ok(())
+    }
 }
 
 impl MemoryResource for PoolCore {
@@ -86,6 +109,18 @@ impl MemoryResource for PoolCore {
     }
     fn alignment(&self) -> u64 {
         self.config().alignment
+    }
+    fn allocate_carved(&self, size: u64, stream: StreamId) -> Result<u64> {
+        PoolCore::allocate_carved(self, size, stream)
+    }
+    fn free_carved(&self, addr: u64, size: u64, users: &[StreamId]) -> Result<()> {
+        PoolCore::free_carved(self, addr, size, users)
+    }
+    fn watches_pieces(&self) -> bool {
+        PoolCore::watches_pieces(self)
+    }
+    fn piece(&self, addr: u64, size: u64, stream: StreamId, freed: bool) -> Result<()> {
+        PoolCore::piece(self, addr, size, stream, freed)
     }
 }
 
@@ -121,6 +156,18 @@ macro_rules! forward_memory_resource {
             }
             fn alignment(&self) -> u64 {
                 MemoryResource::alignment(&**self)
+            }
+            fn allocate_carved(&self, size: u64, stream: StreamId) -> Result<u64> {
+                MemoryResource::allocate_carved(&**self, size, stream)
+            }
+            fn free_carved(&self, addr: u64, size: u64, users: &[StreamId]) -> Result<()> {
+                MemoryResource::free_carved(&**self, addr, size, users)
+            }
+            fn watches_pieces(&self) -> bool {
+                MemoryResource::watches_pieces(&**self)
+            }
+            fn piece(&self, addr: u64, size: u64, stream: StreamId, freed: bool) -> Result<()> {
+                MemoryResource::piece(&**self, addr, size, stream, freed)
             }
         }
     )*};

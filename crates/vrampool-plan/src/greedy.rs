@@ -22,19 +22,23 @@ pub(crate) fn greedy_by_size_of(inst: &Instance) -> Vec<u64> {
 }
 
 /// Overlapping pairs per buffer up to which greedy by size is cheap (`greedy_is_cheap`).
-const CHEAP_OVERLAPS_PER_BUFFER: u64 = 64;
+pub(crate) const CHEAP_OVERLAPS_PER_BUFFER: u64 = 64;
 
 /// Whether greedy by size is cheap on `inst`: a placement scans the placed buffers that overlap it, so with few
 /// overlapping pairs (at most `CHEAP_OVERLAPS_PER_BUFFER` a buffer) it costs O(n log n), as the floors fallback
 /// does, where tens of thousands of buffers live at once it takes up to 30 s for 60,000. Counted in O(n log n).
 pub(crate) fn greedy_is_cheap(inst: &Instance) -> bool {
+    overlapping_pairs(inst) <= CHEAP_OVERLAPS_PER_BUFFER * inst.len() as u64
+}
+
+/// The pairs of buffers that overlap in time, counted in O(n log n): what a greedy placement scans.
+pub(crate) fn overlapping_pairs(inst: &Instance) -> u64 {
     let mut starts = inst.lo.clone();
     let mut ends = inst.hi.clone();
     starts.sort_unstable();
     ends.sort_unstable();
     // The buffers live at each start that started before it: those started, less those ended (which began earlier).
-    let pairs: u64 = starts.iter().enumerate().map(|(k, &lo)| (k - ends.partition_point(|&hi| hi <= lo)) as u64).sum();
-    pairs <= CHEAP_OVERLAPS_PER_BUFFER * inst.len() as u64
+    starts.iter().enumerate().map(|(k, &lo)| (k - ends.partition_point(|&hi| hi <= lo)) as u64).sum()
 }
 
 /// [`greedy_by_size_of`], or `None` once `deadline` has passed.

@@ -9,13 +9,10 @@
 //! - [`decide`]: the same at a fixed capacity, as MiniMalloc decides it: a plan that fits, a proof that none
 //!   does, or neither within the budget.
 //! - [`read_csv`] / [`write_plan_csv`]: the MiniMalloc CSV format `id,lower,upper,size[,offset]`.
+//! - [`quick_plan`]: a plan in O(n log n) with no search and no clock, for a runtime that plans while a
+//!   program waits (the planned arena of `vrampool-steady`).
 //!
-//! - [`PlannedPool`]: a planned arena over a core pool: records an iteration's allocations, plans them, and
-//!   serves the same sequence later from one arena, falling back to the pool on divergence (plans per key).
-//! - [`PlannedMode`]: the planned arena as a mode of a `MemoryResource` (an adaptor over it), switched on and
-//!   off, as the C ABI's allocator uses it.
-//!
-//! A planner is a pure function from buffers to offsets; only the planned arena knows about pools.
+//! A planner is a pure function from buffers to offsets; it knows nothing of pools.
 //!
 //! ```
 //! use vrampool_plan::{plan, validate, Buffer, PlanOptions};
@@ -30,7 +27,6 @@
 //! # Ok::<(), vrampool_plan::PlanError>(())
 //! ```
 
-mod arena;
 mod bound;
 mod buffer;
 mod csv;
@@ -39,7 +35,6 @@ mod exact;
 mod floors;
 mod greedy;
 mod instance;
-mod mode;
 mod order;
 mod placed_index;
 mod plan;
@@ -47,17 +42,15 @@ mod synthetic;
 mod trace;
 mod validate;
 
-pub use arena::{KeyPlan, PlannedPool, PlannedStats, AUTO_KEY, AUTO_PLAN_ALLOCATIONS, DEFAULT_KEY};
 pub use bound::lower_bound;
 pub use buffer::Buffer;
 pub use csv::{csv_files, read_csv, read_plan_csv, write_plan_csv};
 pub use error::PlanError;
 pub use exact::{exact_search, ExactOutcome};
 pub use greedy::{best_fit_decreasing, greedy_by_size};
-pub use mode::PlannedMode;
 #[doc(hidden)]
 pub use plan::plan_with_stages;
-pub use plan::{decide, plan, Algorithm, Decision, Plan, PlanOptions};
+pub use plan::{decide, plan, quick_plan, Algorithm, Decision, Plan, PlanOptions, QuickPlacement, QuickPlan};
 pub use synthetic::{
     large_graph, llm_decoding_instance, llm_training_instance, packed_instance, random_instance, GraphFamily,
 };

@@ -61,7 +61,7 @@ pub(crate) static ABI: Abi = Abi {
     failures: FailureLog::new(),
     raise_on_failure: AtomicBool::new(false),
     planned_on: AtomicBool::new(false),
-    planned_key: AtomicU64::new(vrampool_plan::DEFAULT_KEY),
+    planned_key: AtomicU64::new(vrampool_steady::DEFAULT_KEY),
 };
 
 impl Abi {
@@ -130,7 +130,7 @@ impl Abi {
         }
         self.failures.reset();
         self.planned_on.store(false, Relaxed);
-        self.planned_key.store(vrampool_plan::DEFAULT_KEY, Relaxed);
+        self.planned_key.store(vrampool_steady::DEFAULT_KEY, Relaxed);
         self.raise_on_failure.store(false, Relaxed);
     }
 

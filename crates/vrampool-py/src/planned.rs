@@ -1,4 +1,4 @@
-//! `NativePlannedPool`: the planned arena (`vrampool_plan::PlannedPool`) over a `NativePool`'s
+//! `NativePlannedPool`: the planned arena (`vrampool_steady::PlannedPool`) over a `NativePool`'s
 //! resource, for `vrampool.PlannedPool`. Pointers cross as ints.
 
 use std::sync::Arc;
@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use vrampool_core::sizes::MIN_BLOCK;
 use vrampool_core::StreamId;
-use vrampool_plan::{PlannedPool, PlannedStats};
+use vrampool_steady::{PlannedPool, PlannedStats};
 
 use crate::errors::to_py;
 use crate::pool::NativePool;

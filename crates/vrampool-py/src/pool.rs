@@ -91,7 +91,7 @@ impl NativePool {
     /// since the allocation) is None unless the pool tracks leaks (`track_leaks:true`).
     fn live_blocks(&self) -> PyResult<Vec<LiveTuple>> {
         self.resource.pool().check_process().map_err(to_py)?;
-        Ok(self.resource.pool().live_blocks().iter().map(live_tuple).collect())
+        Ok(self.resource.live_blocks().iter().map(live_tuple).collect())
     }
 
     /// Takes the events recorded since the last call (pools made with `record_events:true`) as

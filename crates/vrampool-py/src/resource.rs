@@ -13,7 +13,7 @@ use vrampool_core::{
     SimDevice, SimMode, StreamId,
 };
 use vrampool_cuda::{CudaDevice, Export};
-use vrampool_plan::PlannedMode;
+use vrampool_steady::PlannedMode;
 
 /// The adaptors over the pool, outermost first: a private pool takes an allocation before the
 /// planned arena can.
@@ -116,12 +116,18 @@ impl DeviceResource {
         OomRecord::of(error, self.ordinal(), stream, size, pool, &self.stack.stats(), limited)
     }
 
+    /// The live blocks (for leak reports): the pool's, with each live arena buffer a block of its
+    /// own and the arena's regions none.
+    pub fn live_blocks(&self) -> Vec<LiveBlockInfo> {
+        self.planned().live_blocks(self.pool().live_blocks())
+    }
+
     /// Closes the pool and the private pools (later calls are refused); returns the live blocks.
     pub fn close(&self) -> Vec<LiveBlockInfo> {
         // The idle arena is no leak: it goes back with the rest. One with live buffers stays, and
-        // shows as the live block it is.
-        let _ = self.planned().release_idle_arena();
-        let mut live = self.pool().close();
+        // its buffers show as the live blocks they are.
+        self.planned().close();
+        let mut live = self.planned().live_blocks(self.pool().close());
         live.extend(self.stack.close());
         live
     }

@@ -29,7 +29,7 @@ use vrampool_core::device::{SimDevice, SimMode, StreamId};
 use vrampool_core::error::{OomReport, PoolError};
 use vrampool_core::strategy::StrategyKind;
 use vrampool_core::{MemoryResource, Pool, PoolConfig};
-use vrampool_plan::PlannedMode;
+use vrampool_steady::PlannedMode;
 
 /// Capacity of the simulated device a replay runs on: large enough that no trace runs out.
 pub const REPLAY_CAPACITY: u64 = 1 << 50;

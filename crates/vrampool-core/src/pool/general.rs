@@ -399,6 +399,48 @@ impl PoolCore {
         Ok(())
     }
 
+    // ---- blocks cut into pieces by an adaptor (`MemoryResource::allocate_carved`) ----
+
+    /// A block for an adaptor to cut into pieces: not scrubbed, logged nor tracked, as its pieces are.
+    pub fn allocate_carved(&self, size: u64, stream: StreamId) -> Result<u64> {
+        let addr = self.allocate_block(size, stream)?;
+        self.unlog(EventKind::Alloc, addr);
+        self.forget_birth(addr);
+        Ok(addr)
+    }
+
+    /// Frees a carved block once `users` (streams other than its own that used its pieces) pass
+    /// their last use of it.
+    pub fn free_carved(&self, addr: u64, size: u64, users: &[StreamId]) -> Result<()> {
+        users.iter().try_for_each(|&s| self.record_stream(addr, s))?;
+        self.free(addr, Some(size), None)?;
+        self.unlog(EventKind::Free, addr);
+        Ok(())
+    }
+
+    /// Whether `piece` does anything: scrubbing or the event log is on.
+    pub fn watches_pieces(&self) -> bool {
+        self.config.scrub != Scrub::Off || self.log.is_some()
+    }
+
+    /// A piece of a carved block handed out or `freed`: scrubbed (as `scrub` says) and logged as a
+    /// block is.
+    pub fn piece(&self, addr: u64, size: u64, stream: StreamId, freed: bool) -> Result<()> {
+        self.ensure_open()?;
+        let scrub = if freed { Scrub::OnFree } else { Scrub::OnAlloc };
+        if self.config.scrub == scrub {
+            self.device.fill_zero(addr, size, stream)?;
+        }
+        self.log(if freed { EventKind::Free } else { EventKind::Alloc }, addr, size, stream);
+        Ok(())
+    }
+
+    fn unlog(&self, kind: EventKind, addr: u64) {
+        if let Some(log) = &self.log {
+            log.retract(kind, addr);
+        }
+    }
+
     // ---- small helpers ----
 
     pub(super) fn now_ns(&self) -> u64 {

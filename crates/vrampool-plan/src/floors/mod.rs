@@ -162,6 +162,11 @@ fn ranks(inst: &Instance, part: &[u32], live: &[u64], order: Order) -> (Vec<u32>
 /// size does not finish in its share of the budget: best fit scans every gap below a buffer, and where tens of
 /// thousands of buffers overlap with gaps between them, that is 30 s for 60,000.
 pub(crate) fn floors_by_start(inst: &Instance) -> Vec<u64> {
+    floors_by_start_counted(inst).0
+}
+
+/// [`floors_by_start`], with the skyline's nodes visited: O(n log n).
+pub(crate) fn floors_by_start_counted(inst: &Instance) -> (Vec<u64>, u64) {
     let mut skyline = Skyline::new(inst.segments);
     let mut offsets = vec![0; inst.len()];
     for i in inst.by_start(0..inst.len() as u32) {
@@ -170,7 +175,7 @@ pub(crate) fn floors_by_start(inst: &Instance) -> Vec<u64> {
         skyline.raise(lo, hi, floor + inst.size[i as usize]);
         offsets[i as usize] = floor;
     }
-    offsets
+    (offsets, skyline.visits.get())
 }
 
 /// The part's plan at `offsets` (parallel to the instance's buffers) settled: each buffer, from the lowest

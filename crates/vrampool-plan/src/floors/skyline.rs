@@ -6,12 +6,14 @@ pub(super) struct Skyline {
     leaves: usize,
     max: Vec<u64>,
     tag: Vec<u64>,
+    /// Nodes visited so far: the work done, which `quick_plan` reports.
+    pub(super) visits: std::cell::Cell<u64>,
 }
 
 impl Skyline {
     pub(super) fn new(segments: usize) -> Skyline {
         let leaves = segments.max(1).next_power_of_two();
-        Skyline { leaves, max: vec![0; 2 * leaves], tag: vec![0; 2 * leaves] }
+        Skyline { leaves, max: vec![0; 2 * leaves], tag: vec![0; 2 * leaves], visits: std::cell::Cell::new(0) }
     }
 
     /// Every segment of `lo..hi` to at least `value`.
@@ -19,6 +21,7 @@ impl Skyline {
         let (mut l, mut r) = (lo as usize + self.leaves, hi as usize + self.leaves);
         let (first, last) = (l, r - 1);
         while l < r {
+            self.visits.set(self.visits.get() + 1);
             if l & 1 == 1 {
                 self.max[l] = self.max[l].max(value);
                 self.tag[l] = self.tag[l].max(value);
@@ -35,6 +38,7 @@ impl Skyline {
         // Above the nodes raised, the maximum is at least the value.
         for mut node in [first >> 1, last >> 1] {
             while node >= 1 {
+                self.visits.set(self.visits.get() + 1);
                 self.max[node] = self.max[node].max(value);
                 node >>= 1;
             }
@@ -47,6 +51,7 @@ impl Skyline {
         let (first, last) = (l, r - 1);
         let mut most = 0;
         while l < r {
+            self.visits.set(self.visits.get() + 1);
             if l & 1 == 1 {
                 most = most.max(self.max[l]);
                 l += 1;
@@ -61,6 +66,7 @@ impl Skyline {
         // A tag above the range's first or last segment covers part of the range.
         for mut node in [first >> 1, last >> 1] {
             while node >= 1 {
+                self.visits.set(self.visits.get() + 1);
                 most = most.max(self.tag[node]);
                 node >>= 1;
             }

@@ -1,12 +1,12 @@
-//! The planned arena as a mode of a resource: off, every call goes to the upstream resource;
-//! on, allocations go through a [`PlannedPool`] over it (recorded per iteration, then served
-//! from one arena at planned offsets), and frees reach the arena wherever its buffers are.
-//! What `vrampool.torch.planned()` turns on for the allocator PyTorch calls.
+//! The planned arena as a mode of a resource: off, every call goes to the upstream resource; on,
+//! allocations go through a [`PlannedPool`] over it, and frees reach the arena wherever its buffers
+//! are. What the binding puts over every pool: steady (on for good, iterations that end by
+//! themselves) unless configured off, or switched by `vrampool.torch.planned()`.
 //!
 //! ```
 //! use std::sync::Arc;
 //! use vrampool_core::{MemoryResource, Pool, PoolConfig, SimDevice, SimMode, StreamId};
-//! use vrampool_plan::PlannedMode;
+//! use vrampool_steady::PlannedMode;
 //!
 //! let device = Arc::new(SimDevice::new(1 << 30, SimMode::AddressOnly));
 //! let mode = PlannedMode::new(Pool::new(device, PoolConfig::default())?);
@@ -23,45 +23,39 @@
 //! # Ok::<(), vrampool_core::PoolError>(())
 //! ```
 
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-
 use vrampool_core::stats::Stats;
-use vrampool_core::{Limit, MemoryResource, PoolError, PoolSegment, StreamId};
+use vrampool_core::{BlockState, Limit, LiveBlockInfo, MemoryResource, PoolError, PoolSegment, StreamId};
 
-use crate::arena::{PlannedPool, PlannedStats};
+use crate::pool::{ArenaBuffer, ArenaRegion, PlannedPool, PlannedStats};
 
 /// An upstream resource and the planned arena over it, used while the mode is on.
 pub struct PlannedMode<U: MemoryResource> {
     planned: PlannedPool<U>,
-    on: AtomicBool,
-    /// Set by the first planned allocation: until then no buffer can be the arena's, and frees
-    /// go straight to the upstream.
-    engaged: AtomicBool,
 }
 
 impl<U: MemoryResource> PlannedMode<U> {
     /// The mode, off, over `upstream`.
     pub fn new(upstream: U) -> Self {
-        Self { planned: PlannedPool::new(upstream), on: AtomicBool::new(false), engaged: AtomicBool::new(false) }
+        Self { planned: PlannedPool::new(upstream).off() }
     }
 
-    /// The mode, on, over `upstream`, with iterations that end by themselves (see
-    /// [`PlannedPool::with_auto_steps`]): a repeating workload reaches its steady state, one arena and no
-    /// device call, with no call of its own. Explicit `step`s still mark boundaries.
+    /// The mode, on for good, over `upstream`, with iterations that end by themselves (see
+    /// [`PlannedPool::with_auto_steps`]): a repeating workload reaches its steady state, one arena
+    /// and no device call, with no call of its own. Explicit `step`s still mark boundaries.
     pub fn steady(upstream: U) -> Self {
-        Self {
-            planned: PlannedPool::new(upstream).with_auto_steps(),
-            on: AtomicBool::new(false),
-            engaged: AtomicBool::new(false),
-        }
+        Self { planned: PlannedPool::new(upstream).with_auto_steps() }
     }
 
     pub fn upstream(&self) -> &U {
         self.planned.backing()
     }
 
+    pub fn planned(&self) -> &PlannedPool<U> {
+        &self.planned
+    }
+
     pub fn is_on(&self) -> bool {
-        self.is_steady() || self.on.load(Relaxed)
+        self.planned.is_on()
     }
 
     /// Whether the mode is on for good, with automatic boundaries ([`PlannedMode::steady`]).
@@ -72,9 +66,8 @@ impl<U: MemoryResource> PlannedMode<U> {
     /// Turns the mode on or off (a steady mode stays on). Off, the arena only waits for its last
     /// buffers: it goes back to the upstream now if none is live.
     pub fn set_on(&self, on: bool) {
-        self.on.store(on, Relaxed);
-        if !self.is_on() {
-            let _ = self.planned.release_idle_arena();
+        if !self.is_steady() {
+            self.planned.set_on(on);
         }
     }
 
@@ -85,80 +78,103 @@ impl<U: MemoryResource> PlannedMode<U> {
         let _ = self.planned.step(key);
     }
 
-    /// Gives the arena back to the upstream if none of its buffers is live (before a close, so
-    /// that the arena is not taken for a leak); the bytes given back.
+    /// Gives the arena back to the upstream if none of its buffers is live (before a close, so that
+    /// the arena is not taken for a leak); the bytes given back.
     pub fn release_idle_arena(&self) -> Result<u64, PoolError> {
-        if !self.engaged() {
-            return Ok(0);
-        }
         self.planned.release_idle_arena()
     }
 
-    /// The arena's figures, or None before the first planned allocation (or in a forked child).
+    /// Stops serving from the arena (the upstream is closing) and gives it back if it is idle.
+    pub fn close(&self) {
+        self.planned.close();
+    }
+
+    /// The arena's figures, or None while the mode has never been on (or in a forked child).
     pub fn planned_stats(&self) -> Option<PlannedStats> {
-        self.engaged.load(Relaxed).then(|| self.planned.stats().ok()).flatten()
+        let stats = self.planned.stats().ok()?;
+        let used = stats.planned_allocations + stats.dynamic_allocations + stats.arena_blocks_taken > 0;
+        (used || self.is_on()).then_some(stats)
     }
 
-    fn engaged(&self) -> bool {
-        self.engaged.load(Relaxed)
+    /// The upstream's live blocks (`upstream_blocks`) as a caller sees them: each live arena buffer a
+    /// block of its own, the arena's regions none (an idle arena is no leak).
+    pub fn live_blocks(&self, upstream_blocks: Vec<LiveBlockInfo>) -> Vec<LiveBlockInfo> {
+        let (Ok(regions), Ok(buffers)) = (self.planned.regions(), self.planned.arena_buffers()) else { return upstream_blocks };
+        let alignment = self.upstream().alignment().max(1);
+        let mut blocks: Vec<LiveBlockInfo> = upstream_blocks.into_iter().filter(|b| !regions.iter().any(|r| r.base == b.addr)).collect();
+        blocks.extend(buffers.iter().map(|b| LiveBlockInfo {
+            addr: b.addr,
+            size: b.size.next_multiple_of(alignment),
+            requested: b.size,
+            stream: b.stream,
+            age_ns: b.age_ns,
+        }));
+        blocks.sort_by_key(|b| b.addr);
+        blocks
     }
+}
 
-    #[cold]
-    fn allocate_planned(&self, size: u64, stream: StreamId) -> Result<u64, PoolError> {
-        if !self.engaged() {
-            self.engaged.store(true, Relaxed);
+/// `segment`'s blocks with the block of `region` cut into the arena buffers in it (active) and the
+/// bytes between them (cached: the arena's, for its next buffers).
+fn carve(blocks: &mut Vec<(u64, u64, BlockState)>, region: &ArenaRegion, buffers: &[ArenaBuffer], alignment: u64) {
+    let Some(at) = blocks.iter().position(|&(addr, _, _)| addr == region.base) else { return };
+    let (base, block_size, _) = blocks.remove(at);
+    let end = base + block_size;
+    let mut pieces = Vec::new();
+    let mut cursor = base;
+    for b in buffers.iter().filter(|b| base <= b.addr && b.addr < end) {
+        if b.addr > cursor {
+            pieces.push((cursor, b.addr - cursor, BlockState::Cached));
         }
-        self.planned.allocate(size, stream)
+        let size = b.size.next_multiple_of(alignment).min(end - b.addr);
+        pieces.push((b.addr, size, BlockState::Active { requested: b.size }));
+        cursor = b.addr + size;
     }
+    if cursor < end {
+        pieces.push((cursor, end - cursor, BlockState::Cached));
+    }
+    blocks.splice(at..at, pieces);
 }
 
 impl<U: MemoryResource> MemoryResource for PlannedMode<U> {
     #[inline]
     fn allocate(&self, size: u64, stream: StreamId) -> Result<u64, PoolError> {
-        if !self.is_on() {
-            return self.upstream().allocate(size, stream);
-        }
-        self.allocate_planned(size, stream)
+        self.planned.allocate(size, stream)
     }
 
-    /// The arena answers for its buffers and for addresses inside it (a double free there must
-    /// not reach the upstream, where the arena's own block is), also after the mode is off.
+    /// The arena answers for its buffers and for addresses inside it (a double free there must not
+    /// reach the upstream, where the arena's own block is), also after the mode is off.
     #[inline]
     fn free(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> Result<(), PoolError> {
-        if self.engaged() && self.planned.claims(addr) {
-            return self.planned.free(addr, size, stream);
-        }
-        self.upstream().free(addr, size, stream)
+        self.planned.free(addr, size, stream)
     }
 
     fn record_stream(&self, addr: u64, stream: StreamId) -> Result<(), PoolError> {
-        if self.engaged() && self.planned.owns(addr) {
-            return self.planned.record_stream(addr, stream);
-        }
-        self.upstream().record_stream(addr, stream)
+        self.planned.record_stream(addr, stream)
     }
 
-    /// Gives the idle arena back too: the next planned allocation takes a new one.
+    /// Gives the idle arena back too: the next served iteration takes new regions.
     fn trim(&self) -> Result<u64, PoolError> {
         self.release_idle_arena()?;
         self.upstream().trim()
     }
 
-    /// The upstream's figures, where the arena, one of its blocks, counts as allocated (bytes and blocks)
-    /// only as its live buffers do (the peaks stay the upstream's).
+    /// The upstream's figures, where each region, one of its blocks, counts as allocated (bytes and
+    /// blocks) only as its live buffers do (the peaks stay the upstream's).
     fn stats(&self) -> Stats {
         let mut stats = self.upstream().stats();
         let Some(p) = self.planned_stats() else { return stats };
-        // The arena blocks out, each buffer of the arena in.
+        let regions = p.arena_blocks_taken - p.arena_blocks_returned;
         let idle = p.arena_bytes.saturating_sub(p.arena_live_bytes);
-        let (freed, freed_bytes) = (p.planned_allocations - p.arena_live as u64, p.planned_bytes - p.arena_live_bytes);
+        let (freed, freed_bytes) =
+            (p.planned_allocations.saturating_sub(p.arena_live as u64), p.planned_bytes.saturating_sub(p.arena_live_bytes));
         for bytes in [&mut stats.allocated_bytes, &mut stats.requested_bytes, &mut stats.active_bytes] {
             bytes.current = bytes.current.saturating_sub(idle);
             bytes.allocated = (bytes.allocated + p.planned_bytes).saturating_sub(p.arena_bytes_taken);
             bytes.freed = (bytes.freed + freed_bytes).saturating_sub(p.arena_bytes_returned);
         }
         let blocks = &mut stats.allocation;
-        blocks.current = (blocks.current + p.arena_live as u64).saturating_sub(u64::from(p.arena_bytes > 0));
+        blocks.current = (blocks.current + p.arena_live as u64).saturating_sub(regions);
         blocks.allocated = (blocks.allocated + p.planned_allocations).saturating_sub(p.arena_blocks_taken);
         blocks.freed = (blocks.freed + freed).saturating_sub(p.arena_blocks_returned);
         stats
@@ -168,8 +184,17 @@ impl<U: MemoryResource> MemoryResource for PlannedMode<U> {
         self.upstream().reset_peak_stats()
     }
 
+    /// The upstream's segments, with each region's block cut into its arena buffers.
     fn snapshot(&self) -> Vec<PoolSegment> {
-        self.upstream().snapshot()
+        let mut segments = self.upstream().snapshot();
+        let (Ok(regions), Ok(buffers)) = (self.planned.regions(), self.planned.arena_buffers()) else { return segments };
+        let alignment = self.upstream().alignment().max(1);
+        for region in &regions {
+            for s in segments.iter_mut().filter(|s| s.segment.base <= region.base && region.base < s.segment.base + s.segment.size) {
+                carve(&mut s.segment.blocks, region, &buffers, alignment);
+            }
+        }
+        segments
     }
 
     fn set_limit(&self, limit: Option<Limit>) -> Result<(), PoolError> {
@@ -179,8 +204,23 @@ impl<U: MemoryResource> MemoryResource for PlannedMode<U> {
     fn alignment(&self) -> u64 {
         self.upstream().alignment()
     }
-}
 
+    fn allocate_carved(&self, size: u64, stream: StreamId) -> Result<u64, PoolError> {
+        self.upstream().allocate_carved(size, stream)
+    }
+
+    fn free_carved(&self, addr: u64, size: u64, users: &[StreamId]) -> Result<(), PoolError> {
+        self.upstream().free_carved(addr, size, users)
+    }
+
+    fn watches_pieces(&self) -> bool {
+        self.upstream().watches_pieces()
+    }
+
+    fn piece(&self, addr: u64, size: u64, stream: StreamId, freed: bool) -> Result<(), PoolError> {
+        self.upstream().piece(addr, size, stream, freed)
+    }
+}
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -310,11 +350,7 @@ mod tests {
         let stats = m.planned_stats().unwrap();
         assert_eq!((stats.recorded_iterations, stats.replayed_iterations, stats.fallbacks), (1, 6, 0));
         let figures = m.stats();
-        assert_eq!(
-            (figures.allocation.current, figures.allocated_bytes.current),
-            (0, 0),
-            "an idle arena holds nothing allocated"
-        );
+        assert_eq!((figures.allocation.current, figures.allocated_bytes.current), (0, 0), "an idle arena holds nothing allocated");
         let served = 7 * STEP_ALLOCATIONS;
         assert_eq!((figures.allocation.allocated, figures.allocation.freed), (served, served));
     }
@@ -369,8 +405,7 @@ mod tests {
         };
         let (steady, device) = steady();
         let alone_device = Arc::new(SimDevice::new(1 << 30, SimMode::AddressOnly));
-        let alone =
-            PlannedMode::new(Pool::new(alone_device.clone() as Arc<dyn Device>, PoolConfig::default()).unwrap());
+        let alone = PlannedMode::new(Pool::new(alone_device.clone() as Arc<dyn Device>, PoolConfig::default()).unwrap());
         assert_eq!(calls(&steady, &device), calls(&alone, &alone_device));
     }
 }

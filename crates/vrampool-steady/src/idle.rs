@@ -1,0 +1,153 @@
+//! Backing off where nothing repeats. Recording costs every call a lock and a map entry, so a
+//! program whose iterations are never served (each one new, or too short to plan, or one that never
+//! ends) stops being recorded for a while, and each time it is still not served after that, for
+//! twice as long: its calls then go straight to the pool, counted by thread (no shared line is
+//! written on that path but the thread's own counter).
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Unserved iterations in a row after which recording stops for a while.
+pub(crate) const BACKOFF_AFTER: u32 = 8;
+/// The shortest wait, in allocations.
+const IDLE_MIN: u64 = 4096;
+/// The wait is at least this many allocations per event the unserved iterations recorded: what
+/// recording them cost, at most a sixteenth of the calls that follow.
+const IDLE_PER_EVENT: u64 = 16;
+/// The wait doubles with each backoff in a row, up to this many times.
+const MAX_LEVEL: u32 = 12;
+/// A recording that reaches this many events is given up (a program that never comes back to
+/// nothing live would record for ever); each time that happens the next may go twice as far.
+pub(crate) const FIRST_RECORD_LIMIT: usize = 1 << 16;
+pub(crate) const MAX_RECORD_LIMIT: usize = 1 << 20;
+
+/// Counts an allocation this many times before the shared count is read.
+const CHECK_EVERY: u64 = 256;
+const SHARDS: usize = 8;
+
+#[repr(align(128))]
+#[derive(Default)]
+struct Shard(AtomicU64);
+
+/// Allocations made while idle, per shard of threads: exact, and a thread only writes its own line.
+#[derive(Default)]
+pub(crate) struct IdleCount {
+    shards: [Shard; SHARDS],
+    /// The count at which the wait is over.
+    until: AtomicU64,
+}
+
+thread_local! {
+    static SHARD: usize = {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        NEXT.fetch_add(1, Relaxed) as usize % SHARDS
+    };
+}
+
+impl IdleCount {
+    /// Counts an allocation; true when the wait is over (checked every `CHECK_EVERY` of a shard's).
+    #[inline(always)]
+    pub fn count(&self) -> bool {
+        let shard = SHARD.try_with(|s| *s).unwrap_or(0);
+        let n = self.shards[shard].0.fetch_add(1, Relaxed) + 1;
+        n % CHECK_EVERY == 0 && self.total() >= self.until.load(Relaxed)
+    }
+
+    pub fn total(&self) -> u64 {
+        self.shards.iter().map(|s| s.0.load(Relaxed)).sum()
+    }
+
+    /// The count at which the wait is over.
+    pub fn until(&self) -> u64 {
+        self.until.load(Relaxed)
+    }
+
+    /// Starts a wait of `allocations`.
+    pub fn wait(&self, allocations: u64) {
+        self.until.store(self.total().saturating_add(allocations), Relaxed);
+    }
+}
+
+/// When to stop recording, and for how long.
+#[derive(Debug)]
+pub(crate) struct Backoff {
+    /// Iterations in a row not served from a schedule, and the events recorded in them.
+    unserved: u32,
+    recorded_events: u64,
+    /// Backoffs since an iteration was last served: each doubles the wait.
+    level: u32,
+    /// The events a recording may reach before it is given up.
+    pub record_limit: usize,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff { unserved: 0, recorded_events: 0, level: 0, record_limit: FIRST_RECORD_LIMIT }
+    }
+}
+
+impl Backoff {
+    pub fn served(&mut self) {
+        (self.unserved, self.recorded_events, self.level) = (0, 0, 0);
+    }
+
+    /// An iteration that was recorded (`events` of it), not served; the wait to start, in
+    /// allocations, when it is time to back off.
+    pub fn unserved(&mut self, events: usize) -> Option<u64> {
+        self.unserved += 1;
+        self.recorded_events += events as u64;
+        (self.unserved >= BACKOFF_AFTER).then(|| self.back_off())
+    }
+
+    /// A recording given up at its limit: back off now, and let the next go twice as far.
+    pub fn gave_up(&mut self, events: usize) -> u64 {
+        self.recorded_events += events as u64;
+        self.record_limit = (2 * self.record_limit).min(MAX_RECORD_LIMIT);
+        self.back_off()
+    }
+
+    fn back_off(&mut self) -> u64 {
+        let wait = (IDLE_PER_EVENT * self.recorded_events).max(IDLE_MIN) << self.level;
+        self.level = (self.level + 1).min(MAX_LEVEL);
+        (self.unserved, self.recorded_events) = (0, 0);
+        wait
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wait_grows_with_what_recording_cost_and_doubles_until_served() {
+        let mut b = Backoff::default();
+        for _ in 1..BACKOFF_AFTER {
+            assert_eq!(b.unserved(2), None);
+        }
+        assert_eq!(b.unserved(2), Some(IDLE_MIN), "16 short iterations cost less than the shortest wait");
+        (1..BACKOFF_AFTER).for_each(|_| assert!(b.unserved(2).is_none()));
+        assert_eq!(b.unserved(2), Some(2 * IDLE_MIN));
+        assert_eq!(b.gave_up(FIRST_RECORD_LIMIT), (IDLE_PER_EVENT * FIRST_RECORD_LIMIT as u64) << 2);
+        assert_eq!(b.record_limit, 2 * FIRST_RECORD_LIMIT);
+        b.served();
+        (1..BACKOFF_AFTER).for_each(|_| assert!(b.unserved(2).is_none()));
+        assert_eq!(b.unserved(2), Some(IDLE_MIN), "served, the wait starts over");
+    }
+
+    #[test]
+    fn the_count_is_exact_and_says_when_the_wait_is_over() {
+        let idle = IdleCount::default();
+        idle.wait(1000);
+        let over: Vec<u64> = (1..=2048).filter(|_| idle.count()).map(|_| idle.total()).collect();
+        assert_eq!(over[0], 1024, "checked every 256 allocations of a thread");
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    (0..1000).for_each(|_| {
+                        idle.count();
+                    })
+                });
+            }
+        });
+        assert_eq!(idle.total(), 6048);
+    }
+}
