@@ -158,10 +158,16 @@ impl<U: MemoryResource> PrivatePools<U> {
     }
 
     /// The private pool that handed out the live block at `addr`, if one did.
+    #[inline]
     fn owner(&self, addr: u64) -> Option<Arc<Pool>> {
         if self.pool_count.load(Relaxed) == 0 {
             return None;
         }
+        self.owner_among_pools(addr)
+    }
+
+    #[cold]
+    fn owner_among_pools(&self, addr: u64) -> Option<Arc<Pool>> {
         self.owners.lock().get(&addr).cloned()
     }
 

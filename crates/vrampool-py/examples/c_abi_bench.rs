@@ -19,7 +19,7 @@
 //! that times its own references.
 //!
 //! Run: `cargo run --release -p vrampool-py --example c_abi_bench` (add `-- --quick` for a few
-//! seconds' smoke test).
+//! seconds' smoke test, `-- --only step` for the rows whose name begins so).
 
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::hint::black_box;
@@ -251,7 +251,7 @@ fn scaling(makes: &[Make], turns: usize, n: u32) -> Vec<f64> {
 }
 
 /// One steady setting, in this process: prints a tab-separated row per workload for the parent.
-fn child(steady: &str, quick: bool) {
+fn child(steady: &str, quick: bool, only: Option<&str>) {
     let text = CString::new(format!("device:sim,steady:{steady}")).unwrap();
     // SAFETY: a NUL-terminated string.
     assert_eq!(unsafe { vrampool_configure(text.as_ptr()) }, 0, "vrampool_configure: {}", last_error());
@@ -259,19 +259,20 @@ fn child(steady: &str, quick: bool) {
     let pool =
         Arc::new(Pool::new(Arc::new(SimDevice::new(1 << 36, SimMode::AddressOnly)) as Arc<dyn Device>, PoolConfig::default()).unwrap());
     let mut core = CorePair(pool.clone());
-    let rows = [
-        ("pair", interleaved(&mut AbiPair, &mut core, turns, n)),
-        ("step", interleaved(&mut Step::new(), &mut core, turns, n)),
-        ("random", interleaved(&mut Random::new(7), &mut core, turns, n)),
-    ];
-    for (name, values) in rows {
+    let wanted = |name: &str| only.is_none_or(|only| name.starts_with(only));
+    let works: [(&str, &dyn Fn() -> Box<dyn Work>); 3] =
+        [("pair", &|| Box::new(AbiPair)), ("step", &|| Box::new(Step::new())), ("random", &|| Box::new(Random::new(7)))];
+    for (name, work) in works.into_iter().filter(|(name, _)| wanted(name)) {
+        let values = interleaved(&mut *work(), &mut core, turns, n);
         println!("{name}\t{}", values.map(|v| v.to_string()).join("\t"));
     }
     let core_pair = |_: u64| Box::new(CorePair(pool.clone())) as Box<dyn Work>;
     let glibc_pair = |_: u64| Box::new(GlibcPair) as Box<dyn Work>;
     let abi_pair = |_: u64| Box::new(AbiPair) as Box<dyn Work>;
     let random = |seed: u64| Box::new(Random::new(seed)) as Box<dyn Work>;
-    for (name, make) in [("pair, 2 threads", &abi_pair as Make), ("random, 2 threads", &random)] {
+    for (name, make) in
+        [("pair, 2 threads", &abi_pair as Make), ("random, 2 threads", &random)].into_iter().filter(|(name, _)| wanted(name))
+    {
         let r = scaling(&[make, &core_pair, &glibc_pair], turns / 4, 10 * n);
         println!("{name}\t{}\t{}\t{}\tNaN\tNaN", r[0], r[1], r[2]);
     }
@@ -280,14 +281,18 @@ fn child(steady: &str, quick: bool) {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
+    let only = args.iter().position(|a| a == "--only").map(|i| args[i + 1].clone());
     if let Some(i) = args.iter().position(|a| a == "--child") {
-        return child(&args[i + 1], quick);
+        return child(&args[i + 1], quick, only.as_deref());
     }
     let runs: Vec<Vec<(String, Vec<f64>)>> = ["true", "false"]
         .iter()
         .map(|steady| {
             let mut command = Command::new(std::env::current_exe().unwrap());
             command.args(["--child", steady]).args(quick.then_some("--quick")).stderr(Stdio::inherit());
+            if let Some(only) = &only {
+                command.args(["--only", only]);
+            }
             let out = command.output().expect("the child runs");
             assert!(out.status.success(), "the steady:{steady} child failed: {}", out.status);
             let parse = |line: &str| {

@@ -4,6 +4,7 @@
 //! twice as long: its calls then go straight to the pool, counted by thread (no shared line is
 //! written on that path but the thread's own counter).
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// Unserved iterations in a row after which recording stops for a while.
@@ -37,18 +38,28 @@ pub(crate) struct IdleCount {
 }
 
 thread_local! {
-    static SHARD: usize = {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        NEXT.fetch_add(1, Relaxed) as usize % SHARDS
-    };
+    /// This thread's shard, once it has counted (`SHARDS` before).
+    static SHARD: Cell<usize> = const { Cell::new(SHARDS) };
+}
+
+/// This thread's shard: threads take them in turn.
+#[inline(always)]
+fn shard() -> usize {
+    let shard = SHARD.try_with(Cell::get).unwrap_or(0);
+    if shard < SHARDS {
+        return shard;
+    }
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let shard = NEXT.fetch_add(1, Relaxed) as usize % SHARDS;
+    let _ = SHARD.try_with(|s| s.set(shard));
+    shard
 }
 
 impl IdleCount {
     /// Counts an allocation; true when the wait is over (checked every `CHECK_EVERY` of a shard's).
     #[inline(always)]
     pub fn count(&self) -> bool {
-        let shard = SHARD.try_with(|s| *s).unwrap_or(0);
-        let n = self.shards[shard].0.fetch_add(1, Relaxed) + 1;
+        let n = self.shards[shard()].0.fetch_add(1, Relaxed) + 1;
         n % CHECK_EVERY == 0 && self.total() >= self.until.load(Relaxed)
     }
 

@@ -91,9 +91,11 @@ impl<U: MemoryResource> PlannedMode<U> {
 
     /// The arena's figures, or None while the mode has never been on (or in a forked child).
     pub fn planned_stats(&self) -> Option<PlannedStats> {
-        let stats = self.planned.stats().ok()?;
-        let used = stats.planned_allocations + stats.dynamic_allocations + stats.arena_blocks_taken > 0;
-        (used || self.is_on()).then_some(stats)
+        self.planned.stats().ok().filter(|stats| self.has_been_on(stats))
+    }
+
+    fn has_been_on(&self, stats: &PlannedStats) -> bool {
+        self.is_on() || stats.planned_allocations + stats.dynamic_allocations + stats.arena_blocks_taken > 0
     }
 
     /// The upstream's live blocks (`upstream_blocks`) as a caller sees them: each live arena buffer a
@@ -163,7 +165,7 @@ impl<U: MemoryResource> MemoryResource for PlannedMode<U> {
     /// blocks) only as its live buffers do (the peaks stay the upstream's).
     fn stats(&self) -> Stats {
         let mut stats = self.upstream().stats();
-        let Some(p) = self.planned_stats() else { return stats };
+        let Some(p) = self.planned.figures().ok().filter(|p| self.has_been_on(p)) else { return stats };
         let regions = p.arena_blocks_taken - p.arena_blocks_returned;
         let idle = p.arena_bytes.saturating_sub(p.arena_live_bytes);
         let (freed, freed_bytes) =

@@ -127,6 +127,18 @@ pub struct ArenaRegion {
     pub stream: StreamId,
 }
 
+/// What the serving path did with a call.
+#[derive(Clone, Copy)]
+enum Served {
+    /// Served from the arena: an allocation at this address, or a free (nothing more to do).
+    Arena(u64),
+    /// The step is the pool's: the call goes to it (the iteration's allocation of this index, where
+    /// the schedule knows it).
+    Pool(Option<usize>),
+    /// Not the next step: nothing done.
+    Missed,
+}
+
 /// An arena buffer live outside a served iteration: its iteration left the schedule, or ended, while
 /// it lived.
 #[derive(Debug, Clone, Copy)]
@@ -155,10 +167,10 @@ impl Figures {
         self.planned_bytes += iterations * schedule.arena_bytes_served;
         self.dynamic_allocations += iterations * (schedule.allocations - schedule.arena_buffers);
         self.replayed_iterations += iterations;
-        let (arena, bytes, pool) = schedule.served_in(steps);
-        self.planned_allocations += arena;
-        self.planned_bytes += bytes;
-        self.dynamic_allocations += pool;
+        let served = schedule.served_in(steps);
+        self.planned_allocations += served.arena;
+        self.planned_bytes += served.arena_bytes;
+        self.dynamic_allocations += served.pool;
     }
 }
 
@@ -327,21 +339,21 @@ impl<B: MemoryResource> PlannedPool<B> {
     /// next step there, else from the pool.
     #[inline]
     pub fn allocate(&self, size: u64, stream: StreamId) -> Result<u64, PoolError> {
+        // Tests in the order of how often each path runs, with no jump table (an indirect jump).
         let word = self.word.load(Acquire);
-        match Word::phase(word) {
-            Phase::Serving if !self.watched => {
-                if let Some(result) = self.serve_allocation(word, size, stream) {
-                    return result;
-                }
+        if Word::is_serving(word) && !self.watched {
+            match self.serve_allocation(word, size, stream) {
+                Served::Arena(addr) => return Ok(addr),
+                Served::Pool(index) => return self.allocate_pool_step(word, index, size, stream),
+                Served::Missed => {}
             }
-            Phase::Off => return self.backing.allocate(size, stream),
-            Phase::Idle => {
-                if self.idle.count() && self.auto_steps {
-                    self.wake();
-                }
-                return self.backing.allocate(size, stream);
+        } else if word == Word::IDLE {
+            if self.idle.count() && self.auto_steps {
+                self.wake();
             }
-            _ => {}
+            return self.backing.allocate(size, stream);
+        } else if word == Word::OFF {
+            return self.backing.allocate(size, stream);
         }
         self.allocate_cold(size, stream)
     }
@@ -351,14 +363,14 @@ impl<B: MemoryResource> PlannedPool<B> {
     #[inline]
     pub fn free(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> Result<(), PoolError> {
         let word = self.word.load(Acquire);
-        match Word::phase(word) {
-            Phase::Serving if !self.watched => {
-                if let Some(result) = self.serve_free(word, addr, size, stream) {
-                    return result;
-                }
+        if Word::is_serving(word) && !self.watched {
+            match self.serve_free(word, addr, size, stream) {
+                Served::Arena(_) => return Ok(()),
+                Served::Pool(index) => return self.free_pool_step(word, index, addr, size, stream),
+                Served::Missed => {}
             }
-            Phase::Off | Phase::Idle if !self.in_bounds(addr) => return self.backing.free(addr, size, stream),
-            _ => {}
+        } else if (word == Word::IDLE || word == Word::OFF) && !self.in_bounds(addr) {
+            return self.backing.free(addr, size, stream);
         }
         self.free_cold(addr, size, stream)
     }
@@ -385,58 +397,82 @@ impl<B: MemoryResource> PlannedPool<B> {
         with_serving(self.uid.load(Relaxed), Word::epoch(word), || self.cold.lock().serving.clone(), f)
     }
 
-    /// The serving path of an allocation; None when it is not the next step (nothing done).
+    /// Takes the schedule's next step for an allocation, if it is one (the step is then taken).
     #[inline(always)]
-    fn serve_allocation(&self, word: u64, size: u64, stream: StreamId) -> Option<Result<u64, PoolError>> {
+    fn serve_allocation(&self, word: u64, size: u64, stream: StreamId) -> Served {
+        // In a forked child the cold path refuses.
         if fork::forked_since(self.generation) {
-            return Some(Err(PoolError::Forked));
+            return Served::Missed;
         }
-        let (take, next, wraps) = self.with_serving(word, |s| s.allocation(word, size, stream))?;
-        self.word.compare_exchange(word, next, Release, Relaxed).ok()?;
+        let Some((take, next, wraps)) = self.with_serving(word, |s| s.allocation(word, size, stream)) else { return Served::Missed };
+        self.take_step(word, next, wraps, take)
+    }
+
+    /// Takes the schedule's next step for a free, if it is one.
+    #[inline(always)]
+    fn serve_free(&self, word: u64, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> Served {
+        if fork::forked_since(self.generation) {
+            return Served::Missed;
+        }
+        let Some((take, next, wraps)) = self.with_serving(word, |s| s.free(word, addr, size, stream)) else { return Served::Missed };
+        self.take_step(word, next, wraps, take)
+    }
+
+    /// Moves the word from `word` to `next`, where no other call moved it first.
+    #[inline(always)]
+    fn take_step(&self, word: u64, next: u64, wraps: bool, take: Take) -> Served {
+        if self.word.compare_exchange(word, next, Release, Relaxed).is_err() {
+            return Served::Missed;
+        }
         if wraps {
             self.wraps.fetch_add(1, Relaxed);
         }
-        Some(match take {
-            Take::Arena(addr) => Ok(addr),
-            Take::Pool { index } => self
-                .backing
-                .allocate(size, stream)
-                .inspect(|&addr| self.note_pool_buffer(word, index, Some(addr)))
-                .inspect_err(|_| self.leave_after_error()),
-            _ => unreachable!("an allocation's step"),
-        })
+        match take {
+            Take::Arena(addr) => Served::Arena(addr),
+            Take::ArenaFreed { .. } => Served::Arena(0),
+            Take::Pool { index } => Served::Pool(Some(index)),
+            Take::PoolFree { index } => Served::Pool(index),
+        }
+    }
+
+    /// A step the pool serves: the allocation, noted for the step that frees it.
+    #[inline(never)]
+    fn allocate_pool_step(&self, word: u64, index: Option<usize>, size: u64, stream: StreamId) -> Result<u64, PoolError> {
+        match self.backing.allocate(size, stream) {
+            Ok(addr) => {
+                if let Some(index) = index {
+                    self.note_pool_buffer(word, index, Some(addr));
+                }
+                Ok(addr)
+            }
+            Err(e) => {
+                self.leave_after_error();
+                Err(e)
+            }
+        }
+    }
+
+    #[inline(never)]
+    fn free_pool_step(
+        &self,
+        word: u64,
+        index: Option<usize>,
+        addr: u64,
+        size: Option<u64>,
+        stream: Option<StreamId>,
+    ) -> Result<(), PoolError> {
+        if let Some(index) = index {
+            self.note_pool_buffer(word, index, None);
+        }
+        self.backing.free(addr, size, stream).inspect_err(|_| self.leave_after_error())
     }
 
     /// Notes a pool buffer of the epoch of `word` (None: freed) where the epoch is still served.
-    #[inline(always)]
     fn note_pool_buffer(&self, word: u64, index: usize, addr: Option<u64>) {
         self.with_serving(word, |s| {
             s.note_pool_buffer(index, addr);
             Some(())
         });
-    }
-
-    /// The serving path of a free; None when it is not the next step (nothing done).
-    #[inline(always)]
-    fn serve_free(&self, word: u64, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> Option<Result<(), PoolError>> {
-        if fork::forked_since(self.generation) {
-            return Some(Err(PoolError::Forked));
-        }
-        let (take, next, wraps) = self.with_serving(word, |s| s.free(word, addr, size, stream))?;
-        self.word.compare_exchange(word, next, Release, Relaxed).ok()?;
-        if wraps {
-            self.wraps.fetch_add(1, Relaxed);
-        }
-        Some(match take {
-            Take::ArenaFreed { .. } => Ok(()),
-            Take::PoolFree { index } => {
-                if let Some(index) = index {
-                    self.note_pool_buffer(word, index, None);
-                }
-                self.backing.free(addr, size, stream).inspect_err(|_| self.leave_after_error())
-            }
-            _ => unreachable!("a free's step"),
-        })
     }
 
     // ---- the cold path ----
@@ -931,7 +967,10 @@ impl<B: MemoryResource> PlannedPool<B> {
             if !recorder.diverged {
                 cold.figures.recorded_iterations += 1;
             }
-            match plan_schedule(&recorder.events, self.planning) {
+            // The search may take as long as the iteration took, no longer: planning then costs a repeating
+            // program at most one more iteration's time.
+            let budget = self.planning.budget.min(recorder.age());
+            match plan_schedule(&recorder.events, Planning { budget, ..self.planning }) {
                 Some(schedule) => {
                     if cold.plans.len() >= MAX_PLANS && !cold.plans.contains_key(&key) {
                         let old = cold.plans.keys().next().copied();
@@ -1040,18 +1079,8 @@ impl<B: MemoryResource> PlannedPool<B> {
     /// The pool's figures of the planned arena.
     pub fn stats(&self) -> Result<PlannedStats, PoolError> {
         let cold = self.lock()?;
-        let mut figures = cold.figures.clone();
-        let word = self.word.load(Acquire);
-        let (mut live, mut live_bytes) = (cold.loose.len(), cold.loose.values().map(|l| l.size).sum::<u64>());
-        if let (Phase::Serving, Some(serving)) = (Word::phase(word), &cold.serving) {
-            let position = Word::position(word).min(serving.schedule.steps.len());
-            figures.add_served(&serving.schedule, self.wraps.load(Relaxed) - cold.wraps_at_epoch, position);
-            let placed: Vec<_> = serving.schedule.live_after(position).into_iter().filter(|p| p.offset.is_some()).collect();
-            live += placed.len();
-            live_bytes += placed.iter().map(|p| p.size).sum::<u64>();
-        }
-        let region = cold.regions.figures;
-        let mut plans: Vec<KeyPlan> = cold
+        let mut stats = self.figures_of(&cold);
+        stats.plans = cold
             .plans
             .iter()
             .map(|(&key, s)| KeyPlan {
@@ -1064,23 +1093,44 @@ impl<B: MemoryResource> PlannedPool<B> {
                 planner: s.planner,
             })
             .collect();
-        plans.sort_by_key(|p| p.key);
-        Ok(PlannedStats {
+        stats.plans.sort_by_key(|p| p.key);
+        Ok(stats)
+    }
+
+    /// [`PlannedPool::stats`] without the plans: O(1), for a caller that reads them at every step.
+    pub fn figures(&self) -> Result<PlannedStats, PoolError> {
+        let cold = self.lock()?;
+        Ok(self.figures_of(&cold))
+    }
+
+    fn figures_of(&self, cold: &Cold) -> PlannedStats {
+        let mut figures = cold.figures.clone();
+        let word = self.word.load(Acquire);
+        let (mut live, mut live_bytes) = (cold.loose.len() as u64, cold.loose.values().map(|l| l.size).sum::<u64>());
+        if let (Phase::Serving, Some(serving)) = (Word::phase(word), &cold.serving) {
+            let position = Word::position(word).min(serving.schedule.steps.len());
+            figures.add_served(&serving.schedule, self.wraps.load(Relaxed) - cold.wraps_at_epoch, position);
+            let served = serving.schedule.served_in(position);
+            live += served.live;
+            live_bytes += served.live_bytes;
+        }
+        let region = cold.regions.figures;
+        PlannedStats {
             planned_allocations: figures.planned_allocations,
             dynamic_allocations: figures.dynamic_allocations + self.idle.total(),
             fallbacks: figures.fallbacks,
             recorded_iterations: figures.recorded_iterations,
             replayed_iterations: figures.replayed_iterations,
             arena_bytes: cold.regions.bytes(),
-            arena_live: live,
+            arena_live: live as usize,
             arena_live_bytes: live_bytes,
             planned_bytes: figures.planned_bytes,
             arena_blocks_taken: region.taken,
             arena_bytes_taken: region.bytes_taken,
             arena_blocks_returned: region.returned,
             arena_bytes_returned: region.bytes_returned,
-            plans,
-        })
+            plans: Vec::new(),
+        }
     }
 }
 

@@ -126,10 +126,46 @@ pub(crate) struct Placed {
 /// How the regions of a schedule were planned (the planner's stage, for the figures).
 pub(crate) type Planner = &'static str;
 
+/// What the first steps of a schedule served: allocations from the arena and from the pool, the
+/// arena's bytes, and the arena buffers (and bytes) still live.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Served {
+    pub arena: u64,
+    pub arena_bytes: u64,
+    pub pool: u64,
+    pub live: u64,
+    pub live_bytes: u64,
+}
+
+impl Served {
+    fn take(&mut self, step: &Step) {
+        match (step.is_free(), step.in_arena()) {
+            (false, true) => {
+                self.arena += 1;
+                self.arena_bytes += step.size();
+                self.live += 1;
+                self.live_bytes += step.size();
+            }
+            (false, false) => self.pool += 1,
+            (true, true) => {
+                self.live -= 1;
+                self.live_bytes -= step.size();
+            }
+            (true, false) => {}
+        }
+    }
+}
+
+/// Steps between the schedule's checkpoints of `Served`: the figures at any step cost at most this
+/// many steps' reading, for a sixty-fourth of the steps' memory.
+const CHECKPOINT_EVERY: usize = 64;
+
 /// A recorded sequence, planned.
 #[derive(Debug)]
 pub(crate) struct Schedule {
     pub steps: Box<[Step]>,
+    /// `Served` after every `CHECKPOINT_EVERY` steps.
+    checkpoints: Box<[Served]>,
     /// The streams the steps name, by index.
     pub streams: Box<[StreamId]>,
     /// Per allocation: used on another stream (`record_stream`), so left to the pool.
@@ -205,18 +241,12 @@ impl Schedule {
         freed
     }
 
-    /// Arena allocations, their bytes, and pool allocations among the first `steps` steps.
-    pub fn served_in(&self, steps: usize) -> (u64, u64, u64) {
-        let (mut arena, mut bytes, mut pool) = (0, 0, 0);
-        for step in self.steps[..steps].iter().filter(|s| !s.is_free()) {
-            if step.in_arena() {
-                arena += 1;
-                bytes += step.size();
-            } else {
-                pool += 1;
-            }
-        }
-        (arena, bytes, pool)
+    /// What the first `steps` steps served. O(1): from the checkpoint before, at most 63 steps on.
+    pub fn served_in(&self, steps: usize) -> Served {
+        let at = steps / CHECKPOINT_EVERY;
+        let mut served = self.checkpoints[at];
+        self.steps[at * CHECKPOINT_EVERY..steps].iter().for_each(|step| served.take(step));
+        served
     }
 
     /// The first `steps` steps as a recording would have seen them, for a recording that goes on from
@@ -350,10 +380,17 @@ pub(crate) fn plan_schedule(events: &[Recorded], planning: Planning) -> Option<S
             Recorded::UsedOn { .. } => continue,
         });
     }
+    let mut checkpoints = vec![Served::default()];
+    let mut served = Served::default();
+    for chunk in steps.chunks(CHECKPOINT_EVERY) {
+        chunk.iter().for_each(|step| served.take(step));
+        checkpoints.push(served);
+    }
     // The planner that placed the largest region names the schedule's.
     let largest = region_bytes.iter().enumerate().max_by_key(|&(_, b)| *b).map(|(i, _)| i);
     Some(Schedule {
         steps: steps.into(),
+        checkpoints: checkpoints.into(),
         streams: streams.into(),
         used_elsewhere: elsewhere.into(),
         region_bytes: region_bytes.into(),
@@ -373,9 +410,14 @@ struct Region {
     planner: Planner,
 }
 
+/// A region within this of its lower bound is not searched further (a hundredth: the search's gain
+/// there is less than its budget's cost to the step that waits for it).
+const CLOSE_ENOUGH: f64 = 1.01;
+
 /// A region's buffers placed: first in O(n log n) with no clock (`quick_plan`), so that ending an
-/// iteration never costs more than that whatever its buffers; then, where that plan is above the
-/// lower bound, the planner's search within the budget, kept where it does better.
+/// iteration never costs more than that whatever its buffers; then, where that plan is more than a
+/// hundredth above the lower bound, the planner's search within the budget, kept where it does
+/// better.
 fn plan_region(buffers: &[Buffer], planning: Planning) -> Option<Region> {
     if buffers.is_empty() {
         return Some(Region { offsets: Vec::new(), arena_bytes: 0, lower_bound_bytes: 0, planner: "none" });
@@ -387,7 +429,7 @@ fn plan_region(buffers: &[Buffer], planning: Planning) -> Option<Region> {
         offsets: quick.plan.offsets,
         planner: quick.placement.name(),
     };
-    if region.arena_bytes > region.lower_bound_bytes && !planning.budget.is_zero() {
+    if region.arena_bytes as f64 > region.lower_bound_bytes as f64 * CLOSE_ENOUGH && !planning.budget.is_zero() {
         let options = PlanOptions { algorithm: Algorithm::Auto, budget: planning.budget, alignment: planning.alignment };
         if let Ok(searched) = plan(buffers, &options) {
             if searched.arena_bytes < region.arena_bytes {
@@ -460,7 +502,9 @@ mod tests {
         // Live: the arena's, and the pool's whose free the iteration holds (not 1, which outlives it).
         assert_eq!(s.live_after(4).iter().map(|p| p.index).collect::<Vec<_>>(), [0, 2, 3]);
         assert_eq!(s.live_after(5).iter().map(|p| (p.index, p.offset)).collect::<Vec<_>>(), [(2, Some(0)), (3, None)]);
-        assert_eq!(s.served_in(4), (2, 8192, 2));
+        let served = s.served_in(4);
+        assert_eq!((served.arena, served.arena_bytes, served.pool, served.live, served.live_bytes), (2, 8192, 2, 2, 8192));
+        assert_eq!(s.served_in(s.steps.len()).live, 0);
         assert_eq!(s.recorded_prefix(s.steps.len()), events, "a schedule knows its recording back");
     }
 

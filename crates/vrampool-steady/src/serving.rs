@@ -50,6 +50,11 @@ impl Word {
     }
 
     #[inline(always)]
+    pub fn is_serving(word: u64) -> bool {
+        word >= 3 << PHASE_SHIFT
+    }
+
+    #[inline(always)]
     pub fn serving(epoch: u32, position: u32) -> u64 {
         3 << PHASE_SHIFT | u64::from(epoch & EPOCH_MASK) << 32 | u64::from(position)
     }
@@ -193,21 +198,19 @@ pub(crate) fn with_serving<T>(
     fetch: impl FnOnce() -> Option<Arc<Serving>>,
     f: impl FnOnce(&Serving) -> Option<T>,
 ) -> Option<T> {
-    let (last_pool, last_epoch, serving) = LAST.try_with(Cell::get).ok()?;
-    if last_pool == pool && last_epoch == epoch {
-        // SAFETY: `LAST` points into the first entry of this thread's `KEPT`, whose `Arc` keeps the state
-        // alive: only `kept` below replaces entries (always leaving `LAST` on the first), and dropping
-        // them clears `LAST`. Nothing `f` runs reaches `kept` (it reads the state and returns).
-        return f(unsafe { &*serving });
-    }
-    kept(pool, epoch, fetch).and_then(|serving| f(&serving))
+    let (last_pool, last_epoch, last) = LAST.try_with(Cell::get).ok()?;
+    let serving = if last_pool == pool && last_epoch == epoch { last } else { kept(pool, epoch, fetch)? };
+    // SAFETY: `LAST` points into the first entry of this thread's `KEPT`, whose `Arc` keeps the state
+    // alive: only `kept` replaces entries (always leaving `LAST` on the first), and dropping them clears
+    // `LAST`. Nothing `f` runs reaches `kept` (it reads the state and returns).
+    f(unsafe { &*serving })
 }
 
 /// The serving state of `pool` at `epoch` from this thread's entries (fetched when missing), made
-/// the first of them.
+/// the first of them, where `LAST` then points.
 #[cold]
 #[inline(never)]
-fn kept(pool: u64, epoch: u32, fetch: impl FnOnce() -> Option<Arc<Serving>>) -> Option<Arc<Serving>> {
+fn kept(pool: u64, epoch: u32, fetch: impl FnOnce() -> Option<Arc<Serving>>) -> Option<*const Serving> {
     KEPT.try_with(|kept| {
         let mut kept = kept.try_borrow_mut().ok()?;
         let entries = &mut kept.0;
@@ -220,9 +223,9 @@ fn kept(pool: u64, epoch: u32, fetch: impl FnOnce() -> Option<Arc<Serving>>) -> 
             }
         };
         entries[..=at].rotate_right(1);
-        let (_, _, serving) = entries[0].as_ref().expect("just placed");
-        LAST.with(|last| last.set((pool, epoch, Arc::as_ptr(serving))));
-        Some(Arc::clone(serving))
+        let serving = Arc::as_ptr(&entries[0].as_ref().expect("just placed").2);
+        LAST.with(|last| last.set((pool, epoch, serving)));
+        Some(serving)
     })
     .ok()
     .flatten()
