@@ -260,10 +260,10 @@ fn child(steady: &str, quick: bool, only: Option<&str>) {
         Arc::new(Pool::new(Arc::new(SimDevice::new(1 << 36, SimMode::AddressOnly)) as Arc<dyn Device>, PoolConfig::default()).unwrap());
     let mut core = CorePair(pool.clone());
     let wanted = |name: &str| only.is_none_or(|only| name.starts_with(only));
-    let works: [(&str, &dyn Fn() -> Box<dyn Work>); 3] =
-        [("pair", &|| Box::new(AbiPair)), ("step", &|| Box::new(Step::new())), ("random", &|| Box::new(Random::new(7)))];
-    for (name, work) in works.into_iter().filter(|(name, _)| wanted(name)) {
-        let values = interleaved(&mut *work(), &mut core, turns, n);
+    let works: [(&str, Make); 3] =
+        [("pair", &|_| Box::new(AbiPair)), ("step", &|_| Box::new(Step::new())), ("random", &|seed| Box::new(Random::new(seed)))];
+    for (name, make) in works.into_iter().filter(|(name, _)| wanted(name)) {
+        let values = interleaved(&mut *make(7), &mut core, turns, n);
         println!("{name}\t{}", values.map(|v| v.to_string()).join("\t"));
     }
     let core_pair = |_: u64| Box::new(CorePair(pool.clone())) as Box<dyn Work>;
