@@ -376,6 +376,25 @@ class DevicePool:
         (address-only simulated device: the pointers lead nowhere)."""
         return self._native.memory_kind
 
+    def steady_stats(self) -> Optional[Dict[str, Any]]:
+        """The steady arena's figures (None for a pool made with ``steady=False``):
+        ``planned_allocations`` (served from the arena), ``dynamic_allocations`` (from the pool),
+        ``fallbacks`` (iterations that left their schedule), ``recorded_iterations``,
+        ``replayed_iterations``, ``arena_bytes``, ``arena_live`` and ``arena_live_bytes`` (its live
+        buffers), and ``plans``, one dict per schedule (``arena_bytes``, ``lower_bound_bytes``,
+        ``arena_buffers``, ``dynamic_buffers``, ``events``, ``planner``).
+
+        >>> pool = DevicePool("sim", capacity=1 << 30)
+        >>> for _ in range(3):
+        ...     bufs = [pool.allocate(4096 * (i + 1)) for i in range(8)]
+        ...     for buf in bufs:
+        ...         buf.free()
+        >>> s = pool.steady_stats()
+        >>> (s["recorded_iterations"], s["replayed_iterations"], s["planned_allocations"])
+        (1, 2, 16)
+        """
+        return self._native.steady_stats()
+
     def planned(self, *, budget_ms: int = 10) -> "PlannedPool":
         """A planned arena over this pool (static plan, dynamic fallback, plans per signature):
         see :class:`vrampool.PlannedPool`."""

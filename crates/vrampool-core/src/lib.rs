@@ -47,6 +47,6 @@ pub use event_log::{EventKind, LogEvent};
 pub use pool::{BlockState, LiveBlockInfo, Pool, PoolCore, SegmentSnapshot};
 pub use private_pools::PrivatePools;
 pub use registry::DeviceRegistry;
-pub use resource::{MemoryResource, PoolId, PoolSegment};
+pub use resource::{MemoryResource, PieceEvent, PoolId, PoolSegment};
 pub use stats::Stats;
 pub use strategy::StrategyKind;

@@ -17,7 +17,7 @@ use crate::config::{Limit, PoolConfig};
 use crate::device::{Device, StreamId};
 use crate::error::Result;
 use crate::pool::{LiveBlockInfo, Pool, PoolCore};
-use crate::resource::{MemoryResource, PoolId, PoolSegment};
+use crate::resource::{MemoryResource, PieceEvent, PoolId, PoolSegment};
 use crate::stats::{CounterValues, Stats};
 
 struct Private {
@@ -286,8 +286,8 @@ impl<U: MemoryResource> MemoryResource for PrivatePools<U> {
     fn watches_pieces(&self) -> bool {
         self.upstream.watches_pieces()
     }
-    fn piece(&self, addr: u64, size: u64, stream: StreamId, freed: bool) -> Result<()> {
-        self.upstream.piece(addr, size, stream, freed)
+    fn piece(&self, addr: u64, size: u64, stream: StreamId, event: PieceEvent) -> Result<()> {
+        self.upstream.piece(addr, size, stream, event)
     }
 }
 

@@ -68,16 +68,26 @@ pub trait MemoryResource: Send + Sync {
         users.iter().try_for_each(|&s| self.record_stream(addr, s))?;
         self.free(addr, Some(size), None)
     }
-    /// Whether `piece` has anything to do (scrubbing or the event log is on).
+    /// Whether `piece` has anything to do (scrubbing, the event log or leak tracking is on).
     fn watches_pieces(&self) -> bool {
         false
     }
-    /// A piece of a carved block was handed out (`freed` false) or freed: scrubbed and logged as a
-    /// block of the resource's own would be. After an error (the device could not scrub it) the
-    /// piece's bytes must not be handed out again.
-    fn piece(&self, _addr: u64, _size: u64, _stream: StreamId, _freed: bool) -> Result<()> {
+    /// A piece of a carved block handed out or freed: scrubbed and logged as a block of the
+    /// resource's own would be. After an error (the device could not scrub it) the piece's bytes
+    /// must not be handed out again.
+    fn piece(&self, _addr: u64, _size: u64, _stream: StreamId, _event: PieceEvent) -> Result<()> {
         Ok(())
     }
+}
+
+/// What happened to a piece of a carved block (`MemoryResource::piece`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PieceEvent {
+    Allocated,
+    Freed,
+    /// Freed while other streams may still use it: logged, not scrubbed now (its block is, once it
+    /// goes back after those streams).
+    FreedInUse,
 }
 
 impl MemoryResource for PoolCore {
@@ -119,8 +129,8 @@ impl MemoryResource for PoolCore {
     fn watches_pieces(&self) -> bool {
         PoolCore::watches_pieces(self)
     }
-    fn piece(&self, addr: u64, size: u64, stream: StreamId, freed: bool) -> Result<()> {
-        PoolCore::piece(self, addr, size, stream, freed)
+    fn piece(&self, addr: u64, size: u64, stream: StreamId, event: PieceEvent) -> Result<()> {
+        PoolCore::piece(self, addr, size, stream, event)
     }
 }
 
@@ -166,8 +176,8 @@ macro_rules! forward_memory_resource {
             fn watches_pieces(&self) -> bool {
                 MemoryResource::watches_pieces(&**self)
             }
-            fn piece(&self, addr: u64, size: u64, stream: StreamId, freed: bool) -> Result<()> {
-                MemoryResource::piece(&**self, addr, size, stream, freed)
+            fn piece(&self, addr: u64, size: u64, stream: StreamId, event: PieceEvent) -> Result<()> {
+                MemoryResource::piece(&**self, addr, size, stream, event)
             }
         }
     )*};

@@ -95,6 +95,7 @@ pub(crate) fn planned_stats_dict<'py>(py: Python<'py>, stats: &PlannedStats) -> 
         plan.set_item("arena_buffers", p.arena_buffers)?;
         plan.set_item("dynamic_buffers", p.dynamic_buffers)?;
         plan.set_item("events", p.events)?;
+        plan.set_item("planner", p.planner)?;
         plans.append(plan)?;
     }
     d.set_item("plans", plans)?;

@@ -94,6 +94,16 @@ impl NativePool {
         Ok(self.resource.live_blocks().iter().map(live_tuple).collect())
     }
 
+    /// The steady arena's figures (`PlannedStats`), or None for a pool made with `steady:false`.
+    fn steady_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        self.resource.pool().check_process().map_err(to_py)?;
+        let planned = self.resource.planned();
+        if !planned.is_steady() {
+            return Ok(None);
+        }
+        planned.planned_stats().map(|stats| crate::planned::planned_stats_dict(py, &stats)).transpose()
+    }
+
     /// Takes the events recorded since the last call (pools made with `record_events:true`) as
     /// (time_ns, kind, addr, size, stream) tuples, kind one of alloc, free, segment_alloc,
     /// segment_free: what `vrampool.capture.from_event_log` reads.

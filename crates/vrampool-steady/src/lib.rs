@@ -15,13 +15,17 @@
 //! leak reports and snapshots show arena buffers as the blocks they are. Where nothing repeats it
 //! backs off (`idle.rs`), so a program that never repeats pays what the pool alone costs.
 
+mod cold;
+mod figures;
 mod idle;
 mod mode;
+mod phases;
 mod pool;
 mod record;
 mod regions;
 mod schedule;
 mod serving;
 
+pub use figures::{ArenaBuffer, ArenaRegion, KeyPlan, PlannedStats};
 pub use mode::PlannedMode;
-pub use pool::{ArenaBuffer, ArenaRegion, KeyPlan, PlannedPool, PlannedStats, AUTO_KEY, AUTO_PLAN_ALLOCATIONS, DEFAULT_KEY};
+pub use pool::{PlannedPool, AUTO_KEY, AUTO_PLAN_ALLOCATIONS, DEFAULT_KEY};

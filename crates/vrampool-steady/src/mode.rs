@@ -24,9 +24,10 @@
 //! ```
 
 use vrampool_core::stats::Stats;
-use vrampool_core::{BlockState, Limit, LiveBlockInfo, MemoryResource, PoolError, PoolSegment, StreamId};
+use vrampool_core::{BlockState, Limit, LiveBlockInfo, MemoryResource, PieceEvent, PoolError, PoolSegment, StreamId};
 
-use crate::pool::{ArenaBuffer, ArenaRegion, PlannedPool, PlannedStats};
+use crate::figures::{ArenaBuffer, ArenaRegion, PlannedStats};
+use crate::pool::PlannedPool;
 
 /// An upstream resource and the planned arena over it, used while the mode is on.
 pub struct PlannedMode<U: MemoryResource> {
@@ -219,8 +220,8 @@ impl<U: MemoryResource> MemoryResource for PlannedMode<U> {
         self.upstream().watches_pieces()
     }
 
-    fn piece(&self, addr: u64, size: u64, stream: StreamId, freed: bool) -> Result<(), PoolError> {
-        self.upstream().piece(addr, size, stream, freed)
+    fn piece(&self, addr: u64, size: u64, stream: StreamId, event: PieceEvent) -> Result<(), PoolError> {
+        self.upstream().piece(addr, size, stream, event)
     }
 }
 #[cfg(test)]

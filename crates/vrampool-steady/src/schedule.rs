@@ -89,6 +89,12 @@ impl Step {
         self.word & ARENA != 0
     }
 
+    /// Whether this step frees a buffer born before the iteration (any of the pool's).
+    #[inline(always)]
+    pub fn is_older_free(&self) -> bool {
+        *self == Step::OLDER_FREE
+    }
+
     /// For a free of a pool buffer: the iteration's allocation it frees, if the iteration made it.
     #[inline(always)]
     pub fn frees_index(&self) -> Option<usize> {
@@ -166,6 +172,13 @@ pub(crate) struct Schedule {
     pub steps: Box<[Step]>,
     /// `Served` after every `CHECKPOINT_EVERY` steps.
     checkpoints: Box<[Served]>,
+    /// Per step: the next allocation step at or after it (the end of a group of frees, which may
+    /// come in any order: nothing is handed out between them).
+    next_allocation: Box<[u32]>,
+    /// Per step that frees one of the iteration's buffers: which allocation (`u32::MAX` otherwise).
+    frees: Box<[u32]>,
+    /// Each arena buffer by (stream, offset): its allocation and free steps, in order.
+    arena_buffers_at: foldhash::HashMap<(usize, u64), Vec<(u32, u32)>>,
     /// The streams the steps name, by index.
     pub streams: Box<[StreamId]>,
     /// Per allocation: used on another stream (`record_stream`), so left to the pool.
@@ -202,7 +215,7 @@ impl Schedule {
 
     /// The iteration's buffers live once the first `steps` steps are taken (arena ones, and pool
     /// ones whose free the schedule knows), by allocation. O(steps).
-    pub fn live_after(&self, steps: usize) -> Vec<Placed> {
+    pub fn live_after(&self, steps: usize, early: &[usize]) -> Vec<Placed> {
         let mut born: Vec<Placed> = Vec::new();
         let mut arena: foldhash::HashMap<(usize, u64), usize> = foldhash::HashMap::default();
         let mut freed: Vec<bool> = Vec::new();
@@ -221,6 +234,9 @@ impl Schedule {
             } else if let Some(index) = step.frees_index() {
                 freed[index] = true;
             }
+        }
+        for index in early.iter().filter_map(|&at| self.freed_by(at)) {
+            freed[index as usize] = true;
         }
         let known = self.freed_in_iteration();
         born.into_iter().zip(freed).filter(|(p, f)| !f && (p.offset.is_some() || known[p.index as usize])).map(|(p, _)| p).collect()
@@ -241,6 +257,23 @@ impl Schedule {
         freed
     }
 
+    /// The end of the group of frees that `position` is in (the next allocation step).
+    pub fn group_end(&self, position: usize) -> usize {
+        self.next_allocation.get(position).map_or(self.steps.len(), |&end| end as usize)
+    }
+
+    /// Which of the iteration's allocations step `at` frees, if it frees one.
+    pub fn freed_by(&self, at: usize) -> Option<u32> {
+        self.frees.get(at).copied().filter(|&index| index != u32::MAX)
+    }
+
+    /// The arena buffer at `offset` of stream `stream`'s region that lives once `position` steps
+    /// are taken (whatever frees were taken out of order): its free step.
+    pub fn arena_buffer_at(&self, stream: usize, offset: u64, position: usize) -> Option<usize> {
+        let buffers = self.arena_buffers_at.get(&(stream, offset))?;
+        buffers.iter().find(|&&(born, freed)| (born as usize) < position && position <= freed as usize).map(|&(_, freed)| freed as usize)
+    }
+
     /// What the first `steps` steps served. O(1): from the checkpoint before, at most 63 steps on.
     pub fn served_in(&self, steps: usize) -> Served {
         let at = steps / CHECKPOINT_EVERY;
@@ -252,7 +285,7 @@ impl Schedule {
     /// The first `steps` steps as a recording would have seen them, for a recording that goes on from
     /// there. Frees of older buffers stay so; `record_stream` on another stream comes back as an event
     /// right after the allocation it marks (when, exactly, does not matter to a plan).
-    pub fn recorded_prefix(&self, steps: usize) -> Vec<Recorded> {
+    pub fn recorded_prefix(&self, steps: usize, early: &[usize]) -> Vec<Recorded> {
         let mut live: foldhash::HashMap<(usize, u64), u32> = foldhash::HashMap::default();
         let mut index = 0u32;
         let mut events = Vec::with_capacity(steps);
@@ -278,6 +311,11 @@ impl Schedule {
                 }),
             }
         }
+        // Frees taken ahead of their step, in the order of their steps.
+        events.extend(early.iter().map(|&at| match self.freed_by(at) {
+            Some(index) => Recorded::Free { index, on: self.streams[self.steps[at].stream()] },
+            None => Recorded::FreeOlder,
+        }));
         events
     }
 }
@@ -380,6 +418,33 @@ pub(crate) fn plan_schedule(events: &[Recorded], planning: Planning) -> Option<S
             Recorded::UsedOn { .. } => continue,
         });
     }
+    let mut next_allocation = vec![0u32; steps.len()];
+    let mut next = steps.len() as u32;
+    for (at, step) in steps.iter().enumerate().rev() {
+        if !step.is_free() {
+            next = at as u32;
+        }
+        next_allocation[at] = next;
+    }
+    let (mut frees, mut arena_buffers_at) = (vec![u32::MAX; steps.len()], foldhash::HashMap::default());
+    let mut born_at: foldhash::HashMap<(usize, u64), (u32, u32)> = foldhash::HashMap::default();
+    let mut index = 0u32;
+    for (at, step) in steps.iter().enumerate() {
+        match (step.is_free(), step.in_arena()) {
+            (false, arena) => {
+                if arena {
+                    born_at.insert((step.stream(), step.offset()), (at as u32, index));
+                }
+                index += 1;
+            }
+            (true, true) => {
+                let (born, index) = born_at.remove(&(step.stream(), step.offset())).expect("a schedule frees what it placed");
+                frees[at] = index;
+                arena_buffers_at.entry((step.stream(), step.offset())).or_insert_with(Vec::new).push((born, at as u32));
+            }
+            (true, false) => frees[at] = step.frees_index().map_or(u32::MAX, |i| i as u32),
+        }
+    }
     let mut checkpoints = vec![Served::default()];
     let mut served = Served::default();
     for chunk in steps.chunks(CHECKPOINT_EVERY) {
@@ -391,6 +456,9 @@ pub(crate) fn plan_schedule(events: &[Recorded], planning: Planning) -> Option<S
     Some(Schedule {
         steps: steps.into(),
         checkpoints: checkpoints.into(),
+        next_allocation: next_allocation.into(),
+        frees: frees.into(),
+        arena_buffers_at,
         streams: streams.into(),
         used_elsewhere: elsewhere.into(),
         region_bytes: region_bytes.into(),
@@ -500,19 +568,27 @@ mod tests {
         assert_eq!(s.steps[6], Step::pool_free(3, 0), "a pool buffer of the iteration: which one is kept");
         assert_eq!(s.steps[7], Step::OLDER_FREE);
         // Live: the arena's, and the pool's whose free the iteration holds (not 1, which outlives it).
-        assert_eq!(s.live_after(4).iter().map(|p| p.index).collect::<Vec<_>>(), [0, 2, 3]);
-        assert_eq!(s.live_after(5).iter().map(|p| (p.index, p.offset)).collect::<Vec<_>>(), [(2, Some(0)), (3, None)]);
+        assert_eq!(s.live_after(4, &[]).iter().map(|p| p.index).collect::<Vec<_>>(), [0, 2, 3]);
+        assert_eq!(s.live_after(5, &[]).iter().map(|p| (p.index, p.offset)).collect::<Vec<_>>(), [(2, Some(0)), (3, None)]);
         let served = s.served_in(4);
         assert_eq!((served.arena, served.arena_bytes, served.pool, served.live, served.live_bytes), (2, 8192, 2, 2, 8192));
         assert_eq!(s.served_in(s.steps.len()).live, 0);
-        assert_eq!(s.recorded_prefix(s.steps.len()), events, "a schedule knows its recording back");
+        assert_eq!(s.recorded_prefix(s.steps.len(), &[]), events, "a schedule knows its recording back");
+        // Steps 4 to 7 are one group of frees (no allocation between them), which may come in any order.
+        assert_eq!((s.group_end(4), s.group_end(7), s.group_end(8)), (8, 8, 8));
+        assert_eq!((s.freed_by(4), s.freed_by(6), s.freed_by(7)), (Some(0), Some(3), None));
+        assert_eq!(s.arena_buffer_at(0, 0, 1), Some(4), "buffer 0, born at step 0, freed at step 4");
+        assert_eq!(s.arena_buffer_at(0, 0, 5), None, "freed");
+        // Buffer 2's free (step 5) taken ahead of step 4: it is no longer live, and the recording says so.
+        assert_eq!(s.live_after(4, &[5]).iter().map(|p| p.index).collect::<Vec<_>>(), [0, 3]);
+        assert_eq!(s.recorded_prefix(4, &[5]).last(), Some(&Recorded::Free { index: 2, on: S1 }));
     }
 
     #[test]
     fn a_schedule_replans_to_itself() {
         let events = [alloc(4096, S0), alloc(4096, S0), free(0, S0), alloc(2048, S0), free(1, S0), free(2, S0)];
         let s = plan_schedule(&events, PLANNING).unwrap();
-        assert_eq!(s.recorded_prefix(s.steps.len()), events);
+        assert_eq!(s.recorded_prefix(s.steps.len(), &[]), events);
         assert_eq!((s.arena_bytes(), s.lower_bound_bytes), (8192, 8192));
         assert!(s.starts_with(0, 4096, S0) && !s.starts_with(0, 4096, S1) && !s.starts_with(1, 4096, S0));
     }

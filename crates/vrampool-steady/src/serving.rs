@@ -27,11 +27,14 @@ pub(crate) enum Phase {
     Serving,
 }
 
-/// The word: phase << 62 | epoch << 32 | position, the last two while serving.
+/// The word: phase << 62 | held << 61 | epoch << 32 | position, the last three while serving.
+/// Held: frees were taken ahead of their steps (`Cold::early`), and every call takes the cold path
+/// until the steps catch up with them.
 pub(crate) struct Word;
 
 const PHASE_SHIFT: u32 = 62;
-const EPOCH_BITS: u32 = 30;
+const HELD: u64 = 1 << 61;
+const EPOCH_BITS: u32 = 29;
 pub(crate) const EPOCH_MASK: u32 = (1 << EPOCH_BITS) - 1;
 
 impl Word {
@@ -49,9 +52,24 @@ impl Word {
         }
     }
 
+    /// Serving, and not held: what the serving path takes.
     #[inline(always)]
     pub fn is_serving(word: u64) -> bool {
-        word >= 3 << PHASE_SHIFT
+        word >> 61 == 0b110
+    }
+
+    #[inline(always)]
+    pub fn is_held(word: u64) -> bool {
+        word & HELD != 0
+    }
+
+    /// `word`, held or not.
+    pub fn held(word: u64, held: bool) -> u64 {
+        if held {
+            word | HELD
+        } else {
+            word & !HELD
+        }
     }
 
     #[inline(always)]
@@ -108,6 +126,16 @@ impl Serving {
     #[inline(always)]
     pub fn in_regions(&self, addr: u64) -> bool {
         self.regions.iter().any(|&(lo, hi)| lo <= addr && addr < hi)
+    }
+
+    /// Where the schedule would have an arena buffer at `addr`: its stream's index and the offset
+    /// in that stream's region.
+    pub fn locate(&self, addr: u64) -> Option<(usize, u64)> {
+        let schedule = &self.schedule;
+        (0..schedule.streams.len()).find_map(|i| {
+            let base = self.bases[i];
+            (schedule.region_bytes[i] > 0 && base <= addr && addr < base + schedule.region_bytes[i]).then(|| (i, addr - base))
+        })
     }
 
     /// The step at `position` (the first again once the schedule is done: a new iteration of it)
@@ -243,5 +271,10 @@ mod tests {
         let word = Word::serving(EPOCH_MASK, u32::MAX);
         assert_eq!((Word::phase(word), Word::epoch(word), Word::position(word)), (Phase::Serving, EPOCH_MASK, u32::MAX as usize));
         assert_eq!(Word::epoch(Word::serving(EPOCH_MASK + 2, 0)), 1, "epochs wrap within their bits");
+        assert!(Word::is_serving(word) && !Word::is_held(word));
+        let held = Word::held(word, true);
+        assert!(!Word::is_serving(held) && Word::is_held(held) && Word::phase(held) == Phase::Serving);
+        assert_eq!((Word::epoch(held), Word::position(held), Word::held(held, false)), (EPOCH_MASK, u32::MAX as usize, word));
+        assert!(![Word::OFF, Word::IDLE, Word::COLD].iter().any(|&w| Word::is_serving(w) || Word::is_held(w)));
     }
 }

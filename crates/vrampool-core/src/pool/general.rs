@@ -418,20 +418,29 @@ impl PoolCore {
         Ok(())
     }
 
-    /// Whether `piece` does anything: scrubbing or the event log is on.
+    /// Whether `piece` does anything: scrubbing, the event log or leak tracking is on.
     pub fn watches_pieces(&self) -> bool {
-        self.config.scrub != Scrub::Off || self.log.is_some()
+        self.config.scrub != Scrub::Off || self.log.is_some() || self.births.is_some()
     }
 
-    /// A piece of a carved block handed out or `freed`: scrubbed (as `scrub` says) and logged as a
-    /// block is.
-    pub fn piece(&self, addr: u64, size: u64, stream: StreamId, freed: bool) -> Result<()> {
-        self.ensure_open()?;
-        let scrub = if freed { Scrub::OnFree } else { Scrub::OnAlloc };
-        if self.config.scrub == scrub {
+    /// A piece of a carved block handed out or freed: scrubbed (as `scrub` says) and logged as a
+    /// block of `size` bytes is (at the size the pool would have handed out).
+    pub fn piece(&self, addr: u64, size: u64, stream: StreamId, event: PieceEvent) -> Result<()> {
+        let (kind, scrub) = match event {
+            PieceEvent::Allocated => {
+                self.ensure_open()?;
+                (EventKind::Alloc, self.config.scrub == Scrub::OnAlloc)
+            }
+            PieceEvent::Freed => (EventKind::Free, self.config.scrub == Scrub::OnFree),
+            PieceEvent::FreedInUse => (EventKind::Free, false),
+        };
+        if scrub {
             self.device.fill_zero(addr, size, stream)?;
         }
-        self.log(if freed { EventKind::Free } else { EventKind::Alloc }, addr, size, stream);
+        if self.log.is_some() {
+            let block = self.config.padded(size).map_or(size, |rounded| self.config.block_size_for(rounded, self.tier_of(rounded)));
+            self.log(kind, addr, block, stream);
+        }
         Ok(())
     }
 

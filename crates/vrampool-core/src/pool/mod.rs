@@ -31,6 +31,7 @@ use crate::event_log::{EventKind, EventLog, LogEvent};
 use crate::expandable::{pieces, Expandable, Reservation, PIECES_PER_HIGH_WATER};
 use crate::fast_gate::FastGate;
 use crate::live_table::{LiveBlock, LiveTable, Removal};
+use crate::resource::PieceEvent;
 use crate::sizes::{class_size, round_up, MAX_REQUEST, MIN_BLOCK};
 use crate::stats::{CounterValues, Counters, Fast, Stats};
 use crate::strategy::{BestFit, BestFitConfig, Block, BlockInfo, Buddy, BuddyConfig, Segment, Slab, SlabConfig, Strategy, StrategyKind};

@@ -1,0 +1,353 @@
+//! The phases: serving a schedule, leaving it, recording, ending an iteration, backing off, and
+//! the mode and the arena's memory.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::Arc;
+
+use vrampool_core::{MemoryResource, PoolError, StreamId};
+
+use crate::cold::{Cold, Loose};
+use crate::pool::{next_uid, signature, PlannedPool, AUTO_KEY, AUTO_PLAN_ALLOCATIONS, MAX_PLANS};
+use crate::record::Recorder;
+use crate::schedule::{plan_schedule, Planning, Schedule};
+use crate::serving::{Phase, Serving, Word, EPOCH_MASK};
+
+impl<B: MemoryResource> PlannedPool<B> {
+    // ---- phases ----
+
+    /// Leaves the schedule served at `word` for the cold path: the arena buffers live there become
+    /// loose, and the recording goes on from there. An iteration that `diverged` from its schedule
+    /// midway (or at once, under a named key) is a fallback. Does nothing when the word moved
+    /// meanwhile: the caller looks again.
+    pub(crate) fn leave_serving(&self, cold: &mut Cold, word: u64, diverged: bool) {
+        if self.word.compare_exchange(word, Word::COLD, Release, Relaxed).is_err() {
+            return;
+        }
+        let serving = cold.serving.take().expect("serving has its state");
+        let early = std::mem::take(&mut cold.early);
+        let schedule = &serving.schedule;
+        let position = Word::position(word).min(schedule.steps.len());
+        let wraps = self.wraps.load(Relaxed) - cold.wraps_at_epoch;
+        cold.figures.add_served(schedule, wraps, position);
+        let limit = cold.backoff.record_limit;
+        if wraps > 0 || position == schedule.steps.len() {
+            cold.backoff.served();
+        }
+        if position == schedule.steps.len() || (position == 0 && !(diverged && cold.named)) {
+            cold.recorder = Recorder::new(limit);
+            if self.auto_steps || !cold.named {
+                cold.key = AUTO_KEY;
+            }
+            return;
+        }
+        cold.figures.fallbacks += 1;
+        // The iteration's live buffers: the arena's become loose; the recording goes on knowing them all
+        // (a pool buffer whose address is not noted yet, being handed out by another thread now, is
+        // taken for an older one).
+        let mut born = Vec::new();
+        for p in schedule.live_after(position, &early) {
+            let stream = schedule.streams[p.stream];
+            let addr = match p.offset {
+                Some(offset) => {
+                    let addr = serving.bases[p.stream] + offset;
+                    cold.loose.insert(addr, Loose { size: p.size, stream });
+                    addr
+                }
+                None => serving.pool_addrs[p.index as usize].load(Relaxed),
+            };
+            if addr != 0 {
+                born.push((addr, (p.index, stream)));
+            }
+        }
+        cold.recorder = Recorder::continuing(schedule.recorded_prefix(position, &early), born, limit);
+    }
+
+    /// Leaves the schedule wherever it is now (after an error the pool returned to a step, or the
+    /// mode going off: not `diverged`).
+    pub(crate) fn leave_now(&self, cold: &mut Cold, diverged: bool) {
+        loop {
+            let word = self.word.load(Acquire);
+            if Word::phase(word) != Phase::Serving {
+                return;
+            }
+            self.leave_serving(cold, word, diverged);
+        }
+    }
+
+    #[cold]
+    pub(crate) fn leave_after_error(&self) {
+        if let Ok(mut cold) = self.lock() {
+            self.leave_now(&mut cold, true);
+        }
+    }
+
+    /// At an iteration's first allocation: serves the schedule of its key (for `AUTO_KEY`, of this
+    /// allocation's signature) if there is one and the iteration's frees so far are its first steps.
+    /// Without one, the iteration runs on the pool, and the idle arena goes back to it.
+    pub(crate) fn start_by_key(&self, cold: &mut Cold, size: u64, stream: StreamId) -> bool {
+        let key = if cold.key == AUTO_KEY { signature(size, stream) } else { cold.key };
+        let lead = cold.recorder.len();
+        let schedule = cold.plans.get(&key).cloned();
+        let fresh = !cold.recorder.overflowed && !cold.recorder.diverged;
+        if let Some(schedule) = schedule.filter(|s| fresh && s.starts_with(lead, size, stream)) {
+            if self.serve(cold, schedule, lead) {
+                cold.key = key;
+                return true;
+            }
+        }
+        if cold.key == AUTO_KEY {
+            cold.key = key;
+        }
+        if !cold.plans.contains_key(&key) {
+            self.release_idle_regions(cold);
+        }
+        false
+    }
+
+    /// Serves `schedule` from its step `position` on: regions for its streams (kept, or taken from
+    /// the pool), then a new epoch. False when arena buffers of an earlier iteration are still live,
+    /// or the pool has no memory for a region.
+    pub(crate) fn serve(&self, cold: &mut Cold, schedule: Arc<Schedule>, position: usize) -> bool {
+        if !cold.loose.is_empty() {
+            return false;
+        }
+        let mut bases = Vec::with_capacity(schedule.streams.len());
+        let mut trimmed = false;
+        for (i, &stream) in schedule.streams.iter().enumerate() {
+            let needed = schedule.region_bytes[i];
+            if needed == 0 {
+                bases.push(0);
+                continue;
+            }
+            // Sized for every schedule's use of the stream, so that schedules taking turns keep one region.
+            let wanted = cold.plans.values().filter_map(|p| Some(p.region_bytes[p.stream_index(stream)?])).max().unwrap_or(0);
+            let fits =
+                cold.regions.of_stream(stream).is_some_and(|at| cold.regions.list[at].bytes >= needed && !cold.regions.list[at].retired);
+            if !fits && !self.auto_steps && !trimmed {
+                // The caller names the boundaries: what the recorded iterations left cached in the pool goes back
+                // first, so the pool does not hold both. With automatic ones the pool's own growth gives back
+                // what the region needs and no more (`PoolConfig::reclaim`).
+                let _ = self.backing.trim();
+                trimmed = true;
+            }
+            match cold.regions.ensure(&self.backing, stream, needed, wanted) {
+                Ok(at) => bases.push(cold.regions.list[at].base),
+                Err(_) => {
+                    self.publish_bounds(cold);
+                    return false;
+                }
+            }
+        }
+        self.publish_bounds(cold);
+        cold.epoch = (cold.epoch + 1) & EPOCH_MASK;
+        if cold.epoch == 0 {
+            // Epochs wrapped: threads may keep a state of this number from long ago.
+            self.uid.store(next_uid(), Relaxed);
+            cold.epoch = 1;
+        }
+        cold.wraps_at_epoch = self.wraps.load(Relaxed);
+        let epoch = cold.epoch;
+        let pool_addrs = (0..schedule.allocations).map(|_| AtomicU64::new(0)).collect();
+        cold.serving = Some(Arc::new(Serving { epoch, schedule, bases: bases.into(), regions: cold.regions.ranges(), pool_addrs }));
+        self.word.store(Word::serving(epoch, position as u32), Release);
+        true
+    }
+
+    pub(crate) fn publish_bounds(&self, cold: &Cold) {
+        let (lo, hi) = cold.regions.bounds();
+        self.bounds[0].store(lo, Relaxed);
+        self.bounds[1].store(hi, Relaxed);
+    }
+
+    /// Gives the regions back if no arena buffer is live (to the pool; with named boundaries the
+    /// pool's free memory then goes back to the device too).
+    pub(crate) fn release_idle_regions(&self, cold: &mut Cold) {
+        if !cold.loose.is_empty() || cold.serving.is_some() || cold.regions.list.is_empty() {
+            return;
+        }
+        let released = cold.regions.release_all(&self.backing);
+        self.publish_bounds(cold);
+        if released.is_ok_and(|bytes| bytes > 0) && !self.auto_steps {
+            let _ = self.backing.trim();
+        }
+    }
+
+    /// A recording past its limit: given up, and the pool goes idle.
+    pub(crate) fn give_up(&self, cold: &mut Cold) {
+        let wait = cold.backoff.gave_up(cold.recorder.len());
+        self.go_idle(cold, wait);
+    }
+
+    pub(crate) fn go_idle(&self, cold: &mut Cold, wait: u64) {
+        self.idle.wait(wait);
+        self.word.store(Word::IDLE, Release);
+        cold.recorder = Recorder::new(cold.backoff.record_limit);
+        self.release_idle_regions(cold);
+    }
+
+    /// The wait is over: record again, from the next allocation on.
+    #[cold]
+    pub(crate) fn wake(&self) {
+        let Ok(mut cold) = self.lock() else { return };
+        if Word::phase(self.word.load(Relaxed)) == Phase::Idle {
+            cold.recorder = Recorder::new(cold.backoff.record_limit);
+            cold.key = AUTO_KEY;
+            self.word.store(Word::COLD, Release);
+        }
+    }
+
+    /// Ends the iteration and starts the next, whose signature is `key`. The iteration that ends is
+    /// planned and its schedule stored under its key when it had none or left it; an iteration
+    /// without allocations or frees leaves the schedules as they are.
+    pub fn step(&self, key: u64) -> Result<(), PoolError> {
+        let mut cold = self.lock()?;
+        self.end_iteration(&mut cold, key);
+        Ok(())
+    }
+
+    pub(crate) fn end_iteration(&self, cold: &mut Cold, key: u64) {
+        loop {
+            let word = self.word.load(Acquire);
+            if Word::phase(word) != Phase::Serving {
+                break;
+            }
+            let serving = cold.serving.clone().expect("serving has its state");
+            let (position, len) = (Word::position(word), serving.schedule.steps.len());
+            let same = key == AUTO_KEY || key == cold.key;
+            if position >= len && same {
+                // Done, and the next iteration follows the same schedule: from its start.
+                if self.word.compare_exchange(word, Word::serving(serving.epoch, 0), Release, Relaxed).is_ok() {
+                    self.wraps.fetch_add(1, Relaxed);
+                    cold.named = key != AUTO_KEY;
+                    return;
+                }
+            } else if position == 0 && same {
+                cold.named = key != AUTO_KEY;
+                return;
+            } else {
+                self.leave_serving(cold, word, true);
+            }
+        }
+        if Word::phase(self.word.load(Relaxed)) == Phase::Cold {
+            self.plan_recording(cold);
+        }
+        (cold.key, cold.named) = (key, key != AUTO_KEY);
+        match Word::phase(self.word.load(Relaxed)) {
+            Phase::Off => {}
+            Phase::Idle => {
+                // A known schedule is served at once (serving costs nothing); a new one is recorded once the wait
+                // is over.
+                if (key != AUTO_KEY && cold.plans.contains_key(&key)) || self.idle.total() >= self.idle.until() {
+                    cold.recorder = Recorder::new(cold.backoff.record_limit);
+                    self.word.store(Word::COLD, Release);
+                    self.begin(cold, key);
+                }
+            }
+            _ => self.begin(cold, key),
+        }
+    }
+
+    /// A new iteration under `key`: its schedule served from the start if there is one; without one
+    /// (a named key), it runs on the pool, and the idle arena goes back to it. `AUTO_KEY` waits for
+    /// the first allocation.
+    pub(crate) fn begin(&self, cold: &mut Cold, key: u64) {
+        if key == AUTO_KEY {
+            return;
+        }
+        if let Some(schedule) = cold.plans.get(&key).cloned() {
+            if self.serve(cold, schedule, 0) {
+                return;
+            }
+        }
+        self.release_idle_regions(cold);
+    }
+
+    /// Plans the recording that ends, stores its schedule under its key, and backs off when
+    /// iterations keep going unserved.
+    pub(crate) fn plan_recording(&self, cold: &mut Cold) {
+        let recorder = std::mem::replace(&mut cold.recorder, Recorder::new(cold.backoff.record_limit));
+        if recorder.events.is_empty() {
+            return;
+        }
+        let too_few = self.auto_steps && (recorder.allocations as usize) < AUTO_PLAN_ALLOCATIONS;
+        let key = match cold.key {
+            AUTO_KEY => recorder.first.map(|(size, stream)| signature(size, stream)),
+            key => Some(key),
+        };
+        if let Some(key) = key.filter(|_| !recorder.overflowed && !too_few) {
+            if !recorder.diverged {
+                cold.figures.recorded_iterations += 1;
+            }
+            // The search may take as long as the iteration took, no longer: planning then costs a repeating
+            // program at most one more iteration's time.
+            let budget = self.planning.budget.min(recorder.age());
+            match plan_schedule(&recorder.events, Planning { budget, ..self.planning }) {
+                Some(schedule) => {
+                    if cold.plans.len() >= MAX_PLANS && !cold.plans.contains_key(&key) {
+                        let old = cold.plans.keys().next().copied();
+                        old.map(|k| cold.plans.remove(&k));
+                    }
+                    cold.plans.insert(key, Arc::new(schedule));
+                }
+                None => {
+                    cold.plans.remove(&key);
+                }
+            }
+        }
+        if let Some(wait) = cold.backoff.unserved(recorder.events.len()) {
+            self.go_idle(cold, wait);
+        }
+    }
+
+    // ---- the mode, the arena's memory, figures ----
+
+    /// Turns the pool on (iterations recorded and served) or off (every call to the pool; arena
+    /// buffers live now are still freed here).
+    pub fn set_on(&self, on: bool) {
+        let Ok(mut guard) = self.lock() else { return };
+        let cold = &mut *guard;
+        let phase = Word::phase(self.word.load(Acquire));
+        if on && phase == Phase::Off {
+            cold.recorder = Recorder::new(cold.backoff.record_limit);
+            self.word.store(Word::COLD, Release);
+            let key = cold.key;
+            self.end_iteration(cold, key);
+        } else if !on && phase != Phase::Off {
+            self.leave_now(cold, false);
+            self.word.store(Word::OFF, Release);
+            cold.recorder = Recorder::new(cold.backoff.record_limit);
+            self.release_idle_regions(cold);
+        }
+    }
+
+    /// Stops serving for good (the pool below is closing): later calls go to the pool, which refuses
+    /// them; arena buffers still live can be freed.
+    pub fn close(&self) {
+        self.set_on(false);
+    }
+
+    /// Gives the arena back to the pool if no arena buffer is live; the bytes given back. The next
+    /// served iteration takes new regions.
+    pub fn release_idle_arena(&self) -> Result<u64, PoolError> {
+        let mut guard = self.lock()?;
+        let cold = &mut *guard;
+        loop {
+            let word = self.word.load(Acquire);
+            if Word::phase(word) != Phase::Serving {
+                break;
+            }
+            let len = cold.serving.as_ref().expect("serving has its state").schedule.steps.len();
+            if (1..len).contains(&Word::position(word)) {
+                return Ok(0);
+            }
+            self.leave_serving(cold, word, false);
+        }
+        if !cold.loose.is_empty() {
+            return Ok(0);
+        }
+        let bytes = cold.regions.release_all(&self.backing);
+        self.publish_bounds(cold);
+        bytes
+    }
+}

@@ -1,0 +1,339 @@
+"""The steady arena (crates/vrampool-steady) that every DevicePool runs by default, tried as a
+hostile user would on the simulated device (host memory: the tests read and write the bytes
+through the pointers): scrubbing of arena buffers, leak reports, snapshots and close() while
+arena buffers live, the event log, an iteration of 100,000 live buffers, a served iteration's
+record_stream calls, and threads sharing one pool.
+
+`in_arena` tells arena buffers by where they lie, beside the figures of `DevicePool.steady_stats`:
+an arena region is one pool block of at least 2 MiB, in a best-fit segment, where the pool itself
+puts the buffers of these tests (at most 1 MiB) in slabs. Each test checks that the recorded
+iteration's buffers are not taken for arena ones, so the tell is checked too."""
+
+from __future__ import annotations
+
+import ctypes
+import random
+import sys
+import threading
+import time
+from typing import Any, Dict, List, Sequence
+
+import pytest
+
+from vrampool import DeviceBuffer, DevicePool
+from vrampool.testing import native
+
+KIB = 1 << 10
+MIB = 1 << 20
+
+
+def in_arena(pool: DevicePool, ptrs: Sequence[int]) -> List[bool]:
+    """Per pointer, whether it lies in the steady arena (a region: a best-fit block), not in a
+    slab of the pool's own (see the module's docstring)."""
+    segments = pool.snapshot()["segments"]
+
+    def strategy(ptr: int) -> str:
+        found = [s["strategy"] for s in segments if s["address"] <= ptr < s["address"] + s["total_size"]]
+        assert len(found) == 1, f"{ptr:#x} lies in {len(found)} segments"
+        return found[0]
+
+    return [strategy(p) != "slab" for p in ptrs]
+
+
+def read(buf: DeviceBuffer) -> bytes:
+    return ctypes.string_at(buf.ptr, buf.size)
+
+
+# ---- E: scrubbing ----
+
+
+@pytest.mark.parametrize("scrub", ["on_alloc", "on_free"])
+def test_steady_arena_buffers_are_scrubbed_as_the_pools_are(scrub: str) -> None:
+    """Ten iterations of ten 64 KiB buffers, each written with a non-zero pattern: every buffer
+    reads all zeros when handed out (arena buffers take the previous iteration's bytes), and with
+    on_free every freed buffer reads zeros at once."""
+    pool = DevicePool("sim", capacity=1 << 30, scrub=scrub)
+    sim = native(pool)
+    size = 64 * KIB
+    zeros = bytes(size)
+    served = []
+    for it in range(10):
+        bufs = [pool.allocate(size) for _ in range(10)]
+        for i, buf in enumerate(bufs):
+            assert read(buf) == zeros, f"iteration {it}, buffer {i} at {buf.ptr:#x}: a previous user's bytes"
+            ctypes.memset(buf.ptr, 0xA0 + i, size)
+        served.append(all(in_arena(pool, [b.ptr for b in bufs])))
+        for buf in bufs:
+            ptr = buf.ptr
+            pool.deallocate(buf)
+            if scrub == "on_free":
+                assert sim.sim_read(ptr, size) == zeros, f"iteration {it}: {ptr:#x} kept its bytes past its free"
+    assert served == [False] + [True] * 9, "the first iteration recorded, the others served from the arena"
+    assert pool.stats()["allocation.all.current"] == 0
+    assert pool.close() == []
+
+
+@pytest.mark.parametrize("scrub", ["on_alloc", "on_free"])
+def test_steady_scrubbing_holds_when_an_iteration_leaves_its_schedule(scrub: str) -> None:
+    """Served iterations that change midway (another size at buffer 5, so the arena buffers live
+    then become loose) and come back: no buffer is handed out with an earlier user's bytes."""
+    pool = DevicePool("sim", capacity=1 << 30, scrub=scrub)
+    sim = native(pool)
+    rng = random.Random(5)
+    for it in range(12):
+        sizes = [64 * KIB] * 10
+        if it % 3 == 2:
+            sizes[5] = 96 * KIB
+        bufs = []
+        for i, size in enumerate(sizes):
+            buf = pool.allocate(size)
+            assert read(buf) == bytes(size), f"iteration {it}, buffer {i}: a previous user's bytes"
+            ctypes.memset(buf.ptr, 0x11 * (1 + i % 15), size)
+            bufs.append(buf)
+        rng.shuffle(bufs)  # freed in another order each iteration: the schedule is left at a free too
+        for buf in bufs:
+            ptr, size = buf.ptr, buf.size
+            pool.deallocate(buf)
+            if scrub == "on_free":
+                assert sim.sim_read(ptr, size) == bytes(size), f"iteration {it}: {ptr:#x} kept its bytes past its free"
+    assert pool.stats()["allocation.all.current"] == 0
+
+
+# ---- F: leak reports, snapshots, close ----
+
+SIZES = [64 * KIB, 1000, 3 * KIB, 100, 70_000, 512, 4 * KIB, 200_000, 777, MIB]
+
+
+def warm_up(pool: DevicePool, iterations: int = 2) -> None:
+    """`iterations` iterations of SIZES, each freed whole: the next one is served from the arena."""
+    for _ in range(iterations):
+        bufs = [pool.allocate(n) for n in SIZES]
+        for buf in bufs:
+            pool.deallocate(buf)
+
+
+def test_steady_leak_report_snapshot_and_close_show_arena_buffers() -> None:
+    """Ten live arena buffers: leak_report lists exactly them (address, size, age, the stack of
+    the allocate call), snapshot shows them as active blocks at their addresses; freed, nothing
+    is a leak (an idle arena is none) and close() returns no leaks."""
+    pool = DevicePool("sim", capacity=1 << 30, track_leaks=True)
+    warm_up(pool)
+    live: List[DeviceBuffer] = []
+    line = sys._getframe().f_lineno + 2
+    for n in SIZES:
+        live.append(pool.allocate(n))
+    assert all(in_arena(pool, [b.ptr for b in live])), "the third iteration is served from the arena"
+    expected = sorted((b.ptr, b.size) for b in live)
+    report = pool.leak_report()
+    assert [(r["ptr"], r["requested"]) for r in report] == expected
+    for r in report:
+        assert r["size"] >= r["requested"] and r["stream"] == 0, r
+        frame = r["stack"][-1] if r["stack"] else None
+        assert frame is not None and (frame.name, frame.lineno) == ("test_steady_leak_report_snapshot_and_close_show_arena_buffers", line), r
+    active = sorted(
+        (b["address"], b["requested_size"])
+        for s in pool.snapshot()["segments"]
+        for b in s["blocks"]
+        if b["state"] == "active_allocated"
+    )
+    assert active == expected, "snapshot() shows each live arena buffer as its own active block, and nothing else"
+    ages = [r["age_s"] for r in report]
+    for buf in live:
+        pool.deallocate(buf)
+    assert pool.leak_report() == []
+    assert pool.stats()["allocation.all.current"] == 0
+    assert pool.close() == []
+    assert all(age is not None and age >= 0 for age in ages), f"track_leaks=True, yet arena buffers have no age: {ages}"
+
+
+def test_steady_close_lists_exactly_the_arena_buffers_still_live() -> None:
+    """Three arena buffers of a served iteration still live at close(): exactly those three are
+    its leaks, with their stacks."""
+    pool = DevicePool("sim", capacity=1 << 30, track_leaks=True)
+    warm_up(pool)
+    bufs: List[DeviceBuffer] = []
+    for n in SIZES:
+        bufs.append(pool.allocate(n))
+    assert all(in_arena(pool, [b.ptr for b in bufs]))
+    kept = bufs[2:5]
+    for buf in bufs[:2] + bufs[5:]:
+        pool.deallocate(buf)
+    leaks = pool.close()
+    assert sorted((r["ptr"], r["requested"]) for r in leaks) == sorted((b.ptr, b.size) for b in kept)
+    name = "test_steady_close_lists_exactly_the_arena_buffers_still_live"
+    assert all(r["stack"] is not None and r["stack"][-1].name == name for r in leaks), leaks
+
+
+# ---- G: the event log ----
+
+
+def test_steady_event_log_has_every_arena_buffer_and_not_the_region() -> None:
+    """Four iterations of ten allocations under record_events: forty alloc and forty free events,
+    at the buffers' own addresses, each allocation logged with the same size whichever served
+    it (a trace must not change when the arena takes over), and no event of a region."""
+    pool = DevicePool("sim", capacity=1 << 30, record_events=True)
+    pool.take_events()
+    handed: List[List[int]] = []
+    served = []
+    for _ in range(4):
+        bufs = [pool.allocate(n) for n in SIZES]
+        handed.append([b.ptr for b in bufs])
+        served.append(all(in_arena(pool, handed[-1])))
+        for buf in bufs:
+            pool.deallocate(buf)
+    assert served == [False, True, True, True]
+    events = pool.take_events()
+    allocs = [(addr, size) for _, kind, addr, size, _ in events if kind == "alloc"]
+    frees = [(addr, size) for _, kind, addr, size, _ in events if kind == "free"]
+    assert (len(allocs), len(frees)) == (40, 40), (len(allocs), len(frees))
+    assert [a for a, _ in allocs] == [p for it in handed for p in it], "an alloc event per buffer, in order, at its address"
+    assert sorted(allocs) == sorted(frees), "each buffer freed with the size it was allocated with"
+    sizes = [[size for _, size in allocs[10 * it : 10 * it + 10]] for it in range(4)]
+    assert all(s >= n for s, n in zip(sizes[0], SIZES))
+    assert sizes[1:] == [sizes[0]] * 3, f"sizes logged by the pool (recorded iteration) and by the arena differ: {sizes[0]} vs {sizes[1]}"
+
+
+def test_steady_event_log_with_buffers_of_whole_blocks() -> None:
+    """As above with sizes the pool hands out whole (multiples of 512 bytes): every event is a
+    buffer's (address, requested size), none the region's 2 MiB block."""
+    pool = DevicePool("sim", capacity=1 << 30, record_events=True)
+    sizes = [64 * KIB] * 5 + [4 * KIB] * 5
+    pool.take_events()
+    expected = []
+    for _ in range(4):
+        bufs = [pool.allocate(n) for n in sizes]
+        expected += [(b.ptr, b.size) for b in bufs]
+        for buf in bufs:
+            pool.deallocate(buf)
+    events = pool.take_events()
+    assert sorted((a, s) for _, k, a, s, _ in events if k == "alloc") == sorted(expected)
+    assert sorted((a, s) for _, k, a, s, _ in events if k == "free") == sorted(expected)
+    assert all(s < 2 * MIB for _, k, _, s, _ in events if k in ("alloc", "free"))
+
+
+# ---- H: many live buffers ----
+
+
+def many_buffers(pool: DevicePool, sizes: Sequence[int], order: Sequence[int]) -> Dict[str, Any]:
+    """One iteration: every size allocated, each buffer tagged at both ends, then freed in `order`
+    after its tags are checked (an overlap with another live buffer overwrites one). The times of
+    the allocations, the frees and the last free, and whether buffer 0 came from the arena."""
+    t0 = time.perf_counter()
+    bufs = [pool.allocate(n) for n in sizes]
+    t1 = time.perf_counter()
+    for i, buf in enumerate(bufs):
+        tag = i.to_bytes(8, "little")
+        ctypes.memmove(buf.ptr, tag, 8)
+        ctypes.memmove(buf.ptr + buf.size - 8, tag, 8)
+    arena = in_arena(pool, [bufs[0].ptr])[0]
+    assert len({b.ptr for b in bufs}) == len(bufs)
+    t2 = time.perf_counter()
+    for i in order[:-1]:
+        buf = bufs[i]
+        tag = i.to_bytes(8, "little")
+        assert ctypes.string_at(buf.ptr, 8) == tag and ctypes.string_at(buf.ptr + buf.size - 8, 8) == tag, f"buffer {i} overwritten"
+        pool.deallocate(buf)
+    t3 = time.perf_counter()
+    pool.deallocate(bufs[order[-1]])
+    t4 = time.perf_counter()
+    assert pool.stats()["allocation.all.current"] == 0
+    return {"allocate_s": round(t1 - t0, 3), "frees_s": round(t3 - t2, 3), "last_free_s": round(t4 - t3, 4), "arena": arena}
+
+
+@pytest.mark.parametrize(("n", "orders"), [(100_000, "one order"), (30_000, "one order"), (30_000, "a new order each time")])
+def test_steady_an_iteration_of_many_live_buffers_freed_shuffled(n: int, orders: str, record_property: Any) -> None:
+    """n small live buffers freed in a shuffled order, three times (30,000 fit the recording
+    limit, so they are planned and served, and a new order leaves the schedule at a free with
+    them all live; 100,000 do not): each run completes, no two live buffers overlap, and the
+    timings (last free included) are reported, not asserted."""
+    pool = DevicePool("sim", capacity=1 << 30)
+    rng = random.Random(n)
+    sizes = [rng.choice([64, 200, 512, 1000, 4096]) for _ in range(n)]
+    order = list(range(n))
+    runs = []
+    for it in range(3):
+        if it == 0 or orders != "one order":
+            rng.shuffle(order)
+        runs.append(many_buffers(pool, sizes, order))
+    record_property("runs", runs)
+    print(f"\n{n} live buffers, {orders}: {runs}")
+    if n == 30_000:
+        assert [r["arena"] for r in runs] == [False, True, True], runs
+    assert pool.close() == []
+
+
+def test_steady_record_stream_on_own_stream_keeps_the_iteration_served() -> None:
+    """Tensor.record_stream(current_stream()) on every buffer of a served iteration: a no-op for an
+    arena buffer of that very stream (looked up by its address, not through every live buffer of
+    the schedule), and the iteration stays served to its end."""
+    pool = DevicePool("sim", capacity=1 << 30)
+    for it in range(4):
+        bufs = [pool.allocate(512, stream=5) for _ in range(8000)]
+        assert in_arena(pool, [bufs[0].ptr]) == [it > 0], "recorded once, then served"
+        for buf in bufs if it >= 2 else []:
+            pool.record_stream(buf, 5)
+        for buf in bufs:
+            pool.deallocate(buf, stream=5)
+    stats = pool.steady_stats()
+    assert stats is not None
+    assert (stats["recorded_iterations"], stats["replayed_iterations"], stats["fallbacks"]) == (1, 3, 0)
+    pool.close()
+
+
+# ---- I: threads ----
+
+
+@pytest.mark.parametrize("streams", ["one stream", "a stream each"])
+def test_steady_threads_sharing_one_pool_never_share_bytes(streams: str) -> None:
+    """Four threads, each repeating its own loop (allocate eight buffers, fill each with its own
+    byte, check them all, free them), on one pool whose arena has a schedule for that loop
+    already, switching threads every few microseconds: every buffer still holds its byte when
+    freed, so no two live buffers overlapped; and the arena served some of them meanwhile."""
+    pool = DevicePool("sim", capacity=1 << 30)
+    sizes = [4 * KIB, 64 * KIB, 1000, 16 * KIB, 512, 200_000, 8 * KIB, 3000]
+    from_arena = [0] * 4
+
+    def loop(thread: int, rounds: int) -> None:
+        stream = 0 if streams == "one stream" else 100 + thread
+        for r in range(rounds):
+            bufs = []
+            for i, n in enumerate(sizes):
+                buf = pool.allocate(n, stream=stream)
+                ctypes.memset(buf.ptr, (thread * 64 + r * 8 + i) % 251 + 1, n)
+                bufs.append(buf)
+            if r % 2 == 0:
+                from_arena[thread] += sum(in_arena(pool, [b.ptr for b in bufs]))
+            for i, buf in enumerate(bufs):
+                value = (thread * 64 + r * 8 + i) % 251 + 1
+                assert read(buf) == bytes([value]) * buf.size, f"thread {thread}, round {r}, buffer {i} at {buf.ptr:#x} overwritten"
+            for buf in bufs:
+                pool.deallocate(buf)
+
+    for t in range(4):  # a schedule per stream, served from here on
+        loop(t, 3)
+    from_arena[:] = [0] * 4
+    errors: List[BaseException] = []
+    start = threading.Barrier(4)
+
+    def work(t: int) -> None:
+        try:
+            start.wait()
+            loop(t, 500)
+        except BaseException as e:  # re-raised below
+            errors.append(e)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors[0]
+    print(f"\n{streams}: arena buffers among the sampled rounds' (of 2000 a thread): {from_arena}")
+    assert sum(from_arena) > 0, "the arena served none of the threads' buffers: the test tried nothing"
+    assert pool.stats()["allocation.all.current"] == 0
+    assert pool.close() == []
