@@ -405,6 +405,47 @@ def test_a_fork_while_threads_allocate_gives_a_child_that_fails_clearly_and_neve
     assert done.stdout.split() == ["0", "0"], f"children hung, failed: {done.stdout}"
 
 
+def test_a_fork_while_the_steady_arena_serves_gives_a_child_that_fails_clearly_and_never_hangs() -> None:
+    """One thread's loop is served from the steady arena (its lock-free path) when the process
+    forks, the others allocate beside it: in the child every call on the pool refuses, an arena
+    buffer's free included, and a pool made there works."""
+    done = _run(
+        """
+        from vrampool import DevicePool, PoolClosedError
+        pool = DevicePool("sim", capacity=1 << 30)
+        held = []
+        def churn(t, stop):
+            while not stop.is_set():
+                bufs = [pool.allocate(4096 * (1 + i)) for i in range(10)] if t == 0 else [pool.allocate(512)]
+                if t == 0 and not held:
+                    held.append(pool.allocate(8192))
+                for b in bufs:
+                    b.free()
+        def child():
+            code = 0
+            calls = (lambda: pool.allocate(4096), lambda: pool.deallocate(held[0]), lambda: pool.record_stream(held[0], 7),
+                     pool.stats, pool.steady_stats)
+            for call in calls:
+                try:
+                    call()
+                    code = 3
+                except PoolClosedError as e:
+                    code = code or (0 if "forked" in str(e) else 4)
+            fresh = DevicePool("sim", capacity=64 << 20)
+            for _ in range(3):
+                bufs = [fresh.allocate(4096 * (1 + i)) for i in range(10)]
+                for b in bufs:
+                    b.free()
+            return code if fresh.steady_stats()["replayed_iterations"] == 2 else 5
+        print(*fork_under_churn(churn, child, forks=20, pause=0.01))
+        """,
+        timeout=400,
+        prelude=_FORK_UNDER_CHURN,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["0", "0"], f"children hung, failed: {done.stdout}"
+
+
 def test_daemon_threads_inside_pool_calls_at_interpreter_exit_do_not_abort_the_process() -> None:
     code = """
         import threading

@@ -77,6 +77,7 @@ pub(crate) fn planned_stats_dict<'py>(py: Python<'py>, stats: &PlannedStats) -> 
     let d = PyDict::new(py);
     d.set_item("planned_allocations", stats.planned_allocations)?;
     d.set_item("dynamic_allocations", stats.dynamic_allocations)?;
+    d.set_item("idle_allocations", stats.idle_allocations)?;
     d.set_item("fallbacks", stats.fallbacks)?;
     d.set_item("recorded_iterations", stats.recorded_iterations)?;
     d.set_item("replayed_iterations", stats.replayed_iterations)?;

@@ -33,6 +33,9 @@ pub struct PlannedStats {
     pub planned_allocations: u64,
     /// Allocations passed to the pool while on.
     pub dynamic_allocations: u64,
+    /// Of those, the allocations passed to the pool while backing off (nothing repeated: see
+    /// `idle.rs`).
+    pub idle_allocations: u64,
     /// Iterations that left their schedule midway (and were planned anew).
     pub fallbacks: u64,
     /// Iterations that ran without a schedule for their key (and were recorded and planned).
@@ -188,6 +191,7 @@ impl<B: MemoryResource> PlannedPool<B> {
         PlannedStats {
             planned_allocations: figures.planned_allocations,
             dynamic_allocations: figures.dynamic_allocations + self.idle.total(),
+            idle_allocations: self.idle.total(),
             fallbacks: figures.fallbacks,
             recorded_iterations: figures.recorded_iterations,
             replayed_iterations: figures.replayed_iterations,

@@ -1,0 +1,114 @@
+//! The steady mode (`PlannedMode::steady`) under threads and programs that do not repeat, on host
+//! memory: every live buffer holds a pattern of its own, checked when it is freed, so an overlap
+//! between live buffers (arena or pool) fails a test.
+
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use vrampool_core::{MemoryResource, Pool, PoolConfig, SimDevice, SimMode, StreamId};
+use vrampool_steady::PlannedMode;
+
+fn steady() -> (PlannedMode<Pool>, Arc<SimDevice>) {
+    let sim = Arc::new(SimDevice::new(1 << 32, SimMode::HostBacked));
+    (PlannedMode::steady(Pool::new(sim.clone(), PoolConfig::default()).unwrap()), sim)
+}
+
+/// A live buffer: its address, size and pattern.
+struct Tagged(u64, u64, u8);
+
+fn tagged(mode: &PlannedMode<Pool>, sim: &SimDevice, size: u64, pattern: u8) -> Tagged {
+    let addr = mode.allocate(size, StreamId(0)).unwrap();
+    sim.write(addr, &vec![pattern; size as usize]).unwrap();
+    Tagged(addr, size, pattern)
+}
+
+fn free(mode: &PlannedMode<Pool>, sim: &SimDevice, Tagged(addr, size, pattern): Tagged) {
+    assert!(sim.read(addr, size).unwrap().iter().all(|&b| b == pattern), "a live buffer at {addr:#x} was overwritten");
+    mode.free(addr, Some(size), None).unwrap();
+}
+
+/// One round of a thread's loop: 12 buffers, each freed three allocations later.
+fn round(mode: &PlannedMode<Pool>, sim: &SimDevice, thread: u8) {
+    let mut live = std::collections::VecDeque::new();
+    for i in 0..12u64 {
+        live.push_back(tagged(mode, sim, 4096 * (1 + (i + u64::from(thread)) % 5), thread * 16 + i as u8 + 1));
+        if live.len() > 3 {
+            free(mode, sim, live.pop_front().unwrap());
+        }
+    }
+    live.into_iter().for_each(|b| free(mode, sim, b));
+}
+
+#[test]
+fn threads_running_loops_of_their_own_on_one_pool_never_share_bytes() {
+    let (mode, sim) = steady();
+    (0..20).for_each(|_| round(&mode, &sim, 0));
+    let alone = mode.planned_stats().unwrap();
+    assert!(alone.planned_allocations >= 18 * 12, "one thread's loop is served: {alone:?}");
+    // Four loops at once: whichever thread comes takes the next step, so they leave their schedules and back
+    // off; no two live buffers share a byte whichever path served them.
+    std::thread::scope(|s| {
+        for t in 0..4u8 {
+            let (mode, sim) = (&mode, &sim);
+            s.spawn(move || (0..150).for_each(|_| round(mode, sim, t)));
+        }
+    });
+    (0..20).for_each(|_| round(&mode, &sim, 0));
+    let stats = mode.planned_stats().unwrap();
+    assert_eq!((stats.arena_live, mode.stats().allocation.current), (0, 0));
+    assert_eq!(stats.planned_allocations + stats.dynamic_allocations, (20 + 4 * 150 + 20) * 12);
+}
+
+#[test]
+fn a_loop_whose_buffers_one_thread_allocates_and_another_frees_is_served() {
+    // PyTorch's forward on the main thread, its backward (which frees the activations) on autograd's.
+    let (mode, sim) = steady();
+    let (to_free, freed) = (mpsc::channel::<Vec<Tagged>>(), mpsc::channel::<()>());
+    std::thread::scope(|s| {
+        let (mode, sim) = (&mode, &sim);
+        s.spawn(move || {
+            for batch in to_free.1 {
+                batch.into_iter().rev().for_each(|b| free(mode, sim, b));
+                freed.0.send(()).unwrap();
+            }
+        });
+        for _ in 0..50 {
+            let batch: Vec<Tagged> = (0..10).map(|i| tagged(mode, sim, 8192 * (1 + i % 3), 1 + i as u8)).collect();
+            to_free.0.send(batch).unwrap();
+            freed.1.recv().unwrap();
+        }
+        drop(to_free.0);
+    });
+    let stats = mode.planned_stats().unwrap();
+    assert_eq!((stats.recorded_iterations, stats.replayed_iterations, stats.fallbacks), (1, 49, 0));
+    assert_eq!(stats.planned_allocations, 49 * 10);
+}
+
+#[test]
+fn a_program_that_never_repeats_stops_being_recorded() {
+    let (mode, sim) = steady();
+    // Pairs (too short to plan) of sizes that never repeat in a row.
+    for i in 0..30_000u64 {
+        let b = tagged(&mode, &sim, 512 * (1 + i % 97), 1 + (i % 200) as u8);
+        free(&mode, &sim, b);
+    }
+    let pairs = mode.planned_stats().unwrap();
+    assert!(pairs.idle_allocations > 27_000, "most of them go straight to the pool: {pairs:?}");
+    // 64 buffers live at every moment, in an order that never repeats: the recording never ends, and is given
+    // up at its limit.
+    let (mode, sim) = steady();
+    let mut live: Vec<Tagged> = Vec::new();
+    let mut state = 7u64;
+    for i in 0..100_000u64 {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        if live.len() == 64 {
+            let victim = live.swap_remove((state >> 33) as usize % 64);
+            free(&mode, &sim, victim);
+        }
+        live.push(tagged(&mode, &sim, 512 * (1 + (state >> 50) % 64), 1 + (i % 250) as u8));
+    }
+    live.into_iter().for_each(|b| free(&mode, &sim, b));
+    let random = mode.planned_stats().unwrap();
+    assert!(random.idle_allocations > 60_000, "{random:?}");
+    assert_eq!((random.planned_allocations, random.recorded_iterations), (0, 0));
+}
