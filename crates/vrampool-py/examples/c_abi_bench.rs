@@ -8,8 +8,8 @@
 //!   allocations later, so that every step ends with nothing live;
 //! - `random`: 64 live buffers; each op frees a random one and allocates 512 B..1 MiB, from an
 //!   LCG whose sequence never repeats;
-//! - `pair` and `random` on two threads at once against one: the ratio of throughputs (2.0 is
-//!   perfect scaling), beside the same ratio for the core pool's and glibc's 512 B pairs.
+//! - each on two threads at once (each its own loop) against one: the ratio of throughputs (2.0
+//!   is perfect scaling), beside the same ratio for the core pool's and glibc's 512 B pairs.
 //!
 //! Each is timed in turns alternating with two references, as `benches/pair_ratio.rs` does (this
 //! machine's speed drifts): the core pool's own 512 B pair (`vrampool_core::Pool` on a
@@ -270,8 +270,9 @@ fn child(steady: &str, quick: bool, only: Option<&str>) {
     let glibc_pair = |_: u64| Box::new(GlibcPair) as Box<dyn Work>;
     let abi_pair = |_: u64| Box::new(AbiPair) as Box<dyn Work>;
     let random = |seed: u64| Box::new(Random::new(seed)) as Box<dyn Work>;
+    let step = |_: u64| Box::new(Step::new()) as Box<dyn Work>;
     for (name, make) in
-        [("pair, 2 threads", &abi_pair as Make), ("random, 2 threads", &random)].into_iter().filter(|(name, _)| wanted(name))
+        [("pair, 2 threads", &abi_pair as Make), ("step, 2 threads", &step), ("random, 2 threads", &random)].into_iter().filter(|(name, _)| wanted(name))
     {
         let r = scaling(&[make, &core_pair, &glibc_pair], turns / 4, 10 * n);
         println!("{name}\t{}\t{}\t{}\tNaN\tNaN", r[0], r[1], r[2]);
