@@ -271,8 +271,9 @@ fn child(steady: &str, quick: bool, only: Option<&str>) {
     let abi_pair = |_: u64| Box::new(AbiPair) as Box<dyn Work>;
     let random = |seed: u64| Box::new(Random::new(seed)) as Box<dyn Work>;
     let step = |_: u64| Box::new(Step::new()) as Box<dyn Work>;
-    for (name, make) in
-        [("pair, 2 threads", &abi_pair as Make), ("step, 2 threads", &step), ("random, 2 threads", &random)].into_iter().filter(|(name, _)| wanted(name))
+    for (name, make) in [("pair, 2 threads", &abi_pair as Make), ("step, 2 threads", &step), ("random, 2 threads", &random)]
+        .into_iter()
+        .filter(|(name, _)| wanted(name))
     {
         let r = scaling(&[make, &core_pair, &glibc_pair], turns / 4, 10 * n);
         println!("{name}\t{}\t{}\t{}\tNaN\tNaN", r[0], r[1], r[2]);

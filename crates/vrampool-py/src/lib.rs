@@ -1,6 +1,7 @@
 //! `vrampool._native`: the Python face of the core, kept thin. Python-level conveniences
 //! (stream objects, DLPack, summaries) live in `python/vrampool/`.
 
+mod ahead;
 mod c_abi;
 mod c_abi_py;
 mod config;
@@ -33,6 +34,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     c_abi_py::register(m)?;
     config::register(m)?;
     plan::register(m)?;
+    ahead::register(m)?;
     replay::register(m)?;
     m.add_class::<pool::NativePool>()?;
     m.add_class::<pool::NativeBuffer>()?;

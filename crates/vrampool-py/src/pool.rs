@@ -94,11 +94,23 @@ impl NativePool {
         Ok(self.resource.live_blocks().iter().map(live_tuple).collect())
     }
 
+    /// Serves every step from now on by a plan made ahead (rows `(stream, size, lower, upper)` in the
+    /// order of the step's allocations, and their offsets), or by the steady arena again (None).
+    #[pyo3(signature = (rows, offsets, alignment = 512))]
+    fn set_ahead(&self, rows: Option<Vec<crate::ahead::StepRow>>, offsets: Option<Vec<u64>>, alignment: u64) -> PyResult<()> {
+        let plan = match (rows, offsets) {
+            (Some(rows), Some(offsets)) => Some(crate::ahead::ahead_plan(&rows, &offsets, alignment)?),
+            (None, None) => None,
+            _ => return Err(pyo3::exceptions::PyValueError::new_err("rows and offsets come together")),
+        };
+        self.resource.planned().planned().set_ahead(plan).map_err(to_py)
+    }
+
     /// The steady arena's figures (`PlannedStats`), or None for a pool made with `steady:false`.
     fn steady_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
         self.resource.pool().check_process().map_err(to_py)?;
         let planned = self.resource.planned();
-        if !planned.is_steady() {
+        if !planned.is_steady() && !planned.is_on() {
             return Ok(None);
         }
         planned.planned_stats().map(|stats| crate::planned::planned_stats_dict(py, &stats)).transpose()

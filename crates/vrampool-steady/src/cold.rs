@@ -8,6 +8,7 @@ use std::sync::Arc;
 use foldhash::fast::FixedState;
 use vrampool_core::{InvalidFreeReason, MemoryResource, PieceEvent, PoolError, StreamId};
 
+use crate::ahead::Ahead;
 use crate::figures::{ArenaBuffer, Figures};
 use crate::idle::Backoff;
 use crate::pool::{PlannedPool, AUTO_KEY};
@@ -44,6 +45,8 @@ pub(crate) struct Cold {
     pub(crate) births: HashMap<u64, u64, FixedState>,
     pub(crate) figures: Figures,
     pub(crate) backoff: Backoff,
+    /// A plan made ahead, where one is set (`set_ahead`).
+    pub(crate) ahead: Option<Ahead>,
     /// Free steps of the served iteration taken ahead of their turn, in order: frees of one group
     /// (between two allocations) may come in any order. Non-empty only while the word is held.
     pub(crate) early: Vec<usize>,
@@ -65,6 +68,9 @@ impl<B: MemoryResource> PlannedPool<B> {
         let cold = &mut *guard;
         loop {
             let word = self.word.load(Acquire);
+            if word == Word::AHEAD {
+                return self.allocate_ahead(cold, size, stream);
+            }
             match Word::phase(word) {
                 Phase::Off | Phase::Idle => {
                     if Word::phase(word) == Phase::Idle {
@@ -119,6 +125,9 @@ impl<B: MemoryResource> PlannedPool<B> {
     pub(crate) fn free_cold(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> Result<(), PoolError> {
         let mut guard = self.lock()?;
         let cold = &mut *guard;
+        if cold.ahead.is_some() {
+            return self.free_ahead(cold, addr, size, stream);
+        }
         loop {
             let word = self.word.load(Acquire);
             if Word::phase(word) != Phase::Serving {
@@ -276,6 +285,9 @@ impl<B: MemoryResource> PlannedPool<B> {
     pub(crate) fn record_stream_cold(&self, addr: u64, stream: StreamId) -> Result<(), PoolError> {
         let mut guard = self.lock()?;
         let cold = &mut *guard;
+        if cold.ahead.is_some() {
+            return self.record_stream_ahead(cold, addr, stream);
+        }
         loop {
             let word = self.word.load(Acquire);
             if Word::phase(word) != Phase::Serving {
@@ -296,6 +308,12 @@ impl<B: MemoryResource> PlannedPool<B> {
                 Some(_) => self.leave_serving(cold, word, true),
             }
         }
+        self.record_stream_loose_or_pool(cold, addr, stream)
+    }
+
+    /// `record_stream` of a loose arena buffer, or of a pool buffer (an address in the arena that is
+    /// neither is no live buffer).
+    pub(crate) fn record_stream_loose_or_pool(&self, cold: &mut Cold, addr: u64, stream: StreamId) -> Result<(), PoolError> {
         if let Some(&loose) = cold.loose.get(&addr) {
             if stream != loose.stream {
                 if let Some(at) = cold.regions.find(addr) {
@@ -359,7 +377,14 @@ impl<B: MemoryResource> PlannedPool<B> {
         }
     }
 
-    fn free_loose(&self, cold: &mut Cold, addr: u64, loose: Loose, size: Option<u64>, on: Option<StreamId>) -> Result<(), PoolError> {
+    pub(crate) fn free_loose(
+        &self,
+        cold: &mut Cold,
+        addr: u64,
+        loose: Loose,
+        size: Option<u64>,
+        on: Option<StreamId>,
+    ) -> Result<(), PoolError> {
         if let Some(given) = size.filter(|&s| s != loose.size) {
             return Err(wrong_size(addr, loose.size, given));
         }

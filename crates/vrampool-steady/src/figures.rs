@@ -126,6 +126,7 @@ impl<B: MemoryResource> PlannedPool<B> {
         if let (Phase::Serving, Some(serving)) = (Word::phase(word), &cold.serving) {
             buffers.extend(self.live_in_epoch(serving, word, &cold.early));
         }
+        buffers.extend(Self::ahead_buffers(&cold).map(|(addr, size, stream)| ArenaBuffer { addr, size, stream, age_ns: None }));
         let now = self.now_ns();
         for b in &mut buffers {
             b.age_ns = cold.births.get(&b.addr).map(|&born| now.saturating_sub(born));
@@ -186,6 +187,10 @@ impl<B: MemoryResource> PlannedPool<B> {
                 live -= 1;
                 live_bytes -= step.size();
             }
+        }
+        for (_, size, _) in Self::ahead_buffers(cold) {
+            live += 1;
+            live_bytes += size;
         }
         let region = cold.regions.figures;
         PlannedStats {

@@ -15,6 +15,7 @@
 //! leak reports and snapshots show arena buffers as the blocks they are. Where nothing repeats it
 //! backs off (`idle.rs`), so a program that never repeats pays what the pool alone costs.
 
+mod ahead;
 mod cold;
 mod figures;
 mod idle;
@@ -26,6 +27,7 @@ mod regions;
 mod schedule;
 mod serving;
 
+pub use ahead::{AheadBuffer, AheadPlan};
 pub use figures::{ArenaBuffer, ArenaRegion, KeyPlan, PlannedStats};
 pub use mode::PlannedMode;
 pub use pool::{PlannedPool, AUTO_KEY, AUTO_PLAN_ALLOCATIONS, DEFAULT_KEY};

@@ -163,7 +163,7 @@ impl<B: MemoryResource> PlannedPool<B> {
     /// Gives the regions back if no arena buffer is live (to the pool; with named boundaries the
     /// pool's free memory then goes back to the device too).
     pub(crate) fn release_idle_regions(&self, cold: &mut Cold) {
-        if !cold.loose.is_empty() || cold.serving.is_some() || cold.regions.list.is_empty() {
+        if !cold.loose.is_empty() || cold.serving.is_some() || cold.ahead.is_some() || cold.regions.list.is_empty() {
             return;
         }
         let released = cold.regions.release_all(&self.backing);
@@ -202,6 +202,10 @@ impl<B: MemoryResource> PlannedPool<B> {
     /// without allocations or frees leaves the schedules as they are.
     pub fn step(&self, key: u64) -> Result<(), PoolError> {
         let mut cold = self.lock()?;
+        if cold.ahead.is_some() {
+            self.end_ahead_step(&mut cold);
+            return Ok(());
+        }
         self.end_iteration(&mut cold, key);
         Ok(())
     }
@@ -308,7 +312,9 @@ impl<B: MemoryResource> PlannedPool<B> {
         let Ok(mut guard) = self.lock() else { return };
         let cold = &mut *guard;
         let phase = Word::phase(self.word.load(Acquire));
-        if on && phase == Phase::Off {
+        if on && phase == Phase::Off && cold.ahead.is_some() {
+            self.word.store(Word::AHEAD, Release);
+        } else if on && phase == Phase::Off {
             cold.recorder = Recorder::new(cold.backoff.record_limit);
             self.word.store(Word::COLD, Release);
             let key = cold.key;
@@ -343,7 +349,8 @@ impl<B: MemoryResource> PlannedPool<B> {
             }
             self.leave_serving(cold, word, false);
         }
-        if !cold.loose.is_empty() {
+        // A plan made ahead keeps its arena: it was taken once, for every step.
+        if !cold.loose.is_empty() || cold.ahead.is_some() {
             return Ok(0);
         }
         let bytes = cold.regions.release_all(&self.backing);

@@ -134,6 +134,7 @@ impl<B: MemoryResource> PlannedPool<B> {
             figures: Figures::default(),
             backoff,
             early: Vec::new(),
+            ahead: None,
         };
         PlannedPool {
             planning: Planning { budget, alignment: backing.alignment() },

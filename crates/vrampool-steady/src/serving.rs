@@ -41,6 +41,8 @@ impl Word {
     pub const OFF: u64 = 0;
     pub const IDLE: u64 = 1 << PHASE_SHIFT;
     pub const COLD: u64 = 2 << PHASE_SHIFT;
+    /// A plan made ahead is served (`ahead.rs`): every call takes the cold path.
+    pub const AHEAD: u64 = Self::COLD | 1;
 
     #[inline(always)]
     pub fn phase(word: u64) -> Phase {
@@ -275,6 +277,7 @@ mod tests {
         let held = Word::held(word, true);
         assert!(!Word::is_serving(held) && Word::is_held(held) && Word::phase(held) == Phase::Serving);
         assert_eq!((Word::epoch(held), Word::position(held), Word::held(held, false)), (EPOCH_MASK, u32::MAX as usize, word));
-        assert!(![Word::OFF, Word::IDLE, Word::COLD].iter().any(|&w| Word::is_serving(w) || Word::is_held(w)));
+        assert!(![Word::OFF, Word::IDLE, Word::COLD, Word::AHEAD].iter().any(|&w| Word::is_serving(w) || Word::is_held(w)));
+        assert_eq!(Word::phase(Word::AHEAD), Phase::Cold);
     }
 }
