@@ -38,6 +38,7 @@ mod instance;
 mod order;
 mod placed_index;
 mod plan;
+mod ring;
 mod synthetic;
 mod trace;
 mod validate;

@@ -9,6 +9,7 @@ use crate::greedy::{
     CHEAP_OVERLAPS_PER_BUFFER,
 };
 use crate::instance::Instance;
+use crate::ring::ring_plan;
 use crate::trace::{Stages, Trace};
 use crate::{validate, Buffer, PlanError};
 
@@ -176,6 +177,8 @@ fn planned(
 pub enum QuickPlacement {
     /// Greedy by size, where few buffers overlap each.
     GreedyBySize,
+    /// Round a ring, where buffers end in the order they start (`ring_plan`).
+    Ring,
     /// Each buffer at its floor in order of start (`floors_by_start`).
     FloorsByStart,
 }
@@ -184,6 +187,7 @@ impl QuickPlacement {
     pub fn name(self) -> &'static str {
         match self {
             QuickPlacement::GreedyBySize => "greedy-by-size",
+            QuickPlacement::Ring => "ring",
             QuickPlacement::FloorsByStart => "floors-by-start",
         }
     }
@@ -194,8 +198,9 @@ impl QuickPlacement {
 pub struct QuickPlan {
     pub plan: Plan,
     pub placement: QuickPlacement,
-    /// The placement's steps: the overlapping pairs greedy by size scans, or the skyline nodes the floors visit.
-    /// O(n log n) either way; the checks around it (sorting, validation) are too.
+    /// The placement's steps: the overlapping pairs greedy by size scans, the buffers the ring places, or the
+    /// skyline nodes the floors visit. O(n log n) past greedy's bound; the checks around it (sorting,
+    /// validation) are too.
     pub work: u64,
 }
 
@@ -204,9 +209,10 @@ pub struct QuickPlan {
 const QUICK_GREEDY_PAIRS: u64 = 1 << 26;
 
 /// A plan in O(n log n) whatever the lifetimes, with no search and no clock: greedy by size where it scans
-/// few pairs (at most 64 a buffer, or 2^26 in all), else each buffer at its floor in order of start. For a
-/// runtime that plans while a program waits (the planned arena, at an iteration's end), where greedy alone
-/// takes 13 s on 100,000 buffers live at once.
+/// few pairs (at most 64 a buffer, or 2^26 in all), else round a ring where buffers end in the order they
+/// start, else each buffer at its floor in order of start. For a runtime that plans while a program waits
+/// (the planned arena, at an iteration's end), where greedy alone takes 13 s on 100,000 buffers live at
+/// once.
 pub fn quick_plan(buffers: &[Buffer], alignment: u64) -> Result<QuickPlan, PlanError> {
     let start = Instant::now();
     let inst = Instance::new(buffers, alignment)?;
@@ -214,6 +220,8 @@ pub fn quick_plan(buffers: &[Buffer], alignment: u64) -> Result<QuickPlan, PlanE
     let (offsets, placement, work) = if pairs <= (CHEAP_OVERLAPS_PER_BUFFER * inst.len() as u64).max(QUICK_GREEDY_PAIRS)
     {
         (greedy_by_size_of(&inst), QuickPlacement::GreedyBySize, pairs)
+    } else if let Some(offsets) = ring_plan(&inst) {
+        (offsets, QuickPlacement::Ring, inst.len() as u64)
     } else {
         let (offsets, visits) = floors_by_start_counted(&inst);
         (offsets, QuickPlacement::FloorsByStart, visits)
@@ -294,11 +302,12 @@ fn search_deadline(start: Instant, budget: Duration, check: Duration) -> Instant
 
 /// Greedy by size's plan: whole where it is cheap (`greedy_is_cheap`), whatever the budget, since the floors
 /// plan can be far worse (a sliding window stacks every buffer on the last); else if done within a quarter of
-/// `budget` from `start`, else each buffer at its floor in order of start (`floors_by_start`, whose time does
-/// not depend on the gaps), so that the budget holds.
+/// `budget` from `start`, else the ring's where buffers end in the order they start (`ring_plan`), else each
+/// buffer at its floor in order of start (`floors_by_start`); the last two take O(n log n), so that the budget
+/// holds.
 fn first_plan(inst: &Instance, start: Instant, budget: Duration) -> Vec<u64> {
     let deadline = if greedy_is_cheap(inst) { None } else { start.checked_add(budget / 4) };
-    greedy_by_size_until(inst, deadline).unwrap_or_else(|| floors_by_start(inst))
+    greedy_by_size_until(inst, deadline).or_else(|| ring_plan(inst)).unwrap_or_else(|| floors_by_start(inst))
 }
 
 /// Best fit's plan where it beats greedy by size's, with its arena. Best fit is only the search's seed, so it
@@ -532,6 +541,26 @@ mod tests {
         let window: Vec<Buffer> = (0..1000).map(|i| Buffer::new(i, i, i + 4, 1024)).collect();
         let quick = quick_plan(&window, 512).unwrap();
         assert_eq!((quick.placement, quick.plan.arena_bytes), (QuickPlacement::GreedyBySize, 4096));
+    }
+
+    #[test]
+    fn a_long_sliding_window_is_planned_round_a_ring_within_the_budget() {
+        // Issue 57: 100,000 buffers each live for the next 2,000 starts (2 * 10^8 overlapping pairs), which the
+        // floors stacked to 1.999x the bound in the default 5 s.
+        let buffers: Vec<Buffer> =
+            (0..100_000u64).map(|i| Buffer::new(i, i, i + 2000, 512 * (1 + (i * 7919) % 13))).collect();
+        let largest = 13 * 512;
+        let quick = quick_plan(&buffers, 512).unwrap();
+        assert_eq!(quick.placement, QuickPlacement::Ring);
+        assert!(quick.plan.arena_bytes <= quick.plan.lower_bound_bytes + largest);
+        let options = PlanOptions { budget: Duration::from_millis(200), alignment: 512, ..PlanOptions::default() };
+        let planned = plan(&buffers, &options).unwrap();
+        assert!(
+            planned.arena_bytes <= planned.lower_bound_bytes + largest,
+            "{} against {}",
+            planned.arena_bytes,
+            planned.lower_bound_bytes
+        );
     }
 
     #[test]
