@@ -71,9 +71,11 @@ impl Regions {
         (lo, hi)
     }
 
-    /// Each region's `[lo, hi)`.
+    /// Each region's `[lo, hi)`, in address order.
     pub fn ranges(&self) -> Box<[(u64, u64)]> {
-        self.list.iter().map(|r| (r.base, r.base + r.bytes)).collect()
+        let mut ranges: Vec<(u64, u64)> = self.list.iter().map(|r| (r.base, r.base + r.bytes)).collect();
+        ranges.sort_unstable();
+        ranges.into()
     }
 
     /// A region on `stream` of at least `needed` bytes, not retired: kept if there is one, else taken

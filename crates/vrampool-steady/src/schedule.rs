@@ -181,6 +181,8 @@ pub(crate) struct Schedule {
     arena_buffers_at: foldhash::HashMap<(usize, u64), Vec<(u32, u32)>>,
     /// The streams the steps name, by index.
     pub streams: Box<[StreamId]>,
+    /// The streams' indices in stream order, for a lookup in O(log n) where there are many.
+    stream_order: Box<[(StreamId, u32)]>,
     /// Per allocation: used on another stream (`record_stream`), so left to the pool.
     pub used_elsewhere: Box<[bool]>,
     /// The bytes each stream's region needs.
@@ -203,7 +205,12 @@ impl Schedule {
     /// The index of `stream` among the schedule's streams.
     #[inline(always)]
     pub fn stream_index(&self, stream: StreamId) -> Option<usize> {
-        self.streams.iter().position(|&s| s == stream)
+        // A loop runs on a stream or two: a scan; thousands of streams, a binary search.
+        if self.streams.len() <= 8 {
+            return self.streams.iter().position(|&s| s == stream);
+        }
+        let at = self.stream_order.binary_search_by_key(&stream, |&(s, _)| s).ok()?;
+        Some(self.stream_order[at].1 as usize)
     }
 
     /// Whether an iteration that began with `lead` frees of older buffers, then an allocation of
@@ -351,14 +358,14 @@ pub(crate) fn plan_schedule(events: &[Recorded], planning: Planning) -> Option<S
             Recorded::FreeOlder => {}
         }
     }
-    // The allocations' streams, then those that frees name.
-    let mut streams: Vec<StreamId> = Vec::new();
+    // The allocations' streams, then those that frees name, each once.
+    let (mut streams, mut seen) = (Vec::new(), foldhash::HashSet::default());
     let frees_on = events.iter().filter_map(|e| match *e {
         Recorded::Free { on, .. } => Some(on),
         _ => None,
     });
     for stream in births.iter().map(|b| b.0).chain(frees_on) {
-        if !streams.contains(&stream) {
+        if seen.insert(stream) {
             streams.push(stream);
         }
     }
@@ -367,23 +374,23 @@ pub(crate) fn plan_schedule(events: &[Recorded], planning: Planning) -> Option<S
     }
     let mut offsets: Vec<Option<u64>> = vec![None; births.len()];
     let (mut region_bytes, mut lower_bound_bytes, mut planners) = (Vec::new(), 0u64, Vec::new());
-    let allocating = births.iter().map(|b| b.0).fold(Vec::new(), |mut seen: Vec<StreamId>, s| {
-        if !seen.contains(&s) {
-            seen.push(s);
-        }
-        seen
-    });
+    let allocating: foldhash::HashSet<StreamId> = births.iter().map(|b| b.0).collect();
+    let mut members: foldhash::HashMap<StreamId, Vec<usize>> = foldhash::HashMap::default();
+    for (i, b) in births.iter().enumerate() {
+        members.entry(b.0).or_default().push(i);
+    }
     for &stream in &streams {
         if !allocating.contains(&stream) {
             region_bytes.push(0);
             planners.push("none");
             continue;
         }
-        let (indices, buffers): (Vec<usize>, Vec<Buffer>) = births
+        let (indices, buffers): (Vec<usize>, Vec<Buffer>) = members[&stream]
             .iter()
-            .enumerate()
-            .filter(|(_, b)| b.0 == stream)
-            .filter_map(|(i, &(_, size, born, freed))| Some((i, Buffer::new(i as u64, born, freed?, size))))
+            .filter_map(|&i| {
+                let (_, size, born, freed) = births[i];
+                Some((i, Buffer::new(i as u64, born, freed?, size)))
+            })
             .unzip();
         let region = plan_region(&buffers, planning)?;
         for (&i, &offset) in indices.iter().zip(&region.offsets) {
@@ -393,7 +400,10 @@ pub(crate) fn plan_schedule(events: &[Recorded], planning: Planning) -> Option<S
         lower_bound_bytes = lower_bound_bytes.checked_add(region.lower_bound_bytes)?;
         planners.push(region.planner);
     }
-    let stream_index = |s: StreamId| streams.iter().position(|&t| t == s).expect("every stream has a region");
+    let mut stream_order: Vec<(StreamId, u32)> = streams.iter().enumerate().map(|(i, &s)| (s, i as u32)).collect();
+    stream_order.sort_unstable();
+    let stream_index =
+        |s: StreamId| stream_order[stream_order.binary_search_by_key(&s, |&(t, _)| t).expect("every stream has a region")].1 as usize;
     let mut steps = Vec::with_capacity(events.len());
     let (mut allocations, mut arena_buffers, mut arena_bytes_served) = (0u64, 0u64, 0u64);
     for event in events {
@@ -456,6 +466,7 @@ pub(crate) fn plan_schedule(events: &[Recorded], planning: Planning) -> Option<S
     Some(Schedule {
         steps: steps.into(),
         checkpoints: checkpoints.into(),
+        stream_order: stream_order.into(),
         next_allocation: next_allocation.into(),
         frees: frees.into(),
         arena_buffers_at,
@@ -582,6 +593,22 @@ mod tests {
         // Buffer 2's free (step 5) taken ahead of step 4: it is no longer live, and the recording says so.
         assert_eq!(s.live_after(4, &[5]).iter().map(|p| p.index).collect::<Vec<_>>(), [0, 3]);
         assert_eq!(s.recorded_prefix(4, &[5]).last(), Some(&Recorded::Free { index: 2, on: S1 }));
+    }
+
+    #[test]
+    fn many_streams_each_have_a_region_and_are_found_by_a_binary_search() {
+        let streams: Vec<StreamId> = (0..40).map(|i| StreamId(1000 - 7 * i)).collect();
+        let mut events = Vec::new();
+        for (i, &stream) in streams.iter().enumerate() {
+            events.extend([alloc(4096, stream), free(i as u32, stream)]);
+        }
+        let s = plan_schedule(&events, PLANNING).unwrap();
+        assert_eq!(s.streams.len(), 40);
+        for (i, &stream) in streams.iter().enumerate() {
+            assert_eq!(s.stream_index(stream), Some(i));
+        }
+        assert_eq!(s.stream_index(StreamId(3)), None);
+        assert!(s.region_bytes.iter().all(|&b| b == 4096));
     }
 
     #[test]

@@ -98,7 +98,7 @@ pub(crate) struct Serving {
     pub schedule: Arc<Schedule>,
     /// Per stream of the schedule, its region's base.
     pub bases: Box<[u64]>,
-    /// Every region's bytes, `[lo, hi)`: the pool's buffers lie outside them all.
+    /// Every region's bytes, `[lo, hi)`, in address order: the pool's buffers lie outside them all.
     pub regions: Box<[(u64, u64)]>,
     /// Per allocation that the pool serves: its address while it lives (0 before and after), so
     /// that its free is matched exactly and a recording that goes on from here knows it.
@@ -125,9 +125,14 @@ pub(crate) enum Take {
 }
 
 impl Serving {
+    /// Whether `addr` lies in a region (`regions` is in address order).
     #[inline(always)]
     pub fn in_regions(&self, addr: u64) -> bool {
-        self.regions.iter().any(|&(lo, hi)| lo <= addr && addr < hi)
+        if self.regions.len() <= 8 {
+            return self.regions.iter().any(|&(lo, hi)| lo <= addr && addr < hi);
+        }
+        let at = self.regions.partition_point(|&(lo, _)| lo <= addr);
+        at > 0 && addr < self.regions[at - 1].1
     }
 
     /// Where the schedule would have an arena buffer at `addr`: its stream's index and the offset
@@ -264,6 +269,22 @@ fn kept(pool: u64, epoch: u32, fetch: impl FnOnce() -> Option<Arc<Serving>>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_address_is_found_among_many_regions() {
+        let events: Vec<_> = (0..1).map(|_| crate::schedule::Recorded::FreeOlder).collect();
+        let planning = crate::schedule::Planning { budget: std::time::Duration::ZERO, alignment: 512 };
+        let schedule = Arc::new(crate::schedule::plan_schedule(&events, planning).unwrap());
+        for count in [3u64, 40] {
+            let regions: Box<[(u64, u64)]> = (0..count).map(|i| (i << 24, (i << 24) + (1 << 20))).collect();
+            let serving = Serving { epoch: 1, schedule: schedule.clone(), bases: Box::new([]), regions, pool_addrs: Box::new([]) };
+            for i in 0..count {
+                assert!(serving.in_regions(i << 24) && serving.in_regions((i << 24) + (1 << 20) - 1));
+                assert!(!serving.in_regions((i << 24) + (1 << 20)) && !serving.in_regions((i << 24) + (2 << 20)));
+            }
+            assert!(!serving.in_regions(count << 24));
+        }
+    }
 
     #[test]
     fn the_word_keeps_phase_epoch_and_position_apart() {
