@@ -18,6 +18,8 @@ use super::*;
 #[derive(Default)]
 pub(super) struct Holding {
     growths: Mutex<HashMap<StreamId, u64, FixedState>>,
+    /// The map's length, read without its lock.
+    held: std::sync::atomic::AtomicUsize,
 }
 
 impl Holding {
@@ -25,7 +27,9 @@ impl Holding {
     /// memory is added to the tier.
     pub(super) fn note_growth(&self, stream: StreamId) {
         if stream != StreamId(0) {
-            *self.growths.lock().entry(stream).or_default() += 1;
+            let mut map = self.growths.lock();
+            *map.entry(stream).or_default() += 1;
+            self.held.store(map.len(), Relaxed);
         }
     }
 
@@ -39,20 +43,28 @@ impl Holding {
         let mut map = self.growths.lock();
         if map.get(&stream) == Some(&growths) {
             map.remove(&stream);
+            self.held.store(map.len(), Relaxed);
         }
     }
 
     /// Streams held now (besides the default one).
-    #[cfg(test)]
     pub(super) fn len(&self) -> usize {
-        self.growths.lock().len()
+        self.held.load(Relaxed)
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Arenas this thread's visits went through, for the tests that count the work.
+    static VISITS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 impl PoolCore {
     /// Runs `f` on the default arena and on every arena that may hold memory; one that holds none
     /// afterwards is forgotten until it grows again.
     pub(super) fn for_each_holding_arena(&self, mut f: impl FnMut(&Arena)) {
+        #[cfg(test)]
+        VISITS.with(|v| v.set(v.get() + 1 + self.holding.len() as u64));
         f(&self.default_arena);
         for (stream, growths) in self.holding.streams() {
             let arena = self.arena(stream);
@@ -94,5 +106,21 @@ mod tests {
         let addr = pool.allocate(3 * MIB, StreamId(7)).unwrap();
         assert_eq!(pool.holding.len(), 1);
         pool.free(addr, None, None).unwrap();
+    }
+
+    #[test]
+    fn allocations_held_on_thousands_of_streams_cost_no_visit_of_them_all_each() {
+        // Issue 57: each stream's first allocation grows its arena, and a growth visited every arena holding
+        // memory: quadratic in the streams (4,000 of them, each with a live block: 29 s).
+        let pool = Pool::new(Arc::new(SimDevice::new(64 * GIB, SimMode::AddressOnly)), PoolConfig::default()).unwrap();
+        let visits = || VISITS.with(|v| v.get());
+        let before = visits();
+        let live: Vec<(u64, u64)> = (1..=2000).map(|s| (s, pool.allocate(4096, StreamId(s)).unwrap())).collect();
+        let work = visits() - before;
+        assert!(work < 10 * 2000, "{work} arena visits for 2,000 streams' first allocations");
+        for (_, addr) in live {
+            pool.free(addr, None, None).unwrap();
+        }
+        assert!(pool.trim().unwrap() > 0);
     }
 }

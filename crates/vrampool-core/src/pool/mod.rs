@@ -56,6 +56,10 @@ mod vm;
 /// the full give-back resets the layout, and bounds the drift by a sixteenth.
 const DRIFT_DIVISOR: u64 = 16;
 
+/// Streams holding memory up to which a growth first flushes the caches and gives back
+/// (`allocate_slow`).
+const RECLAIM_MAX_STREAMS: usize = 64;
+
 /// Slots in the live-block table: 2^14 (512 KiB of host memory); blocks whose slot is taken go
 /// to the overflow map.
 const LIVE_TABLE_SLOTS: usize = 1 << 14;
@@ -410,13 +414,28 @@ impl PoolCore {
     }
 
     /// Refuses every later call, gives back every free segment and returns the blocks still live
-    /// (leaks). Their segments stay reserved until the pool is dropped.
+    /// (leaks). Their segments stay reserved until the pool is dropped, and so does free memory
+    /// the device refused to take back (`close_checked` says so).
     pub fn close(&self) -> Vec<LiveBlockInfo> {
-        if self.gate.set(FastGate::CLOSED, true) || self.check_process().is_err() {
-            return Vec::new();
+        self.close_checked().0
+    }
+
+    /// `close`, with an error naming the bytes that stay reserved when the device refused to take
+    /// free memory back (a failed unmap or free). The pool is closed either way; a later call
+    /// returns no blocks and tries to give the kept memory back again.
+    pub fn close_checked(&self) -> (Vec<LiveBlockInfo>, Result<()>) {
+        let was_closed = self.gate.set(FastGate::CLOSED, true);
+        if self.check_process().is_err() {
+            return (Vec::new(), Ok(()));
         }
-        let _ = self.release_free();
-        self.live_blocks()
+        let released = self.release_free().map(drop).map_err(|e| {
+            let kept: u64 = self.spares(None).iter().map(|s| s.range.size).sum();
+            PoolError::Device(DeviceError::Driver(format!(
+                "the pool is closed, but the device refused to take back {kept} bytes of its free memory ({e}); \
+                 they stay reserved until close() succeeds or the pool is dropped"
+            )))
+        });
+        (if was_closed { Vec::new() } else { self.live_blocks() }, released)
     }
 
     pub fn is_closed(&self) -> bool {
