@@ -1,9 +1,10 @@
 //! Planning ahead at the largest shape (the course notes' rule for shapes that change): a plan made
 //! before the first step, from one step at its largest shape, serves that step and every smaller
 //! one. A step's i-th allocation takes the plan's i-th offset when it fits there (the same stream,
-//! at most the planned size, and none of the bytes in use now); the first that does not ends the
-//! plan's part in that step, whose rest goes to the pool. The arena is taken once, when the plan is
-//! set: a region per stream, as the steady arena's.
+//! at most the planned size, and none of the bytes in use now); the first of another stream or a
+//! larger size ends the plan's part in that step, whose rest goes to the pool. The arena is taken once, when the plan is
+//! set: a region per stream, as the steady arena's. An allocation whose bytes are still in use (a
+//! buffer of the last step lives on) goes to the pool alone, and the plan serves the next.
 //!
 //! Serving checks the bytes themselves (the live arena buffers of each region, by offset), not the
 //! plan's lifetimes: a smaller step's buffers may live longer or shorter than the plan's, and two
@@ -45,7 +46,7 @@ use vrampool_plan::{plan, validate, Algorithm, Buffer, PlanError, PlanOptions};
 
 use crate::cold::{not_allocated, wrong_size, Cold, Loose};
 use crate::pool::PlannedPool;
-use crate::serving::Word;
+use crate::serving::{Phase, Word};
 
 /// One buffer of the step a plan is made from, in the order of its allocations: its stream, size
 /// and lifetime `[lower, upper)` (in any unit of time, the same for every buffer).
@@ -180,17 +181,33 @@ pub(crate) struct Ahead {
     step_live: usize,
 }
 
+/// Where the plan puts a step's next allocation.
+enum Place {
+    /// There: its region and offset.
+    At(usize, u64),
+    /// Its bytes are still in use (a buffer of the last step lives on, say): this one goes to the pool,
+    /// and the plan serves the next.
+    Busy,
+    /// Another stream, a larger size, or past the plan's end: the step is not the plan's from here.
+    Misfit,
+}
+
 impl Ahead {
-    /// Where the plan puts this step's next allocation, if it fits there now.
-    fn place(&self, size: u64, stream: StreamId) -> Option<(usize, u64)> {
+    /// Where the plan puts this step's next allocation, and whether it fits there now.
+    fn place(&self, size: u64, stream: StreamId) -> Place {
         let plan = &self.plan;
-        let planned = plan.buffers.get(self.next).filter(|b| b.stream == stream && size <= b.size)?;
-        let region = plan.streams.iter().position(|&s| s == planned.stream)?;
+        let Some(planned) = plan.buffers.get(self.next).filter(|b| b.stream == stream && size <= b.size) else {
+            return Place::Misfit;
+        };
+        let region = plan.streams.iter().position(|&s| s == planned.stream).expect("a plan's stream has a region");
         let (offset, end) = (plan.offsets[self.next], plan.offsets[self.next] + size);
         let taken = &self.taken[region];
         let below = taken.range(..offset).next_back().is_some_and(|(_, &e)| e > offset);
         let above = taken.range(offset..end).next().is_some();
-        (!below && !above).then_some((region, offset))
+        if below || above {
+            return Place::Busy;
+        }
+        Place::At(region, offset)
     }
 }
 
@@ -202,6 +219,23 @@ impl<B: MemoryResource> PlannedPool<B> {
     pub fn set_ahead(&self, plan: Option<Arc<AheadPlan>>) -> Result<(), PoolError> {
         let mut guard = self.lock()?;
         let cold = &mut *guard;
+        if let Some(plan) = &plan {
+            let alignment = self.backing.alignment();
+            if plan.alignment % alignment != 0 {
+                return Err(PoolError::InvalidConfig(format!(
+                    "a plan ahead aligned to {} bytes, where the pool hands out blocks aligned to {alignment}",
+                    plan.alignment
+                )));
+            }
+            // Nothing of the arena may be live: its bytes would be taken twice.
+            let word = self.word.load(Acquire);
+            let serving = cold.serving.as_ref().filter(|_| Word::phase(word) == Phase::Serving);
+            let steady_live = serving.is_some_and(|s| !self.live_in_epoch(s, word, &cold.early).is_empty());
+            let ahead_live = cold.ahead.as_ref().is_some_and(|a| a.live.values().any(|l| l.arena.is_some()));
+            if steady_live || ahead_live || !cold.loose.is_empty() {
+                return Err(PoolError::InvalidConfig("a plan ahead is set between steps: buffers of the arena are still live".into()));
+            }
+        }
         self.leave_now(cold, false);
         if let Some(ahead) = cold.ahead.take() {
             // Its live arena buffers stay, as loose ones, until freed.
@@ -215,11 +249,6 @@ impl<B: MemoryResource> PlannedPool<B> {
             }
             return Ok(());
         };
-        if !cold.loose.is_empty() {
-            return Err(PoolError::InvalidConfig(
-                "a plan ahead is set before the first step: buffers of the steady arena are still live".into(),
-            ));
-        }
         self.release_idle_regions(cold);
         let mut bases = Vec::with_capacity(plan.streams.len());
         for (&stream, &bytes) in plan.streams.iter().zip(&plan.region_bytes) {
@@ -243,13 +272,15 @@ impl<B: MemoryResource> PlannedPool<B> {
     /// An allocation while a plan is set: at the plan's offset if it fits, else from the pool.
     pub(crate) fn allocate_ahead(&self, cold: &mut Cold, size: u64, stream: StreamId) -> Result<u64, PoolError> {
         let ahead = cold.ahead.as_mut().expect("a plan is set");
-        let placed = ahead.serving.then(|| ahead.place(size, stream)).flatten();
-        let placed = placed.filter(|&(region, offset)| {
+        let mut placed = if ahead.serving { ahead.place(size, stream) } else { Place::Misfit };
+        if let Place::At(region, offset) = placed {
             let addr = ahead.bases[region] + offset;
-            !cold.regions.find(addr).is_some_and(|at| cold.regions.list[at].retired)
-        });
+            if cold.regions.find(addr).is_some_and(|at| cold.regions.list[at].retired) {
+                placed = Place::Busy;
+            }
+        }
         let (addr, arena) = match placed {
-            Some((region, offset)) => {
+            Place::At(region, offset) => {
                 let addr = ahead.bases[region] + offset;
                 if self.watched {
                     self.backing.piece(addr, size, stream, PieceEvent::Allocated)?;
@@ -259,9 +290,9 @@ impl<B: MemoryResource> PlannedPool<B> {
                 cold.figures.planned_bytes += size;
                 (addr, Some((region, offset)))
             }
-            None => {
+            Place::Busy | Place::Misfit => {
                 let addr = self.backing.allocate(size, stream)?;
-                if ahead.serving {
+                if ahead.serving && matches!(placed, Place::Misfit) {
                     ahead.serving = false;
                     cold.figures.fallbacks += 1;
                 }
