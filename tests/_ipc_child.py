@@ -156,14 +156,20 @@ def export_without_vmm(results: Any, done: Any) -> None:
 
 
 def cuda_core_buffers(buffers: List[Any], tags: List[int], results: Any) -> None:
-    """Unpickled cuda.core buffers of a PoolMemoryResource: each read (its tag's pattern), then
-    written with the next tag's, then closed; reports what stayed open."""
+    """Unpickled cuda.core buffers of a PoolMemoryResource: one pickled again (refused: it is
+    imported), each read (its tag's pattern), then written with the next tag's, then closed;
+    reports the refusal's type and what stayed open."""
     import gc
 
     from cuda.core import Buffer
 
     try:
         pool = buffers[0].owner._pool
+        try:
+            pickle.dumps(buffers[0])
+            again = "no error"
+        except Exception as e:  # noqa: BLE001
+            again = type(e).__name__
         for buffer, tag in zip(buffers, tags):
             assert type(buffer) is Buffer and buffer.size == buffer.owner.size, (type(buffer), buffer.size)
             assert buffer.owner.read() == pattern(tag, buffer.size), f"buffer {tag}"
@@ -171,6 +177,100 @@ def cuda_core_buffers(buffers: List[Any], tags: List[int], results: Any) -> None
             buffer.close()
         del buffer, buffers
         gc.collect()
-        results.put(("ok", pool.open_buffers, pool.open_segments))
+        results.put(("ok", again, pool.open_buffers, pool.open_segments))
     except BaseException as e:  # noqa: BLE001
         results.put(("error", repr(e)))
+
+
+def _emulator() -> Any:
+    """The emulated driver, with its fault plan's entry point typed."""
+    import ctypes
+
+    lib = ctypes.CDLL("libcuda.so.1")
+    lib.emucuda_fail.argtypes = [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_uint]
+    return lib
+
+
+def close_with_a_fault(buffers: List[Any], fault: str, results: Any) -> None:
+    """Two unpickled buffers, each in a segment of its own: closes the first, then the pool (with
+    the second still open), each first with the driver's ``fault`` call failing once and then
+    again; reports each step's outcome (exception type name or "ok") with what stayed open."""
+    lib = _emulator()
+    unknown = 999  # CUDA_ERROR_UNKNOWN
+    first, second = buffers
+    pool = first._pool
+    seen: dict = {"opened": (pool.open_buffers, pool.open_segments)}
+
+    def attempt(name: str, call: Any, closed: Any) -> None:
+        try:
+            call()
+            outcome = "ok"
+        except Exception as e:  # noqa: BLE001
+            outcome = type(e).__name__
+        seen[name] = (outcome, closed.closed, pool.open_buffers, pool.open_segments)
+
+    assert lib.emucuda_fail(fault.encode(), 1, unknown) == 0
+    attempt("buffer, failing", first.close, first)
+    attempt("buffer, again", first.close, first)
+    assert lib.emucuda_fail(fault.encode(), 1, unknown) == 0
+    attempt("pool, failing", pool.close, pool)
+    seen["second closed"] = second.closed
+    attempt("pool, again", pool.close, pool)
+    seen["second closed at last"] = second.closed
+    results.put(seen)
+
+
+def forged_descriptors(real: Any, results: Any) -> None:
+    """Opens copies of the descriptor ``real`` with one field forged, each as the exception it
+    raised (type name, message) or "opened" with where its pointer lies against the mapping;
+    then ``real`` itself, and what stayed open."""
+    pool = imported_pool(real.handle)
+    fields = dict(pool_id=real.pool_id, device=real.device, segment=real.segment, offset=real.offset, size=real.size)
+    seen = {}
+
+    def attempt(name: str, **forged: Any) -> None:
+        handle = real.legacy_handle if real.legacy_handle is not None else os.dup(real.fd)
+        args = {**fields, "segment_size": real.segment_size, **forged}
+        descriptor = None
+        try:
+            descriptor = vrampool.ipc.BufferDescriptor(handle=handle, **args)
+            buffer = pool.open(descriptor)
+            seen[name] = ("opened", type(buffer.ptr).__name__, buffer.ptr - pool._segments[real.segment][0] < real.segment_size)
+            buffer.close()
+        except Exception as e:  # noqa: BLE001
+            seen[name] = (type(e).__name__, str(e))
+        if descriptor is not None:
+            descriptor.close()
+        elif isinstance(handle, int):
+            os.close(handle)  # refused when made: the file descriptor stayed ours
+
+    big = 512 * real.segment_size
+    attempt("segment size x512", segment_size=big, offset=big - 4096, size=4096)
+    attempt("float offset", offset=real.offset + 1.5)
+    attempt("device 7", device=7)
+    attempt("bool size", size=True)
+    seen["after forgeries"] = (pool.open_buffers, pool.open_segments)
+    with pool.open(real) as buffer:
+        seen["real"] = buffer.read(5)
+    seen["at last"] = (pool.open_buffers, pool.open_segments)
+    results.put(seen)
+
+
+def load_twice(pickled: bytes, results: Any) -> None:
+    """Unpickles ``pickled`` (a buffer), closes it, and unpickles the same bytes again: the
+    first outcome and the second's (exception type name, message)."""
+    seen = []
+    for _ in range(2):
+        try:
+            pickle.loads(pickled).close()
+            seen.append(("ok", ""))
+        except Exception as e:  # noqa: BLE001
+            seen.append((type(e).__name__, str(e)))
+    results.put(seen)
+
+
+def pickle_and_exit(results: Any) -> None:
+    """An exporter that pickles one buffer of its pool, hands the bytes over and exits."""
+    pool = vrampool.DevicePool(0, ipc=True)
+    buffer = pool.allocate(4096)
+    results.put(pickle.dumps(buffer))

@@ -8,10 +8,15 @@ VRAMPOOL_REQUIRE_EMULATED=1)."""
 from __future__ import annotations
 
 import ctypes
+import gc
 import multiprocessing
 import os
 import pickle
+import queue
 import socket
+import struct
+import sys
+import tracemalloc
 from ctypes import byref, c_int, c_size_t, c_uint, c_uint64, c_void_p
 from typing import Any, Iterator
 
@@ -20,16 +25,20 @@ import pytest
 from _ipc_child import (
     after_fork,
     bad_inputs,
+    close_with_a_fault,
     cuda_core_buffers,
     export_without_vmm,
+    forged_descriptors,
     legacy_open,
+    load_twice,
     pattern,
+    pickle_and_exit,
     read_from_socket,
     write_all,
     write_wait_read,
 )
 from vrampool import DeviceError, DevicePool, InvalidFreeError, PoolClosedError
-from vrampool.ipc import ImportedPool, export_buffer, send_descriptor
+from vrampool.ipc import BufferDescriptor, ImportedPool, PoolHandle, export_buffer, recv_descriptor, send_descriptor
 
 MIB = 1 << 20
 
@@ -86,12 +95,18 @@ def pool() -> Iterator[DevicePool]:
         yield p
 
 
-def run(target: Any, *args: Any, context: Any = SPAWN) -> Any:
-    """Runs ``target(*args, results)`` in a new process; what it reported."""
+def run(target: Any, *args: Any, context: Any = SPAWN, timeout: float = 120) -> Any:
+    """Runs ``target(*args, results)`` in a new process; what it reported. A child that reports
+    nothing within ``timeout`` seconds is killed, and the test fails: no case may hang."""
     results = context.Queue()
     child = context.Process(target=target, args=(*args, results))
     child.start()
-    report = results.get(timeout=120)
+    try:
+        report = results.get(timeout=timeout)
+    except queue.Empty:
+        child.kill()
+        child.join(10)
+        pytest.fail(f"{target.__name__} reported nothing within {timeout} s: it hangs")
     child.join(60)
     assert child.exitcode == 0, f"the child ended with {child.exitcode} (a race or an illegal address ends it in strict mode)"
     return report
@@ -273,7 +288,7 @@ def test_cuda_core_buffers_of_a_pool_resource_pickle_to_a_child(handles: str) ->
     for tag, buffer in enumerate(buffers):
         data = pattern(tag, buffer.size)
         assert LIB.cuMemcpyHtoD_v2(int(buffer.handle), data, len(data)) == 0
-    assert run(cuda_core_buffers, buffers, list(range(len(buffers)))) == ("ok", 0, 0)
+    assert run(cuda_core_buffers, buffers, list(range(len(buffers)))) == ("ok", "TypeError", 0, 0)
     for tag, buffer in enumerate(buffers):
         assert read_device(int(buffer.handle), buffer.size) == pattern(tag + 1, buffer.size), f"buffer {tag}"
     closed = buffers.pop()
@@ -283,3 +298,129 @@ def test_cuda_core_buffers_of_a_pool_resource_pickle_to_a_child(handles: str) ->
     for buffer in buffers:
         buffer.close()
     assert mr.live_blocks == 0 and mr.pool.close() == []
+
+
+@pytest.mark.parametrize(
+    "handles, fault",
+    [
+        ("legacy", "cuIpcCloseMemHandle"),
+        ("legacy", "cuCtxSynchronize"),
+        ("auto", "cuCtxSynchronize"),
+        ("auto", "cuMemUnmap"),
+        ("auto", "cuMemAddressFree"),
+    ],
+)
+def test_a_failed_close_of_an_import_leaves_it_open_and_a_retry_finishes(handles: str, fault: str) -> None:
+    """Issue 57, classes 1 and 2: a close whose driver call fails raises DeviceError (a legacy
+    one used to hang for good on its own lock) and changes nothing, so that closing again, the
+    buffer or the whole imported pool, finishes the job."""
+    with DevicePool(0, ipc=True, ipc_handles=handles) as pool:
+        buffers = [pool.allocate(20 * MIB) for _ in range(2)]  # large enough for a segment each
+        seen = run(close_with_a_fault, buffers, fault, timeout=60)
+    assert seen["opened"] == (2, 2), seen
+    # (outcome, closed, open buffers, open segments)
+    assert seen["buffer, failing"] == ("DeviceError", False, 2, 2), seen
+    assert seen["buffer, again"] == ("ok", True, 1, 1), seen
+    assert seen["pool, failing"] == ("DeviceError", False, 1, 1) and not seen["second closed"], seen
+    assert seen["pool, again"] == ("ok", True, 0, 0) and seen["second closed at last"], seen
+
+
+@pytest.mark.parametrize("handles", ["auto", "legacy"])
+def test_forged_descriptors_are_refused_against_what_the_driver_maps(handles: str) -> None:
+    """Issue 57, class 3: a descriptor comes from another process; a segment larger than the
+    allocation, a float offset, another device or a bool size is a clear error, never a pointer
+    outside the mapping."""
+    with DevicePool(0, ipc=True, ipc_handles=handles) as pool:
+        buffer = pool.allocate(4096)
+        descriptor = pool.export(buffer)
+        current_context()
+        assert LIB.cuMemcpyHtoD_v2(buffer.ptr, b"real!", 5) == 0
+        seen = run(forged_descriptors, descriptor, timeout=60)
+        descriptor.close()
+    too_big = seen["segment size x512"]
+    if handles == "legacy":
+        assert too_big[0] == "ValueError" and "the driver mapped" in too_big[1], seen
+    else:  # the driver refuses to map more than the exported allocation
+        assert too_big[0] == DeviceError.__name__ and "CUDA_ERROR_INVALID_VALUE" in too_big[1], seen
+    assert seen["float offset"][0] == "TypeError" and "offset must be an integer" in seen["float offset"][1], seen
+    assert seen["device 7"][0] == "ValueError" and "device 7" in seen["device 7"][1], seen
+    assert seen["bool size"][0] == "TypeError", seen
+    assert seen["after forgeries"] == (0, 0), seen
+    assert seen["real"] == b"real!" and seen["at last"] == (0, 0), seen
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _framed(body: bytes) -> bytes:
+    return struct.pack("<I", len(body)) + body
+
+
+@pytest.mark.parametrize(
+    "message, error",
+    [
+        (struct.pack("<I", 0xFFFFFFFF) + b"[", "announces 4294967295 bytes"),
+        (_framed(b"not json"), "not a vrampool buffer descriptor"),
+        (_framed(b"{}"), "not a vrampool buffer descriptor"),
+        (_framed(b'["1:1", 0, 4096, 1.5, 64, 2097152, null]'), "offset must be an integer"),
+        (_framed(b'["1:1", 0, 4096, 0, 64, 2097152, "00"]'), "exactly one handle"),
+    ],
+    ids=["4 GiB header", "not JSON", "not a list", "float offset", "two handles"],
+)
+def test_recv_descriptor_bounds_the_body_and_closes_what_it_received(message: bytes, error: str) -> None:
+    """Issue 57, class 4: whatever arrives, the file descriptor that came with it is closed, and a
+    header announcing 4 GiB allocates nothing of the sort (nor waits for them)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    theirs.settimeout(5)
+    with ours, theirs, open(os.devnull, "rb") as null:
+        before = _open_fds()
+        socket.send_fds(ours, [message], [null.fileno()])
+        tracemalloc.start()
+        try:
+            with pytest.raises((ValueError, TypeError), match=error):
+                recv_descriptor(theirs)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 1 << 20, f"{peak} bytes allocated"
+        assert _open_fds() == before, "the received file descriptor was closed"
+
+
+def test_pickled_buffers_that_cannot_open_say_why(pool: DevicePool) -> None:
+    """Issue 57, class 5: the bytes of a pickled buffer opened a second time, and those of an
+    exporter that has exited, are errors that say so (they were a bare EOFError and a bare
+    FileNotFoundError)."""
+    buffer = pool.allocate(4096)
+    first, second = run(load_twice, pickle.dumps(buffer), timeout=60)
+    assert first == ("ok", ""), first
+    assert second[0] == "RuntimeError" and "opened already" in second[1] and "once" in second[1], second
+    pickled = run(pickle_and_exit, timeout=60)
+    with pytest.raises(RuntimeError, match=r"the exporting process \(pid \d+\) is gone"):
+        pickle.loads(pickled)
+
+
+def test_plain_mistakes_are_clear_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 57, class 5: a pool handle or descriptor of the wrong types is refused when made
+    (not later with an AttributeError, nor with "Exception ignored" when collected), and a
+    simulated device's pool refuses ipc_handle() as it refuses export()."""
+    with pytest.raises(TypeError, match="pool_id must be a str"):
+        PoolHandle(12, 0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="PID:NUMBER"):
+        PoolHandle("pool", 0)
+    with pytest.raises(TypeError, match="device must be an integer"):
+        PoolHandle("1:1", "0")  # type: ignore[arg-type]
+    unraisable: list = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    with pytest.raises(ValueError, match="file descriptor must be >= 0"):
+        BufferDescriptor("1:1", 0, -1, 0, 0, 10, 100)
+    with pytest.raises(ValueError, match="64 bytes"):
+        BufferDescriptor("1:1", 0, b"short", 0, 0, 10, 100)
+    gc.collect()
+    assert unraisable == [], "nothing printed at collection"
+    sim = DevicePool("sim", ipc=True)
+    buffer = sim.allocate(100)
+    for call in (sim.ipc_handle, lambda: sim.export(buffer), lambda: pickle.dumps(buffer)):
+        with pytest.raises(DeviceError, match="a simulated device"):
+            call()
+    sim.close()

@@ -40,7 +40,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     ) from e
 
 from vrampool._native import InvalidFreeError, NativeBuffer
-from vrampool.ipc import BufferDescriptor, PoolHandle, export_buffer, open_pickled
+from vrampool.ipc import BufferDescriptor, ImportedBuffer, PoolHandle, export_buffer, open_pickled
 from vrampool.pool import DevicePool, shared_pool
 from vrampool.streams import stream_handle
 
@@ -127,6 +127,8 @@ class PoolMemoryResource(MemoryResource):
 
 
 def _reduce_buffer(buffer: Buffer) -> Tuple[Any, ...]:
+    if isinstance(buffer.owner, ImportedBuffer):
+        raise TypeError(f"{buffer!r} is imported from another process: pass the exporter's buffer (or its descriptor) on instead")
     mr = buffer.memory_resource
     if not isinstance(mr, PoolMemoryResource):
         # cuda.core's own resources share their own way (and a closed buffer, which has no

@@ -28,16 +28,17 @@ from __future__ import annotations
 
 import copyreg
 import json
+import operator
 import os
 import socket
 import struct
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from vrampool import _native
-from vrampool._native import InvalidFreeError, NativeBuffer, PoolClosedError
+from vrampool._native import DeviceError, InvalidFreeError, NativeBuffer, PoolClosedError
 
 __all__ = [
     "BufferDescriptor",
@@ -54,10 +55,37 @@ __all__ = [
 @dataclass(frozen=True)
 class PoolHandle:
     """What names an exporting pool to importers: ``pool_id`` (``"PID:NUMBER"``) and its
-    device. Plain data: it pickles anywhere."""
+    device. Plain data: it pickles anywhere. Fields of the wrong type or form raise
+    ``TypeError`` / ``ValueError`` here, not later in the importer."""
 
     pool_id: str
     device: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pool_id", _check_pool_id(self.pool_id))
+        object.__setattr__(self, "device", _integer("device", self.device))
+
+
+def _integer(name: str, value: Any) -> int:
+    """``value`` as a non-negative int: any integer type (``__index__``) but a bool."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, not a bool")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, not {type(value).__name__} ({value!r})") from None
+    if number < 0:
+        raise ValueError(f"{name} must be >= 0, got {number}")
+    return number
+
+
+def _check_pool_id(pool_id: Any) -> str:
+    if not isinstance(pool_id, str):
+        raise TypeError(f"pool_id must be a str like '4242:1' (the exporter's pid and pool number), not {type(pool_id).__name__}")
+    pid, _, number = pool_id.partition(":")
+    if not (pid.isdecimal() and number.isdecimal()):
+        raise ValueError(f"pool_id must be 'PID:NUMBER' (the exporter's pid and pool number), got {pool_id!r}")
+    return pool_id
 
 
 class BufferDescriptor:
@@ -65,15 +93,26 @@ class BufferDescriptor:
     (``segment``), its ``offset`` in that segment, its ``size`` and the segment's
     (``segment_size``), and the segment's handle: ``fd``, a file descriptor that the descriptor
     owns (``close()``, or collection, closes it), or ``legacy_handle``, the 64 bytes of a legacy
-    IPC handle. It pickles through :mod:`multiprocessing`, which passes the file descriptor."""
+    IPC handle. It pickles through :mod:`multiprocessing`, which passes the file descriptor.
+
+    A descriptor comes from another process: fields of the wrong type (``TypeError``) or out of
+    range (``ValueError``) are refused here, and the file descriptor stays the caller's then;
+    :meth:`ImportedPool.open` checks the rest against what the driver maps."""
 
     __slots__ = ("pool_id", "device", "segment", "offset", "size", "segment_size", "legacy_handle", "_fd")
 
     def __init__(self, pool_id: str, device: int, handle: Union[int, bytes], segment: int, offset: int, size: int, segment_size: int) -> None:
-        self.pool_id, self.device, self.segment = pool_id, device, segment
-        self.offset, self.size, self.segment_size = offset, size, segment_size
-        self.legacy_handle: Optional[bytes] = handle if isinstance(handle, bytes) else None
-        self._fd: Optional[int] = None if isinstance(handle, bytes) else handle
+        self._fd: Optional[int] = None  # first: collection of a descriptor refused below closes nothing
+        self.legacy_handle: Optional[bytes] = None
+        self.pool_id = _check_pool_id(pool_id)
+        self.device, self.segment = _integer("device", device), _integer("segment", segment)
+        self.offset, self.size, self.segment_size = _integer("offset", offset), _integer("size", size), _integer("segment_size", segment_size)
+        if isinstance(handle, bytes):
+            if len(handle) != 64:
+                raise ValueError(f"a legacy IPC handle is 64 bytes, not {len(handle)}")
+            self.legacy_handle = handle
+        else:
+            self._fd = _integer("the file descriptor", handle)
 
     @property
     def fd(self) -> int:
@@ -88,12 +127,16 @@ class BufferDescriptor:
         return PoolHandle(self.pool_id, self.device)
 
     def close(self) -> None:
+        """Closes the file descriptor (a legacy handle has none); later calls do nothing."""
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
 
     def __del__(self) -> None:
-        self.close()
+        try:
+            self.close()
+        except OSError:  # closed behind the descriptor's back: collection has nobody to tell
+            pass
 
     def __reduce__(self) -> Tuple[Any, ...]:
         if self.legacy_handle is not None:
@@ -115,15 +158,40 @@ class BufferDescriptor:
 
 def _descriptor_from(pool_id: str, device: int, shared: Any, segment: int, offset: int, size: int, segment_size: int) -> BufferDescriptor:
     _check_not_forked()
-    return BufferDescriptor(pool_id, device, shared.detach(), segment, offset, size, segment_size)
+    from multiprocessing import AuthenticationError
+
+    exporter = f"the exporting process (pid {str(pool_id).partition(':')[0]})"
+    # The exporter's resource sharer hands the file descriptor out once, to a process it started.
+    try:
+        fd = shared.detach()
+    except EOFError:
+        raise RuntimeError(
+            f"this pickled buffer was opened already: {exporter} hands its file descriptor out once; pickle the buffer again for each process that opens it"
+        ) from None
+    except AuthenticationError:
+        raise RuntimeError(f"{exporter} refused the file descriptor: only processes it started (spawn, forkserver) may unpickle its buffers") from None
+    except OSError as e:
+        raise RuntimeError(f"{exporter} is gone ({e}): a pickled buffer opens only while its exporter runs") from None
+    try:
+        return BufferDescriptor(pool_id, device, fd, segment, offset, size, segment_size)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _pool_id(number: int) -> str:
     return f"{os.getpid()}:{number}"
 
 
+#: What a simulated device's pool says when asked to share (its ``export`` says the same).
+_SIMULATED = "the device does not support sharing memory with other processes (a simulated device)"
+
+
 def pool_handle(native_pool: Any) -> PoolHandle:
-    """The handle of a native pool (``DevicePool.ipc_handle`` checks the pool first)."""
+    """The handle of a native pool (``DevicePool.ipc_handle`` checks the pool first); a
+    ``DeviceError`` on the simulated device, which cannot export either."""
+    if native_pool.memory_kind != "device":
+        raise DeviceError(_SIMULATED)
     return PoolHandle(_pool_id(native_pool.pool_id), native_pool.device)
 
 
@@ -225,20 +293,23 @@ class ImportedPool:
         # Reentrant: collection may close a dropped buffer inside `open` on this thread, which
         # counts a segment's buffers before it makes anything collection could run in.
         self._lock = threading.RLock()
-        # segment (exporter's address) -> [base here, open buffers in it]
+        # segment (exporter's address) -> [base here, open buffers in it, bytes mapped]
         self._segments: Dict[int, list] = {}
         # (segment, offset) -> the open buffer; weak, so that dropping a buffer closes it
         self._buffers: "weakref.WeakValueDictionary[Tuple[int, int], ImportedBuffer]" = weakref.WeakValueDictionary()
         self.closed = False
 
     def open(self, descriptor: BufferDescriptor) -> ImportedBuffer:
-        """The buffer ``descriptor`` names, mapped here. A descriptor of another pool, one already
-        open here, or one whose numbers do not fit is a ``ValueError``; the descriptor stays the
-        caller's (close it once opened)."""
+        """The buffer ``descriptor`` names, mapped here. A descriptor of another pool or device,
+        one already open here, or one whose numbers do not fit its segment or the mapping the
+        driver makes of it is a ``ValueError``; the descriptor stays the caller's (close it once
+        opened)."""
         if not isinstance(descriptor, BufferDescriptor):
             raise TypeError(f"open takes a BufferDescriptor, not {type(descriptor).__name__}")
         if descriptor.pool_id != self.handle.pool_id:
             raise ValueError(f"{descriptor!r} is from pool {descriptor.pool_id}, not from this one ({self.handle.pool_id})")
+        if descriptor.device != self.handle.device:
+            raise ValueError(f"{descriptor!r} names device {descriptor.device}, but pool {self.handle.pool_id} is on device {self.handle.device}")
         if not 0 <= descriptor.offset < descriptor.offset + descriptor.size <= descriptor.segment_size:
             raise ValueError(f"{descriptor!r} does not lie inside its {descriptor.segment_size}-byte segment")
         key = (descriptor.segment, descriptor.offset)
@@ -250,24 +321,34 @@ class ImportedPool:
                 raise ValueError(f"{descriptor!r} is already open in this process as {existing!r}; use that one, or close it first")
             segment = self._segments.get(descriptor.segment)
             if segment is None:
+                # The mapping's size is the driver's word: the allocation behind a legacy handle,
+                # or what the driver agreed to map of an fd's (it refuses more than the allocation).
                 if descriptor.legacy_handle is not None:
-                    base = self._native.open_legacy(descriptor.legacy_handle, descriptor.segment_size)
+                    base, mapped = self._native.open_legacy(descriptor.legacy_handle)
                 else:
-                    base = self._native.open(descriptor.fd, descriptor.segment_size)
-                segment = self._segments[descriptor.segment] = [base, 0]
+                    base, mapped = self._native.open(descriptor.fd, descriptor.segment_size), descriptor.segment_size
+                segment = [base, 0, mapped]
+                if descriptor.segment_size > mapped:
+                    self._native.close(base)
+                    raise ValueError(f"{descriptor!r} claims a {descriptor.segment_size}-byte segment; the driver mapped {mapped} bytes")
+                self._segments[descriptor.segment] = segment
+            elif descriptor.offset + descriptor.size > segment[2]:
+                raise ValueError(f"{descriptor!r} does not lie inside the {segment[2]} bytes mapped of its segment")
             segment[1] += 1
             buffer = self._buffers[key] = ImportedBuffer(self, key, segment[0] + descriptor.offset, descriptor.size)
             return buffer
 
     def _close_buffer(self, key: Tuple[int, int]) -> None:
         with self._lock:
+            segment = self._segments[key[0]]
+            if segment[1] == 1:
+                # First: a failed unmap raises with everything as it was, so a retry can finish.
+                self._native.close(segment[0])
+                del self._segments[key[0]]
+            else:
+                segment[1] -= 1
             # Gone already when collection closes the buffer (its weak entry is cleared first).
             self._buffers.pop(key, None)
-            segment = self._segments[key[0]]
-            segment[1] -= 1
-            if segment[1] == 0:
-                del self._segments[key[0]]
-                self._native.close(segment[0])
 
     def allocate(self, nbytes: int, stream: Any = None) -> NativeBuffer:
         raise TypeError(f"the imported pool {self.handle.pool_id} maps another process's buffers; allocate in the exporting process")
@@ -285,10 +366,17 @@ class ImportedPool:
         return self._native.open_count
 
     def close(self) -> None:
-        """Closes every buffer still open; later opens raise ``PoolClosedError``."""
-        for buffer in list(self._buffers.values()):
-            buffer.close()
-        self.closed = True
+        """Closes every buffer still open; later opens raise ``PoolClosedError``. Where the
+        device fails to unmap one, its error is raised and the pool stays open with what is
+        left: call ``close()`` again."""
+        with self._lock:
+            for buffer in list(self._buffers.values()):
+                buffer.close()
+            # Left: segments whose last buffer was collected while its unmap failed.
+            for address, segment in list(self._segments.items()):
+                self._native.close(segment[0])
+                del self._segments[address]
+            self.closed = True
 
     def __repr__(self) -> str:
         return f"ImportedPool({self.handle.pool_id}, device={self.handle.device}, open_buffers={self.open_buffers})"
@@ -325,6 +413,8 @@ def _reduce_buffer(buffer: NativeBuffer) -> Tuple[Any, ...]:
 copyreg.pickle(NativeBuffer, _reduce_buffer)
 
 _HEADER = struct.Struct("<I")
+#: The most a descriptor's body may announce: its JSON is a few hundred bytes.
+_MAX_BODY = 4096
 
 
 def send_descriptor(sock: socket.socket, descriptor: BufferDescriptor) -> None:
@@ -336,26 +426,38 @@ def send_descriptor(sock: socket.socket, descriptor: BufferDescriptor) -> None:
 
 
 def recv_descriptor(sock: socket.socket) -> BufferDescriptor:
-    """The next descriptor :func:`send_descriptor` sent over ``sock``; the caller owns it."""
+    """The next descriptor :func:`send_descriptor` sent over ``sock``; the caller owns it.
+    Anything else is a ``ValueError`` (or the ``TypeError`` of a field of the wrong type), and
+    every file descriptor that came with it is closed."""
     head, fds, _, _ = socket.recv_fds(sock, _HEADER.size, 1)
-    if len(head) != _HEADER.size or len(fds) > 1:
+    try:
+        return _read_descriptor(sock, head, fds)
+    except BaseException:
         for fd in fds:
             os.close(fd)
+        raise
+
+
+def _read_descriptor(sock: socket.socket, head: bytes, fds: List[int]) -> BufferDescriptor:
+    if len(head) != _HEADER.size or len(fds) > 1:
         raise ValueError("the socket did not carry a vrampool buffer descriptor (closed, or another message)")
     (length,) = _HEADER.unpack(head)
+    if length > _MAX_BODY:
+        raise ValueError(f"the socket's message announces {length} bytes; a vrampool buffer descriptor has at most {_MAX_BODY}")
     body = b""
     while len(body) < length:
         chunk = sock.recv(length - len(body))
         if not chunk:
-            for fd in fds:
-                os.close(fd)
             raise ValueError("the socket closed in the middle of a buffer descriptor")
         body += chunk
     # JSON, not pickle: the bytes come from another process.
-    pool_id, device, segment, offset, size, segment_size, legacy = json.loads(body)
+    try:
+        pool_id, device, segment, offset, size, segment_size, legacy = json.loads(body)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"the socket's message is not a vrampool buffer descriptor ({e})") from None
     if (legacy is None) != (len(fds) == 1):
-        for fd in fds:
-            os.close(fd)
-        raise ValueError("the socket's buffer descriptor came without its handle")
+        raise ValueError("the socket's buffer descriptor did not come with exactly one handle (a file descriptor or a legacy handle)")
+    if legacy is not None and not isinstance(legacy, str):
+        raise TypeError(f"the socket's legacy handle must be hex text, not {type(legacy).__name__}")
     handle = fds[0] if legacy is None else bytes.fromhex(legacy)
     return BufferDescriptor(pool_id, device, handle, segment, offset, size, segment_size)

@@ -324,6 +324,14 @@ pub(crate) fn ipc_open_mem_handle(handle: [u8; 64]) -> DeviceResult<u64> {
     Ok(address)
 }
 
+/// The base and size of the allocation the driver knows at `address` (`cuMemGetAddressRange`).
+pub(crate) fn mem_address_range(address: u64) -> DeviceResult<(u64, u64)> {
+    let (mut base, mut size) = (0, 0usize);
+    // SAFETY: writes one address and one size; an address the driver does not know is an error code.
+    check(unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, address) }, "cuMemGetAddressRange")?;
+    Ok((base, size as u64))
+}
+
 /// # Safety
 /// `base` came from `ipc_open_mem_handle` and is closed once, after the work that uses it.
 pub(crate) unsafe fn ipc_close_mem_handle(base: u64) -> DeviceResult<()> {

@@ -31,6 +31,7 @@ const REQUIRED: &[&str] = &[
     "cuMemAlloc_v2",
     "cuMemFree_v2",
     "cuMemGetInfo_v2",
+    "cuMemGetAddressRange_v2",
     "cuMemsetD8Async",
     "cuMemcpyHtoD_v2",
     "cuMemcpyDtoH_v2",

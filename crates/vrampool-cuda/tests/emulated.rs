@@ -513,6 +513,11 @@ fn emulated_shared_segments_export_and_import() {
     common::fail("cuMemExportToShareableHandle", 1, sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY);
     assert!(shared.export(base, 16).is_err(), "an injected fault is an error");
     drop(shared.export(base, 16).unwrap());
+    for call in ["cuMemUnmap", "cuMemAddressFree"] {
+        common::fail(call, 1, sys::cudaError_enum::CUDA_ERROR_UNKNOWN);
+        assert!(plain.close_import(imported).is_err(), "{call} failing is an error");
+        assert_eq!(plain.open_imports(), 1, "{call} failing leaves the import open, to close again");
+    }
     plain.close_import(imported).unwrap();
     assert!(plain.close_import(imported).is_err(), "closed once");
     shared.free_segment(base, 3 * MIB).unwrap();
@@ -536,8 +541,8 @@ fn emulated_legacy_segments_export_ipc_handles() {
     assert!(matches!(again.handle, Handle::Legacy(h) if h == handle), "one handle per allocation");
     assert!(matches!(legacy.export(base + 3 * MIB - 10, 100), Err(DeviceError::Driver(_))), "past the segment");
     assert!(matches!(legacy.export(base + 4 * MIB, 16), Err(DeviceError::Driver(_))), "no segment there");
-    assert!(legacy.import_legacy(handle, 3 * MIB).is_err(), "a process cannot open its own handle");
-    assert!(legacy.import_legacy([7; 64], MIB).is_err(), "a made-up handle");
+    assert!(legacy.import_legacy(handle).is_err(), "a process cannot open its own handle");
+    assert!(legacy.import_legacy([7; 64]).is_err(), "a made-up handle");
     assert_eq!(legacy.open_imports(), 0, "the refused opens left nothing behind");
     common::fail("cuIpcGetMemHandle", 1, sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY);
     assert!(legacy.export(base, 16).is_err(), "an injected fault is an error");

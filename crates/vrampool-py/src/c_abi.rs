@@ -126,7 +126,7 @@ impl Abi {
     /// live), forgets the configuration, the failures and the modes.
     pub fn reset(&self) {
         for device in self.devices.unhook_all() {
-            device.close();
+            let _ = device.close();
         }
         self.failures.reset();
         self.planned_on.store(false, Relaxed);

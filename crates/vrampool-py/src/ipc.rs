@@ -58,11 +58,12 @@ impl NativeImporter {
         self.device.import(fd, size).map_err(|e| to_py(e.into()))
     }
 
-    /// Opens the allocation of `size` bytes behind a legacy IPC handle's 64 bytes; the base address.
-    fn open_legacy(&self, handle: &[u8], size: u64) -> PyResult<u64> {
+    /// Opens the allocation behind a legacy IPC handle's 64 bytes; its base address and its size
+    /// as the driver reports it.
+    fn open_legacy(&self, handle: &[u8]) -> PyResult<(u64, u64)> {
         let handle: [u8; 64] =
             handle.try_into().map_err(|_| PyValueError::new_err(format!("a legacy IPC handle is 64 bytes, not {}", handle.len())))?;
-        self.device.import_legacy(handle, size).map_err(|e| to_py(e.into()))
+        self.device.import_legacy(handle).map_err(|e| to_py(e.into()))
     }
 
     /// Waits for the device's work (an unmap waits for none) and unmaps an `open` or `open_legacy`.

@@ -131,9 +131,10 @@ impl NativePool {
         Ok(pool.take_events().into_iter().map(|e| (e.time_ns, kind(e.kind), e.addr, e.size, e.stream.0)).collect())
     }
 
-    /// Closes the pool; returns the blocks still live, as `live_blocks` does.
-    fn close(&self) -> Vec<LiveTuple> {
-        self.resource.close().iter().map(live_tuple).collect()
+    /// Closes the pool; returns the blocks still live, as `live_blocks` does. A `DeviceError`
+    /// names the bytes the device refused to take back; the pool is closed all the same.
+    fn close(&self) -> PyResult<Vec<LiveTuple>> {
+        Ok(self.resource.close().map_err(to_py)?.iter().map(live_tuple).collect())
     }
 
     /// Whether the pool records allocation times for leak reports (`track_leaks`).

@@ -122,14 +122,16 @@ impl DeviceResource {
         self.planned().live_blocks(self.pool().live_blocks())
     }
 
-    /// Closes the pool and the private pools (later calls are refused); returns the live blocks.
-    pub fn close(&self) -> Vec<LiveBlockInfo> {
+    /// Closes the pool and the private pools (later calls are refused); returns the live blocks,
+    /// or an error naming the bytes the device refused to take back (closed all the same).
+    pub fn close(&self) -> Result<Vec<LiveBlockInfo>, PoolError> {
         // The idle arena is no leak: it goes back with the rest. One with live buffers stays, and
         // its buffers show as the live blocks they are.
         self.planned().close();
-        let mut live = self.planned().live_blocks(self.pool().close());
+        let (blocks, released) = self.pool().close_checked();
+        let mut live = self.planned().live_blocks(blocks);
         live.extend(self.stack.close());
-        live
+        released.map(|()| live)
     }
 }
 

@@ -160,9 +160,12 @@ impl CudaDevice {
     }
 
     /// Unmaps an `import` (after the work that used it: the caller waits for it) and gives its
-    /// address range back.
+    /// address range back. On an error the import stays open, as far as the driver got: a
+    /// later call finishes the job.
     pub fn close_import(&self, base: u64) -> DeviceResult<()> {
-        if let Some(size) = self.vm.lock().legacy_imports.remove(&base) {
+        // Claimed (so closed once), the lock let go before the driver call and its error path.
+        let legacy = self.vm.lock().legacy_imports.remove(&base);
+        if let Some(size) = legacy {
             let closed = self.enter().and_then(|_current| {
                 // SAFETY: opened by `import_legacy` (claimed above, so closed once); the caller
                 // waited for the work that used it.
@@ -173,21 +176,32 @@ impl CudaDevice {
             }
             return closed;
         }
-        let size = self.vm.lock().imports.remove(&base).ok_or_else(|| DeviceError::Driver(format!("{base:#x} is not an import")))?;
-        if let Err(e) = self.unmap(base, size) {
-            self.vm.lock().imports.insert(base, size);
-            return Err(e);
+        let size = self.vm.lock().imports.get(&base).copied().ok_or_else(|| DeviceError::Driver(format!("{base:#x} is not an import")))?;
+        // A retry after a failed `cuMemAddressFree` finds the range unmapped already.
+        if self.vm.lock().mappings.contains_key(&base) {
+            self.unmap(base, size)?;
         }
-        self.unreserve(base, size)
+        self.unreserve(base, size)?;
+        self.vm.lock().imports.remove(&base);
+        Ok(())
     }
 
-    /// Opens another process's allocation by its legacy IPC handle (`size` bytes, which the
-    /// driver cannot check); the base address. `close_import` closes it.
-    pub fn import_legacy(&self, handle: [u8; 64], size: u64) -> DeviceResult<u64> {
+    /// Opens another process's allocation by its legacy IPC handle; its base address here and
+    /// its size, as the driver reports it (`cuMemGetAddressRange`). `close_import` closes it.
+    pub fn import_legacy(&self, handle: [u8; 64]) -> DeviceResult<(u64, u64)> {
         let _current = self.enter()?;
         let base = calls::ipc_open_mem_handle(handle)?;
-        self.vm.lock().legacy_imports.insert(base, size);
-        Ok(base)
+        match calls::mem_address_range(base) {
+            Ok((_, size)) => {
+                self.vm.lock().legacy_imports.insert(base, size);
+                Ok((base, size))
+            }
+            Err(e) => {
+                // SAFETY: opened just above and never handed out; closed once.
+                let _ = unsafe { calls::ipc_close_mem_handle(base) };
+                Err(e)
+            }
+        }
     }
 
     /// Imports still open.
