@@ -174,16 +174,26 @@ def replay_command(args: argparse.Namespace) -> int:
     model of PyTorch's allocator (with or without expandable segments, as the snapshot was made)
     is always a row, so its prediction stands beside what PyTorch reserved."""
     from vrampool.plot import memory_timeline_svg
-    from vrampool.trace import load, recorded_reserved_timeline, replay_each, strategy_names
+    from vrampool.trace import AHEAD, LARGEST, ahead_plan, load, recorded_reserved_timeline, replay_each, strategy_names
 
     capacity = _size(args.memory) if args.memory else None
+    ahead = args.ahead
+    if ahead is not None and ahead != LARGEST:
+        try:
+            ahead = ahead_plan(ahead)
+        except INPUT_ERRORS as e:
+            message = str(e)
+            raise CommandError(f"--ahead {message}" if message.startswith(args.ahead) else f"--ahead {args.ahead}: {message}") from None
     try:
         trace = _nonempty(load(args.trace))
         names = strategy_names(args.strategy)
         model = _recording_model(trace)
         if model and model not in names:
             names.append(model)
-        reports = list(_progress(replay_each(trace, names, args.conf, capacity=capacity, repeat=args.repeat), len(names), "replay", args.json))
+        if ahead is not None and AHEAD not in names:
+            names.append(AHEAD)
+        replays = replay_each(trace, names, args.conf, capacity=capacity, repeat=args.repeat, ahead=ahead)
+        reports = list(_progress(replays, len(names), "replay", args.json))
     except INPUT_ERRORS as e:
         raise CommandError(f"{args.trace}: {e}") from None
     if args.plot:
@@ -511,8 +521,13 @@ def summary_command(args: argparse.Namespace) -> int:
 def plan_command(args: argparse.Namespace) -> int:
     """`vrampool plan`: prints the figures (or JSON) and writes the plan CSV if asked. With
     `--capacity`, decides that capacity instead: exit 0 with the plan if it fits, 2 if it is proven
-    not to or no plan was found in the budget (the message says which)."""
-    options = dict(algorithm=args.algorithm, budget_ms=args.budget_ms, alignment=args.alignment)
+    not to or no plan was found in the budget (the message says which). With `--trace`, plans one
+    step of the trace ahead (`plan_ahead_command`)."""
+    if args.trace is not None:
+        return plan_ahead_command(args)
+    if args.save is not None or args.step is not None:
+        raise CommandError(f"{'--save' if args.save is not None else '--step'} plans a trace's step ahead: give --trace")
+    options = dict(algorithm=args.algorithm, budget_ms=args.budget_ms, alignment=1 if args.alignment is None else args.alignment)
     try:
         if args.capacity is None:
             result: Optional[PlanResult] = plan(args.input, **options)
@@ -551,6 +566,35 @@ def plan_command(args: argparse.Namespace) -> int:
         if result.best_bound_bytes > result.lower_bound_bytes:
             print(f"best bound   {result.best_bound_bytes:,} B  (proven: no plan fits below it)")
         print(f"algorithm    {result.algorithm}, {result.seconds:.3f} s")
+    return 0
+
+
+def plan_ahead_command(args: argparse.Namespace) -> int:
+    """`vrampool plan --trace T [--step N] [--save PLAN.json]`: plans one step of the trace ahead
+    (:func:`vrampool.ahead.from_trace`), prints its figures (or JSON) and saves it if asked."""
+    from vrampool.ahead import ALIGNMENT, from_trace
+
+    for option in ("capacity", "output"):
+        if getattr(args, option) is not None:
+            raise CommandError(f"--{option} is for --input; a plan ahead is saved with --save")
+    try:
+        ahead = from_trace(args.trace, args.step, ALIGNMENT if args.alignment is None else args.alignment, args.budget_ms)
+        if args.save:
+            ahead.save(args.save)
+    except INPUT_ERRORS as e:
+        message = str(e)
+        raise CommandError(message if message.startswith(args.trace) else f"{args.trace}: {message}") from None
+    figures = {k: v for k, v in ahead.to_dict().items() if k != "buffers"}
+    figures.update(buffers=len(ahead.rows), saved=args.save)
+    if args.json:
+        print(json.dumps(figures))
+        return 0
+    gap = ahead.arena_bytes / ahead.lower_bound_bytes if ahead.lower_bound_bytes else 1.0
+    print(f"step         {ahead.step} of {args.trace}, {len(ahead.rows):,} buffers on {len({r[0] for r in ahead.rows})} stream(s)")
+    print(f"arena        {ahead.arena_bytes:,} B")
+    print(f"lower bound  {ahead.lower_bound_bytes:,} B  (arena / bound = {gap:.4f})")
+    if args.save:
+        print(f"saved        {args.save}  (DevicePool(plan=...), vrampool.torch.install(plan=...))")
     return 0
 
 
@@ -652,7 +696,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("replay", help="replay a trace through vrampool, models of PyTorch's, RMM's, CuPy's allocators and the static plan")
     p.add_argument("trace", help=trace_help)
-    rows = ", ".join((DEFAULT,) + PEERS + STRATEGIES + ("NAME" + VM_SUFFIX, "plan"))
+    rows = ", ".join((DEFAULT,) + PEERS + STRATEGIES + ("NAME" + VM_SUFFIX, "plan", "ahead (see --ahead)"))
     p.add_argument(
         "--strategy",
         default="compare",
@@ -663,6 +707,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON (a list when several rows run)")
     p.add_argument("--plot", help="write an SVG of allocated and reserved bytes over the replay")
     p.add_argument("--repeat", type=int, default=1, help="replay the trace this many times back to back (a warm pool, for events/s)")
+    p.add_argument(
+        "--ahead",
+        metavar="STEP",
+        help="add the row ahead: default served by a plan made ahead of STEP's largest step (a trace, or a plan saved by vrampool plan --save, .json), or of this trace's own largest step (largest)",
+    )
 
     from vrampool.fit import ALLOCATORS, MAX_SIZE
     from vrampool.models import LLAMA_SIZES
@@ -691,11 +740,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("trace", help=trace_help)
     p.add_argument("--json", action="store_true")
 
-    p = sub.add_parser("plan", help="plan buffer lifetimes (id,lower,upper,size CSV) into one arena")
-    p.add_argument("--input", required=True, help="CSV in MiniMalloc's format")
+    p = sub.add_parser("plan", help="plan buffer lifetimes (id,lower,upper,size CSV) into one arena, or a trace's largest step ahead (--trace)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--input", help="CSV in MiniMalloc's format")
+    source.add_argument("--trace", help=f"plan one step of this trace ahead, at its largest shape ({trace_help})")
+    p.add_argument("--step", type=int, help="with --trace: the step (from 0; default the largest that frees what it allocates)")
+    p.add_argument("--save", metavar="PLAN.json", help="with --trace: write the plan for DevicePool(plan=...) and vrampool.torch.install(plan=...)")
     p.add_argument("--algorithm", default="auto", choices=ALGORITHMS)
-    p.add_argument("--budget-ms", type=int, default=5000, help="time for the exact search")
-    p.add_argument("--alignment", type=int, default=1)
+    p.add_argument("--budget-ms", type=int, default=5000, help="time for the exact search (per stream, with --trace)")
+    p.add_argument("--alignment", type=int, help="offsets' alignment (default 1; 512, the pool's, with --trace)")
     p.add_argument("--capacity", type=int, metavar="BYTES", help="decide this arena size instead: a plan within it, or why not")
     p.add_argument("--output", help="write the plan as id,lower,upper,size,offset CSV")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -19,8 +19,9 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 from vrampool.capture import Trace
 
-#: The rows of ``vrampool fit``, in order.
-ALLOCATORS = ("default", "torch", "torch+expandable", "rmm", "cupy", "plan")
+#: The rows of ``vrampool fit``, in order. ``ahead`` is ``default`` served by a plan made ahead of
+#: each size's own largest step (as ``vrampool plan --trace`` would make it for that size).
+ALLOCATORS = ("default", "ahead", "torch", "torch+expandable", "rmm", "cupy", "plan")
 #: The largest size probed unless told otherwise.
 MAX_SIZE = 1 << 16
 
@@ -131,7 +132,8 @@ def fit(
 
 def replay_into(probe: Probe, trace: Trace, allocators: List[str], memory: int) -> None:
     """Replays ``trace`` on a simulated device of ``memory`` bytes under each allocator and
-    records in ``probe`` whether it fit and what it reserved."""
+    records in ``probe`` whether it fit and what it reserved (``ahead``: served by the plan of the
+    trace's largest step, its arena taken before the first allocation)."""
     from vrampool.trace import replay_each
 
     for report in replay_each(trace, allocators, samples=0, capacity=memory):

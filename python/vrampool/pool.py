@@ -8,12 +8,14 @@ import threading
 import traceback
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
+from vrampool import _native
 from vrampool._native import InvalidFreeError, NativeBuffer, NativePool, PoolClosedError, WrongDeviceError
 from vrampool.options import POOL_KEYS, conf_text, pool_pairs
 from vrampool.streams import as_int, stream_handle
 from vrampool.summary import format_summary
 
 if TYPE_CHECKING:
+    from vrampool.ahead import Plan
     from vrampool.ipc import BufferDescriptor, PoolHandle
     from vrampool.planned import PlannedPool
 
@@ -82,6 +84,9 @@ class DevicePool:
     handle elsewhere; ``"legacy"`` always by legacy IPC handle (``cuIpcGetMemHandle`` of
     ``cuMemAlloc`` segments), which Numba's arrays need (:mod:`vrampool.numba`).
 
+    ``plan`` (a :class:`vrampool.ahead.Plan`, or the path of a saved one) serves every step from
+    a plan made ahead at the largest shape, from the first step on: see :meth:`set_plan`.
+
     ``conf`` takes pool options as ``VRAMPOOL_CONF`` writes them (``"ipc:true,limit:0.5"``),
     applied before the keywords. The options are ``VRAMPOOL_CONF``'s keys, read by the core as
     that text is (:mod:`vrampool.options`): sizes are bytes (an int, or a string such as ``"64KB"``); ``limit``
@@ -116,6 +121,7 @@ class DevicePool:
         ipc: Optional[bool] = None,
         ipc_handles: Optional[str] = None,
         conf: str = "",
+        plan: Optional[Union["Plan", str, os.PathLike]] = None,
     ) -> None:
         options = {
             "strategy": strategy,
@@ -152,6 +158,9 @@ class DevicePool:
             self._native = NativePool.cuda(device, conf)
         else:
             raise ValueError(f"device must be 'sim' or a CUDA device ordinal >= 0, got {device!r}")
+        self._conf = conf
+        if plan is not None:
+            self.set_plan(plan)
 
     def allocate(self, nbytes: int, stream: Any = None) -> DeviceBuffer:
         """A buffer of at least ``nbytes`` bytes for use on ``stream`` (None: the legacy default
@@ -333,7 +342,9 @@ class DevicePool:
 
     def close(self) -> List[Dict[str, Any]]:
         """Closes the pool; returns the blocks still live (leaks), as :meth:`leak_report` does.
-        Later calls raise ``PoolClosedError``.
+        Later calls raise ``PoolClosedError``. Free memory the device refuses to take back is a
+        ``DeviceError`` naming the bytes kept, the pool closed all the same; ``close()`` again
+        tries to give them back (and returns ``[]``).
 
         >>> pool = DevicePool("sim", capacity=1 << 30)
         >>> leak = pool.allocate(10)
@@ -394,6 +405,38 @@ class DevicePool:
         (1, 2, 16)
         """
         return self._native.steady_stats()
+
+    def set_plan(self, plan: Optional[Union["Plan", str, os.PathLike]]) -> None:
+        """Serves every step from now on by ``plan`` (a :class:`vrampool.ahead.Plan`, or the path
+        of a saved one), made ahead at the step's largest shape; None goes back to the steady
+        arena. A step's i-th allocation takes the plan's i-th offset where it fits (same stream,
+        at most the planned size, none of those bytes in use); the first that does not fit sends
+        the rest of that step to the pool (``steady_stats()["fallbacks"]``). A step ends once
+        everything it allocated is freed, so allocate what lives across steps (weights, optimizer
+        state) before setting the plan: a buffer that is never freed keeps its step from ending.
+
+        The plan's regions (one per stream, ``plan.arena_bytes`` in all) are taken now:
+        ``OutOfMemoryError`` where they do not fit. Raises ``ValueError`` for a plan aligned to less
+        than the pool's blocks, and while buffers of the steady arena are live.
+
+        >>> from vrampool.ahead import plan_step
+        >>> pool = DevicePool("sim", capacity=1 << 30)
+        >>> pool.set_plan(plan_step([(0, 4096, 0, 2), (0, 4096, 1, 2)]))   # (stream, size, lower, upper)
+        >>> a, b = pool.allocate(4000), pool.allocate(1000)
+        >>> b.ptr - a.ptr, pool.steady_stats()["planned_allocations"]
+        (4096, 2)
+        """
+        if plan is None:
+            self._native.set_ahead(None, None)
+            return
+        from vrampool.ahead import ALIGNMENT, as_plan
+
+        plan = as_plan(plan)
+        # The core's block alignment: the last `alignment` of the pool's text, else its default.
+        alignment = next((_native.parse_size(v) for k, v in reversed(_native.conf_pairs(self._conf)) if k == "alignment"), ALIGNMENT)
+        if plan.alignment % alignment:
+            raise ValueError(f"the plan's offsets are aligned to {plan.alignment} B, the pool's blocks to {alignment} B: plan at alignment={alignment}")
+        self._native.set_ahead(list(plan.rows), list(plan.offsets), plan.alignment)
 
     def planned(self, *, budget_ms: int = 10) -> "PlannedPool":
         """A planned arena over this pool (static plan, dynamic fallback, plans per signature):

@@ -65,12 +65,16 @@ import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, Mapping, Optional, Tuple, Union
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Mapping, Optional, Tuple, Union
 
 from vrampool import _native
 from vrampool.options import ALLOCATOR_KEYS, conf_text
 from vrampool.streams import as_int
 from vrampool.summary import format_size, format_summary
+
+if TYPE_CHECKING:
+    from vrampool.ahead import Plan
 
 __all__ = [
     "OomReport",
@@ -91,10 +95,12 @@ __all__ = [
     "memory_snapshot",
     "memory_stats",
     "memory_summary",
+    "plan_step",
     "planned",
     "planned_stats",
     "pool",
     "reset_peak_memory_stats",
+    "set_plan",
     "step",
 ]
 
@@ -119,6 +125,8 @@ _lock = threading.RLock()
 _allocator: Any = None
 _hooks: Dict[str, str] = {}
 _installed = False
+#: A plan that :func:`install` sets at the end of the next optimizer step.
+_pending_plan: Optional["Plan"] = None
 
 
 def _torch() -> Any:
@@ -180,20 +188,32 @@ def is_installed() -> bool:
     return _installed
 
 
-def install(**conf: Any) -> Any:
+def install(*, plan: Optional[Union["Plan", str, Path]] = None, **conf: Any) -> Any:
     """Makes vrampool PyTorch's CUDA allocator for the rest of the process; returns the
     ``CUDAPluggableAllocator``. Keyword arguments configure it (see the module's doc).
+
+    ``plan`` (a :class:`vrampool.ahead.Plan`, such as :func:`plan_step` makes, or the path of a
+    saved one) serves every training step by a plan made ahead at the largest shape. It is checked
+    now and set on the current device at the end of the next optimizer step, once the model's
+    weights and the optimizer's state exist: those live across steps, and in the plan's bytes they
+    would keep them taken (:func:`set_plan` sets a plan at once).
 
     Must run before the first CUDA tensor: PyTorch cannot change its allocator once CUDA is
     initialised, and this raises ``RuntimeError`` then. A second call returns the same allocator
     (and refuses a configuration that would change it).
     """
-    global _installed
+    global _installed, _pending_plan
     torch = _torch()
+    if plan is not None:
+        from vrampool.ahead import as_plan
+
+        plan = as_plan(plan)  # a bad file is refused before anything changes
     with _lock:
         if _installed:
             if conf:
                 configure(**conf)
+            if plan is not None:
+                _pending_plan = _checked_plan(plan)
             return _allocator
         if torch.cuda.is_initialized():
             raise RuntimeError(
@@ -203,6 +223,7 @@ def install(**conf: Any) -> Any:
                 "allocation, or route one region through vrampool with vrampool.torch.pool()."
             )
         configure(**conf)
+        pending = _checked_plan(plan) if plan is not None else None
         alloc = allocator()
         # PyTorch takes a pluggable allocator's null for a valid pointer: throw instead.
         _native.abi_raise_on_failure(True)
@@ -212,6 +233,7 @@ def install(**conf: Any) -> Any:
             _native.abi_raise_on_failure(False)
             raise
         _installed = True
+        _pending_plan = pending
         _mark_optimizer_steps()
         _refuse_cuda_sharing()
         return alloc
@@ -227,8 +249,20 @@ def _mark_optimizer_steps() -> None:
     from vrampool.planned import AUTO_KEY
 
     def step_ended(optimizer: Any, args: Any, kwargs: Any) -> None:
+        global _pending_plan
         if not _native.abi_planned():
             _native.abi_planned_step(AUTO_KEY)
+        with _lock:
+            plan, _pending_plan = _pending_plan, None
+        if plan is None:
+            return
+        try:
+            set_plan(plan)
+        except ValueError:
+            # Buffers the steady arena served are still live (kept from an earlier loop): their
+            # bytes are the arena's. Try again at the next optimizer step.
+            with _lock:
+                _pending_plan = _pending_plan or plan
 
     register_optimizer_step_post_hook(step_ended)
 
@@ -317,6 +351,51 @@ def planned_stats(device: Device = None) -> Optional[Dict[str, Any]]:
     """The planned arena's figures on ``device`` (as :meth:`vrampool.PlannedPool.stats` gives
     them), or None before its first planned allocation."""
     return _native.abi_planned_stats(_device_index(device))
+
+
+# ---- plans made ahead at the largest shape ----
+
+
+def _checked_plan(plan: Union["Plan", str, Path]) -> "Plan":
+    """``plan`` (or the plan saved at a path), refused unless aligned to the pools' blocks."""
+    from vrampool.ahead import as_plan
+
+    plan = as_plan(plan)
+    alignment = int(_native.configuration()["alignment"])
+    if plan.alignment % alignment:
+        raise ValueError(f"the plan's offsets are aligned to {plan.alignment} B, the pool's blocks to {alignment} B: plan at alignment={alignment}")
+    return plan
+
+
+def set_plan(plan: Optional[Union["Plan", str, Path]], device: Device = None) -> None:
+    """Serves every step on ``device`` (default: the current one) from now on by ``plan`` (a
+    :class:`vrampool.ahead.Plan` or the path of a saved one; None: back to the steady arena), as
+    :meth:`vrampool.DevicePool.set_plan` does; its regions are taken now (the device's pool is
+    made if it is not yet). Steps end at each optimizer step. Set it once what lives across steps
+    exists (an inference server's weights, say); :func:`install` ``(plan=...)`` waits for the end
+    of the first optimizer step."""
+    index = _device_index(device)
+    if plan is None:
+        _native.abi_set_ahead(index, None, None)
+        return
+    checked = _checked_plan(plan)
+    _native.abi_set_ahead(index, list(checked.rows), list(checked.offsets), checked.alignment)
+
+
+def plan_step(fn: Callable[..., Any], *example_inputs: Any, steps: int = 2, budget_ms: Optional[int] = None) -> "Plan":
+    """Plans a training step at the shape of ``example_inputs`` (the largest your loop will
+    see), captured under fake tensors: no GPU, no memory. ``fn(*example_inputs)`` runs one step,
+    or, without inputs, ``fn`` is a model function returning ``(model, batch)``; see
+    :func:`vrampool.ahead.capture`. The offsets are aligned as the pools' blocks are. Give the
+    plan to :func:`install`, or save it (``plan.save(path)``)::
+
+        plan = vrampool.torch.plan_step(train_step, torch.empty(8, 1024, dtype=torch.long, device="meta"))
+        vrampool.torch.install(plan=plan)
+    """
+    from vrampool.ahead import BUDGET_MS, capture
+
+    alignment = int(_native.configuration()["alignment"])
+    return capture(fn, *example_inputs, steps=steps, alignment=alignment, budget_ms=BUDGET_MS if budget_ms is None else budget_ms)
 
 
 # ---- statistics, mirrored under PyTorch's names ----

@@ -18,11 +18,14 @@ import bisect
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from vrampool import _native
 from vrampool.capture import Trace, read
 from vrampool.inputs import read_text
+
+if TYPE_CHECKING:
+    from vrampool.ahead import Plan
 
 #: One buffer: (id, lower, upper, size, stream).
 TraceRow = Tuple[int, int, int, int, int]
@@ -44,6 +47,11 @@ PEERS = tuple(_native.ALLOCATOR_MODELS)
 TORCH = "torch"
 #: The static planner's row: every buffer placed in one arena ahead of time.
 PLAN = "plan"
+#: ``default`` served by a plan made ahead of one step at its largest shape (:mod:`vrampool.ahead`,
+#: ``DevicePool(plan=)``): see :func:`ahead_plan`.
+AHEAD = "ahead"
+#: ``ahead="largest"``: the plan of the replayed trace's own largest step.
+LARGEST = "largest"
 #: The rows a replay shows unless told otherwise: vrampool as installed, beside PyTorch's allocator.
 COMPARE = (DEFAULT, TORCH, TORCH + "+expandable")
 #: What ``strategy="all"`` replays, in order (``hybrid+vm`` is ``default``'s strategy: not repeated).
@@ -116,8 +124,8 @@ def strategy_names(strategy: Union[str, Sequence[str]]) -> List[str]:
         return list(COMPARE)
     names = [n.strip() for n in strategy.split(",") if n.strip()] if isinstance(strategy, str) else list(strategy)
     for name in names:
-        if name not in (DEFAULT, PLAN) + PEERS and name.removesuffix(VM_SUFFIX) not in STRATEGIES:
-            choices = ", ".join((DEFAULT,) + PEERS + STRATEGIES + ("NAME" + VM_SUFFIX, PLAN, "compare", "all"))
+        if name not in (DEFAULT, PLAN, AHEAD) + PEERS and name.removesuffix(VM_SUFFIX) not in STRATEGIES:
+            choices = ", ".join((DEFAULT,) + PEERS + STRATEGIES + ("NAME" + VM_SUFFIX, PLAN, AHEAD, "compare", "all"))
             raise ValueError(f"unknown strategy {name!r}; choose one of {choices}")
     if not names:
         raise ValueError("no strategy named")
@@ -156,7 +164,27 @@ def split_conf(names: Sequence[str], conf: str) -> Dict[str, str]:
 def check_conf(conf: str, names: Sequence[str] = (DEFAULT,)) -> None:
     """Raises ``ValueError`` if ``conf`` is no valid configuration of the rows (before long work)."""
     shares = split_conf(names, conf)
-    _native.replay_trace([], [(n, shares[n]) for n in names if n != PLAN], 0)
+    _native.replay_trace([], [(n, shares[n]) for n in names if n not in (PLAN, AHEAD)], 0)
+
+
+def ahead_plan(step: Union[str, Path, "Plan", TraceLike], trace: Optional[TraceLike] = None) -> "Plan":
+    """The plan of the ``ahead`` row: for ``"largest"``, of ``trace``'s own largest step; a plan
+    (a :class:`vrampool.ahead.Plan`, or one saved by ``vrampool plan --trace --save``: a ``.json``
+    file) as it is; else of the largest step of the trace ``step``. The step is the one
+    :func:`vrampool.ahead.from_trace` picks: the largest by peak live bytes among those that leave
+    the fewest buffers live (a capture's first step also makes the parameters and the optimizer's
+    state, which a plan must not hold)."""
+    from vrampool.ahead import Plan, from_trace
+
+    if isinstance(step, Plan):
+        return step
+    if isinstance(step, (str, Path)) and Path(step).suffix == ".json":
+        return Plan.load(step)
+    if isinstance(step, str) and step == LARGEST:
+        if trace is None:
+            raise ValueError(f"ahead={LARGEST!r} plans the replayed trace's largest step: give the trace")
+        return from_trace(load(trace), source=str(trace) if isinstance(trace, (str, Path)) else "the replayed trace")
+    return from_trace(load(step), source=str(step) if isinstance(step, (str, Path)) else "trace")
 
 
 def replay_each(
@@ -166,18 +194,28 @@ def replay_each(
     samples: int = SAMPLES,
     capacity: Optional[int] = None,
     repeat: int = 1,
+    ahead: Union[None, str, Path, "Plan", TraceLike] = None,
 ) -> Iterator[Report]:
     """Yields one report per row (see :func:`replay`) as each finishes, for progress bars.
     ``repeat`` replays the trace that many times back to back on the same pool or model (a warm
     one, for events per second) in the memory of one copy; the plan's row is the same arena for
-    any."""
+    any. ``ahead`` adds the row ``ahead`` with the plan :func:`ahead_plan` makes of it (the row
+    named without ``ahead`` plans the trace's largest step): the pool as installed, served by the
+    plan as ``vrampool.torch.install(plan=...)`` serves it, set at the trace's first ``step`` event
+    (the end of the first optimizer step; in a trace without one, at the first allocation), its
+    steps ended at each ``step`` event; each copy of a repeated replay sets it again."""
     if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
         raise ValueError(f"repeat must be a positive int, got {repeat!r}")
     names = strategy_names(strategy)
+    if ahead is not None and AHEAD not in names:
+        names.append(AHEAD)
     shares = split_conf(names, conf)
     loaded = load(trace)
     rows = loaded.rows()
     recorded = loaded.peak_reserved_bytes()
+    if AHEAD in names:
+        plan = ahead_plan(LARGEST if ahead is None else ahead, loaded)
+        planned = {"ahead": (list(plan.rows), list(plan.offsets), plan.alignment), "steps": [t for t, e in enumerate(loaded.events) if e.op == "step"]}
     for name in names:
         if name == PLAN:
             report = _plan_report(rows, samples, capacity)
@@ -186,7 +224,7 @@ def replay_each(
             # The arena is reserved once, before the first pass.
             report["last_pass_device_allocs"] = report["device_allocs"] if repeat == 1 else 0
         else:
-            report = _native.replay_trace(rows, [(name, shares[name])], samples, capacity, repeat)[0]
+            report = _native.replay_trace(rows, [(name, shares[name])], samples, capacity, repeat, **(planned if name == AHEAD else {}))[0]
             report["strategy"] = name
         if recorded is not None:
             report["recorded_reserved_bytes"] = recorded
@@ -203,7 +241,8 @@ def replay(
     """Replays a trace through ``strategy``: ``default`` (the pool as installed), a pool strategy
     (``slab``, ``best_fit``, ``buddy``, ``hybrid``, any of them with ``+vm`` for virtual-memory
     growth), an allocator model (``torch``, ``torch+expandable``, ``rmm``, ``cupy``, ``async``),
-    ``plan`` (the static planner's arena), ``"compare"`` (:data:`COMPARE`), ``"all"``
+    ``plan`` (the static planner's arena), ``ahead`` (``default`` served by a plan made ahead of the
+    trace's largest step: see :func:`replay_each`), ``"compare"`` (:data:`COMPARE`), ``"all"``
     (:data:`ALL`), or several of those (a list, or names separated by commas). ``conf`` sets
     options: the pool's in ``VRAMPOOL_CONF`` form (e.g. ``"round_up_divisions:4"``) and each
     model's own (``"max_split_size_mb:256"`` for ``torch``); each row takes the keys it knows.

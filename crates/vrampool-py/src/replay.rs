@@ -1,20 +1,26 @@
 //! Trace replay for Python: trace rows in, one dict of figures per pool configuration or
 //! allocator model out.
 
+use std::sync::Arc;
+
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use vrampool_core::config::{key_names, Scope};
-use vrampool_core::{PoolId, PoolSegment};
+use vrampool_core::{PoolError, PoolId, PoolSegment, StreamId};
+use vrampool_steady::{AheadBuffer, AheadPlan};
 use vrampool_whatif::peers::PeerConfig;
 use vrampool_whatif::replay::{self, PreparedTrace, ReplayOptions, ReplayReport, ReplayTarget, TraceBuffer};
-use vrampool_whatif::replay_row::{pool_row_conf, row_target};
+use vrampool_whatif::replay_row::{ahead_target, pool_row_conf, row_target, AHEAD_ROW};
 use vrampool_whatif::trace_live::LiveBytes;
 
 use crate::figures::segment_dict;
 
 /// `(id, lower, upper, size, stream)`.
 type Row = (u64, u64, u64, u64, u64);
+
+/// A plan made ahead: a step's rows `(stream, size, lower, upper)`, their offsets and alignment.
+type AheadArg = (Vec<(u64, u64, u64, u64)>, Vec<u64>, u64);
 
 /// What `allocator_options` calls the pool.
 const POOL: &str = "pool";
@@ -92,14 +98,18 @@ fn peak_segments<'py>(py: Python<'py>, rows: Vec<Row>, row: &str, conf: &str) ->
 }
 
 /// Replays `(id, lower, upper, size, stream)` rows on the address-only simulated device once per
-/// entry of `runs`: `(row, options)`, a row being `default`, a pool strategy (`+vm` or not) or an
-/// allocator model (`torch`, `torch+expandable`, `rmm`, `cupy`, `async`), and its options ones
-/// that do not change what the row's name says. `capacity` limits the
-/// device's memory (a replay that runs out stops there and says where, in `out_of_memory`);
-/// `repeat` replays the trace that many times back to back, in the memory of one copy. Returns
-/// one dict per run.
+/// entry of `runs`: `(row, options)`, a row being `default`, a pool strategy (`+vm` or not), an
+/// allocator model (`torch`, `torch+expandable`, `rmm`, `cupy`, `async`) or `ahead`, and its
+/// options ones that do not change what the row's name says. `ahead` is the default pool served by
+/// the plan `ahead`: `(rows, offsets, alignment)`, a step's rows `(stream, size, lower, upper)` in
+/// the order of their allocations and their offsets (`vrampool.ahead.Plan`); it ends its step at
+/// each of `steps` (the trace's step markers, in the rows' times).
+/// `capacity` limits the device's memory (a replay that runs out stops there and says where, in
+/// `out_of_memory`); `repeat` replays the trace that many times back to back, in the memory of one
+/// copy. Returns one dict per run.
 #[pyfunction]
-#[pyo3(signature = (rows, runs, samples = replay::DEFAULT_SAMPLES, capacity = None, repeat = 1))]
+#[pyo3(signature = (rows, runs, samples = replay::DEFAULT_SAMPLES, capacity = None, repeat = 1, ahead = None, steps = Vec::new()))]
+#[allow(clippy::too_many_arguments)]
 fn replay_trace<'py>(
     py: Python<'py>,
     rows: Vec<Row>,
@@ -107,15 +117,31 @@ fn replay_trace<'py>(
     samples: usize,
     capacity: Option<u64>,
     repeat: u64,
+    ahead: Option<AheadArg>,
+    steps: Vec<u64>,
 ) -> PyResult<Vec<Bound<'py, PyDict>>> {
-    let targets = runs.iter().map(|(row, conf)| row_target(row, conf)).collect::<Result<Vec<_>, _>>().map_err(value_error)?;
+    let plan = match ahead {
+        Some((rows, offsets, alignment)) => {
+            let buffers: Vec<AheadBuffer> =
+                rows.into_iter().map(|(stream, size, lower, upper)| AheadBuffer::new(StreamId(stream), size, lower, upper)).collect();
+            let plan = AheadPlan::with_offsets(&buffers, &offsets, alignment).map_err(|e| value_error(format!("not a valid plan: {e}")))?;
+            Some(Arc::new(plan))
+        }
+        None => None,
+    };
+    let target = |row: &str, conf: &str| match (row, &plan) {
+        (AHEAD_ROW, Some(plan)) => ahead_target(conf, plan.clone()),
+        (AHEAD_ROW, None) => Err(PoolError::InvalidConfig(format!("the row `{AHEAD_ROW}` needs a plan (ahead=)"))),
+        _ => row_target(row, conf),
+    };
+    let targets = runs.iter().map(|(row, conf)| target(row, conf)).collect::<Result<Vec<_>, _>>().map_err(value_error)?;
     if capacity == Some(0) {
         return Err(value_error("capacity must be at least 1 byte"));
     }
     let buffers = trace_buffers(rows);
     let options = ReplayOptions { samples, capacity, repeat, trim_each_pass: false };
     let reports: Vec<ReplayReport> = crate::exit::detach(py, || {
-        let prepared = PreparedTrace::new(&replay::events_from_buffers(&buffers)?)?;
+        let prepared = PreparedTrace::new(&replay::events_from_buffers(&buffers)?)?.with_steps(&replay::step_positions(&buffers, &steps));
         targets.iter().map(|target| replay::replay_prepared(&prepared, target, options)).collect::<Result<Vec<_>, _>>()
     })
     .map_err(value_error)?;

@@ -18,7 +18,7 @@
 //! assert!(report.peak_reserved_bytes >= report.lower_bound_bytes);
 //! ```
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -29,7 +29,7 @@ use vrampool_core::device::{SimDevice, SimMode, StreamId};
 use vrampool_core::error::{OomReport, PoolError};
 use vrampool_core::strategy::StrategyKind;
 use vrampool_core::{MemoryResource, Pool, PoolConfig};
-use vrampool_steady::PlannedMode;
+use vrampool_steady::{AheadPlan, PlannedMode, AUTO_KEY};
 
 /// Capacity of the simulated device a replay runs on: large enough that no trace runs out.
 pub const REPLAY_CAPACITY: u64 = 1 << 50;
@@ -72,19 +72,22 @@ pub struct TimelineSample {
     pub reserved_bytes: u64,
 }
 
-/// What a replay runs: the pool with a configuration, or a model of another allocator.
+/// What a replay runs: the pool with a configuration, a model of another allocator, or the pool
+/// with the steady option served by a plan made ahead (`ahead`: see [`crate::replay_row::ahead_target`]).
 #[derive(Debug, Clone, PartialEq)]
 pub enum ReplayTarget {
     Pool(PoolConfig),
     Peer(PeerConfig),
+    Ahead(PoolConfig, Arc<AheadPlan>),
 }
 
 impl ReplayTarget {
-    /// The pool's strategy name, or the model's name.
+    /// The pool's strategy name, the model's name, or `ahead`.
     pub fn name(&self) -> &'static str {
         match self {
             Self::Pool(config) => config.strategy.name(),
             Self::Peer(peer) => peer.name(),
+            Self::Ahead(..) => crate::replay_row::AHEAD_ROW,
         }
     }
 }
@@ -270,6 +273,14 @@ pub fn events_from_buffers(buffers: &[TraceBuffer]) -> Result<Vec<TraceEvent>, R
     Ok(keyed.into_iter().map(|(_, e)| e).collect())
 }
 
+/// Where step markers at `steps` (times of the buffers' clock, as a trace's `step` events) fall
+/// among the buffers' events: each before every event at or after its time.
+pub fn step_positions(buffers: &[TraceBuffer], steps: &[u64]) -> Vec<usize> {
+    let mut times: Vec<u64> = buffers.iter().flat_map(|b| [b.lower, b.upper]).collect();
+    times.sort_unstable();
+    steps.iter().map(|&t| times.partition_point(|&event| event < t)).collect()
+}
+
 /// A trace checked and lowered for the replay loop (ids mapped to dense slots), so that several
 /// configurations can replay it without checking it again.
 pub struct PreparedTrace {
@@ -277,6 +288,8 @@ pub struct PreparedTrace {
     ops: Vec<(u32, u64, u64)>,
     slots: usize,
     lower_bound: u64,
+    /// Positions in `ops` before which a step ends (sorted; `ops.len()`: at the end).
+    steps: Vec<usize>,
 }
 
 impl PreparedTrace {
@@ -314,7 +327,17 @@ impl PreparedTrace {
                 }
             }
         }
-        Ok(Self { ops, slots: slots as usize, lower_bound: u64::try_from(lower_bound).unwrap_or(u64::MAX) })
+        Ok(Self { ops, slots: slots as usize, lower_bound: u64::try_from(lower_bound).unwrap_or(u64::MAX), steps: Vec::new() })
+    }
+
+    /// The trace with step markers before the events at `positions` (see [`step_positions`]): the
+    /// `ahead` row ends its step there, as `vrampool.torch.install()` does at each optimizer step;
+    /// the other rows' iterations end by themselves, and they ignore the markers.
+    pub fn with_steps(mut self, positions: &[usize]) -> Self {
+        self.steps = positions.iter().map(|&p| p.min(self.ops.len())).collect();
+        self.steps.sort_unstable();
+        self.steps.dedup();
+        self
     }
 
     /// Allocations and frees.
@@ -358,6 +381,14 @@ trait Replayed {
     fn totals(&self) -> (u64, u64, u64, u64);
     /// Gives every cached byte back to the device.
     fn trim(&mut self) -> Result<(), PoolError>;
+    /// A step marker of the trace, and the start of a copy after the first: ignored but by the
+    /// `ahead` row.
+    fn step(&mut self) -> Result<(), PoolError> {
+        Ok(())
+    }
+    fn pass_begins(&mut self) -> Result<(), PoolError> {
+        Ok(())
+    }
 }
 
 /// A pool (statically dispatched) or the planned steps over one (`&dyn MemoryResource`).
@@ -382,6 +413,74 @@ impl<R: MemoryResource + ?Sized> Replayed for &R {
 
     fn trim(&mut self) -> Result<(), PoolError> {
         (**self).trim().map(|_| ())
+    }
+}
+
+/// The pool with the steady option, served by a plan made ahead, as `vrampool.torch.install(plan=)`
+/// serves a training run: steps end at the trace's step markers (the optimizer steps), and the plan
+/// is set at the first one, once the weights and the optimizer's state exist (they live on, and in
+/// the plan's bytes would keep them taken); in a trace without markers, at the first allocation, as
+/// `DevicePool(plan=)` sets it. Each copy of a repeated replay is a run of its own: the plan is
+/// taken off at its start and set again at its first marker.
+struct Ahead<'a> {
+    mode: &'a PlannedMode<Pool>,
+    plan: Arc<AheadPlan>,
+    /// Whether the plan waits for the next marker, or for the next allocation (no markers).
+    pending: bool,
+    markers: bool,
+}
+
+impl Ahead<'_> {
+    fn set(&mut self) -> Result<(), PoolError> {
+        if !self.pending {
+            return Ok(());
+        }
+        match self.mode.planned().set_ahead(Some(self.plan.clone())) {
+            // Refused while buffers of the steady arena live: tried again at the next marker.
+            Err(PoolError::InvalidConfig(_)) if self.markers => Ok(()),
+            done => {
+                self.pending = false;
+                done
+            }
+        }
+    }
+}
+
+impl Replayed for Ahead<'_> {
+    fn allocate(&mut self, size: u64, stream: u64) -> Result<u64, PoolError> {
+        if !self.markers {
+            self.set()?;
+        }
+        self.mode.allocate(size, StreamId(stream))
+    }
+
+    fn free(&mut self, addr: u64) -> Result<(), PoolError> {
+        self.mode.free(addr, None, None)
+    }
+
+    fn now(&self) -> (u64, u64, f64) {
+        self.mode.now()
+    }
+
+    fn totals(&self) -> (u64, u64, u64, u64) {
+        self.mode.totals()
+    }
+
+    fn trim(&mut self) -> Result<(), PoolError> {
+        self.mode.trim().map(|_| ())
+    }
+
+    fn step(&mut self) -> Result<(), PoolError> {
+        self.mode.step(AUTO_KEY);
+        self.set()
+    }
+
+    fn pass_begins(&mut self) -> Result<(), PoolError> {
+        if self.markers {
+            self.mode.planned().set_ahead(None)?;
+            self.pending = true;
+        }
+        Ok(())
     }
 }
 
@@ -424,7 +523,9 @@ pub fn sample_stride(events: usize, samples: usize) -> usize {
 /// device, sampling the timeline at up to `options.samples` evenly spaced event indices. The
 /// samples are read inside the timed loop, so events per second include their cost. With a
 /// capacity, running out of memory ends the replay with `out_of_memory` set. A pool with the
-/// `steady` option runs under the planned steps, as the binding makes its pools.
+/// `steady` option runs under the planned steps, as the binding makes its pools; the `ahead` row
+/// sets its plan at the trace's first step marker (its first allocation, without markers) and ends
+/// a step at each marker, as `vrampool.torch.install(plan=)` does at each optimizer step.
 pub fn replay_prepared(prepared: &PreparedTrace, target: &ReplayTarget, options: ReplayOptions) -> Result<ReplayReport, ReplayError> {
     let device = Arc::new(SimDevice::new(options.capacity.unwrap_or(REPLAY_CAPACITY), SimMode::AddressOnly));
     let report = match target {
@@ -437,6 +538,11 @@ pub fn replay_prepared(prepared: &PreparedTrace, target: &ReplayTarget, options:
             }
         }
         ReplayTarget::Peer(peer) => run(prepared, &mut peer.build(device, options.capacity), options),
+        ReplayTarget::Ahead(config, plan) => {
+            let pool = Pool::new(device, config.clone()).map_err(|source| ReplayError::Pool { index: 0, source })?;
+            let markers = !prepared.steps.is_empty();
+            run(prepared, &mut Ahead { mode: &PlannedMode::steady(pool), plan: plan.clone(), pending: true, markers }, options)
+        }
     }?;
     Ok(ReplayReport { strategy: target.name(), approximate: matches!(target, ReplayTarget::Peer(p) if p.approximate()), ..report })
 }
@@ -468,11 +574,23 @@ fn run<R: Replayed>(prepared: &PreparedTrace, target: &mut R, options: ReplayOpt
     let pass = prepared.ops.len();
     let last_pass = events - pass;
     let (mut first_pass_peak, mut before_last_pass) = (None, (0, 0));
+    // The position in the pass and the next step marker.
+    let (mut at, mut next_step) = (0, 0);
+    // Live buffers, `addr -> end`: in debug builds (every test's replay) no two may share a byte.
+    let mut live = BTreeMap::new();
     let start = Instant::now();
     for (index, &(slot, size, stream)) in prepared.ops.iter().cycle().take(events).enumerate() {
         if index == pass {
             first_pass_peak = Some(target.totals().0);
         }
+        let mut marked = Ok(());
+        if at == pass {
+            // The markers at the end of the copy that ends, then the next copy begins.
+            marked = markers(target, &prepared.steps, &mut next_step, pass).and_then(|()| target.pass_begins());
+            (at, next_step) = (0, 0);
+        }
+        let marked = marked.and_then(|()| markers(target, &prepared.steps, &mut next_step, at));
+        at += 1;
         if trim_each_pass && index > 0 && index % pass == 0 {
             target.trim().map_err(|source| ReplayError::Pool { index, source })?;
         }
@@ -480,11 +598,21 @@ fn run<R: Replayed>(prepared: &PreparedTrace, target: &mut R, options: ReplayOpt
             let (_, _, allocs, frees) = target.totals();
             before_last_pass = (allocs, frees);
         }
-        let result = if size > 0 {
-            target.allocate(size, stream).map(|addr| addrs[slot as usize] = addr)
-        } else {
-            target.free(addrs[slot as usize])
-        };
+        let result = marked.and_then(|()| {
+            if size > 0 {
+                target.allocate(size, stream).map(|addr| {
+                    if cfg!(debug_assertions) {
+                        check_disjoint(&mut live, addr, size, index);
+                    }
+                    addrs[slot as usize] = addr;
+                })
+            } else {
+                if cfg!(debug_assertions) {
+                    live.remove(&addrs[slot as usize]);
+                }
+                target.free(addrs[slot as usize])
+            }
+        });
         match result {
             Ok(()) => {}
             Err(PoolError::OutOfMemory(report)) => {
@@ -523,6 +651,26 @@ fn run<R: Replayed>(prepared: &PreparedTrace, target: &mut R, options: ReplayOpt
         timeline,
         out_of_memory,
     })
+}
+
+/// Runs the step markers at position `at` of a copy, from the `*next`-th on.
+fn markers<R: Replayed>(target: &mut R, steps: &[usize], next: &mut usize, at: usize) -> Result<(), PoolError> {
+    while steps.get(*next) == Some(&at) {
+        *next += 1;
+        target.step()?;
+    }
+    Ok(())
+}
+
+/// Adds `[addr, addr + size)` to the live buffers `live`, panicking where it shares a byte with one.
+fn check_disjoint(live: &mut BTreeMap<u64, u64>, addr: u64, size: u64, index: usize) {
+    let end = addr.saturating_add(size);
+    let below = live.range(..=addr).next_back().filter(|&(_, &e)| e > addr);
+    let above = live.range(addr..end).next();
+    if let Some((&other, &other_end)) = below.or(above) {
+        panic!("event {index}: [{addr:#x}, {end:#x}) shares bytes with the live buffer [{other:#x}, {other_end:#x})");
+    }
+    live.insert(addr, end);
 }
 
 #[cfg(test)]

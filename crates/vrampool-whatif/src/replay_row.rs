@@ -5,18 +5,24 @@
 //! `+vm` grows by mapping virtual memory; an allocator model's name (`torch`, ...) is that
 //! model. A row's name says what it runs, so its options may not change that: `strategy:slab`
 //! for the row `best_fit`, or `expandable_segments:True` for the row `torch`, is an error rather
-//! than a slab (or expandable) replay under the other name.
+//! than a slab (or expandable) replay under the other name. `ahead` is the `default` pool served
+//! by a plan made ahead from one step (`vrampool_steady::AheadPlan`).
+
+use std::sync::Arc;
 
 use crate::peers::{PeerConfig, PEER_NAMES};
 use crate::replay::ReplayTarget;
 use vrampool_core::config::PoolConfig;
 use vrampool_core::error::PoolError;
 use vrampool_core::strategy::StrategyKind;
+use vrampool_steady::AheadPlan;
 
 /// The suffix of a pool row that grows by mapping virtual memory.
 pub const VM_SUFFIX: &str = "+vm";
 /// The pool row configured as the pool is by default.
 pub const DEFAULT_ROW: &str = "default";
+/// The `default` pool served by a plan made ahead.
+pub const AHEAD_ROW: &str = "ahead";
 
 /// The pool row `row`'s configuration text: what its name sets, then `conf`. An error for a
 /// name that is no pool row, for bad options, and for options that change what the name sets.
@@ -45,6 +51,19 @@ pub fn pool_row_conf(row: &str, conf: &str) -> Result<String, PoolError> {
         )));
     }
     Ok(text)
+}
+
+/// The `ahead` row with `conf` (pool options): the `default` pool served by `plan`, set when
+/// `vrampool.torch.install(plan=)` would set it (see [`crate::replay::replay_prepared`]).
+pub fn ahead_target(conf: &str, plan: Arc<AheadPlan>) -> Result<ReplayTarget, PoolError> {
+    let mut config = PoolConfig::default();
+    config.apply_text(conf)?;
+    if !config.steady {
+        return Err(PoolError::InvalidConfig(format!(
+            "the row `{AHEAD_ROW}` serves its plan from the steady arena; `{conf}` would turn that off"
+        )));
+    }
+    Ok(ReplayTarget::Ahead(config, plan))
 }
 
 /// What the row `row` replays, with `conf` (its share of `--conf`) applied.
@@ -114,5 +133,19 @@ mod tests {
         assert!(row_target("slab", "alignment:4096.9").is_err());
         assert!(row_target("default", "limit:1.5").is_err());
         assert!(row_target("default", "device:sim").is_err(), "a replay has no device to choose");
+    }
+
+    #[test]
+    fn the_ahead_row_is_the_default_pool_with_a_plan_of_its_step() {
+        let s0 = vrampool_core::StreamId(0);
+        let step = [vrampool_steady::AheadBuffer::new(s0, 4096, 0, 2), vrampool_steady::AheadBuffer::new(s0, 4096, 1, 3)];
+        let plan = Arc::new(AheadPlan::plan(&step, 512, std::time::Duration::from_millis(10)).unwrap());
+        let Ok(ReplayTarget::Ahead(config, planned)) = ahead_target("small_max:64KB", plan.clone()) else { panic!("an ahead row") };
+        assert_eq!((config.small_max, config.steady, planned.arena_bytes()), (64 << 10, true, 8192));
+        assert_eq!(ahead_target("", plan.clone()).unwrap().name(), AHEAD_ROW);
+        let err = ahead_target("steady:false", plan.clone()).unwrap_err().to_string();
+        assert!(err.contains("would turn that off"), "{err}");
+        assert!(ahead_target("limit:1.5", plan).is_err());
+        assert!(row_target(AHEAD_ROW, "").is_err(), "the row needs its step");
     }
 }

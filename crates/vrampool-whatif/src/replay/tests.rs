@@ -1,6 +1,7 @@
 use super::*;
 use crate::peers::PEER_NAMES;
 use vrampool_core::sizes::MIB;
+use vrampool_steady::AheadBuffer;
 
 fn config(strategy: StrategyKind) -> PoolConfig {
     PoolConfig { strategy, ..PoolConfig::default() }
@@ -384,4 +385,153 @@ fn live_bytes_past_u64_make_the_bound_the_largest_count_not_a_panic() {
     assert_eq!(prepared.lower_bound_bytes(), u64::MAX);
     let report = replay_prepared(&prepared, &ReplayTarget::Peer(PeerConfig::named("torch").unwrap()), ReplayOptions::default()).unwrap();
     assert_eq!(report.out_of_memory.map(|oom| oom.event), Some(0));
+}
+
+/// A transformer-like training step at sequence length `seq` from time `*t` (as the runtime's own
+/// tests make them): activations kept for the backward, a temporary per layer, the loss, then a
+/// gradient per activation. Appends its buffers (ids from `buffers.len()`) and moves `*t` past it.
+fn var_step(seq: u64, layers: u64, t: &mut u64, buffers: &mut Vec<TraceBuffer>) {
+    const UNIT: u64 = 64 << 10;
+    let mut buffer = |lower: u64, upper: u64, size: u64| {
+        buffers.push(TraceBuffer::new(buffers.len() as u64, lower, upper, size));
+    };
+    let start = *t;
+    // Layer l's activation lives from 3l until its gradient's turn; its temporary for one tick.
+    let backward = start + 3 * layers + 1;
+    for l in 0..layers {
+        buffer(start + 3 * l, backward + 2 * (layers - l), seq * UNIT * (1 + l % 2));
+        buffer(start + 3 * l + 1, start + 3 * l + 2, seq * seq * UNIT / 4 + UNIT);
+    }
+    buffer(backward - 1, backward + 2 * layers + 1, seq * UNIT); // the loss
+    for l in (0..layers).rev() {
+        let at = backward + 2 * (layers - 1 - l);
+        buffer(at, at + 2, seq * UNIT); // a gradient
+    }
+    *t = backward + 2 * layers + 2;
+}
+
+/// A run of steps at the lengths `seqs`, a step marker after each, and its largest step's buffers
+/// as a plan made ahead takes them.
+fn var_run(seqs: &[u64]) -> (Vec<TraceBuffer>, Vec<u64>, Vec<AheadBuffer>) {
+    let (mut t, mut buffers, mut markers) = (0, Vec::new(), Vec::new());
+    for &seq in seqs {
+        var_step(seq, 6, &mut t, &mut buffers);
+        markers.push(t);
+        t += 1;
+    }
+    let (mut largest, mut t) = (Vec::new(), 0);
+    var_step(*seqs.iter().max().unwrap(), 6, &mut t, &mut largest);
+    largest.sort_by_key(|b| (b.lower, b.id));
+    let step = largest.iter().map(|b| AheadBuffer::new(StreamId(b.stream), b.size, b.lower, b.upper)).collect();
+    (buffers, markers, step)
+}
+
+/// The `ahead` row with a plan of `step`, at the pool's alignment.
+fn ahead_of(step: &[AheadBuffer]) -> ReplayTarget {
+    let plan = AheadPlan::plan(step, 512, std::time::Duration::from_millis(100)).unwrap();
+    crate::replay_row::ahead_target("", Arc::new(plan)).unwrap()
+}
+
+#[test]
+fn the_ahead_row_serves_a_var_length_run_from_one_arena_below_the_default_rows_peak() {
+    let (buffers, markers, step) = var_run(&[3, 8, 5, 1, 7, 8, 2, 6]);
+    let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap();
+    let prepared = prepared.with_steps(&step_positions(&buffers, &markers));
+    let ahead = ahead_of(&step);
+    let ReplayTarget::Ahead(_, plan) = &ahead else { unreachable!("the ahead row") };
+    let (bound, arena_bytes) = (prepared.lower_bound_bytes(), plan.arena_bytes());
+    for repeat in [1, 10] {
+        let options = ReplayOptions { samples: 10, capacity: None, repeat, trim_each_pass: false };
+        // In a debug build, `run` checks that no two live buffers share a byte, in every row.
+        let report = replay_prepared(&prepared, &ahead, options).unwrap();
+        let default = replay_prepared(&prepared, &ReplayTarget::Pool(PoolConfig::default()), options).unwrap();
+        assert_eq!(report.strategy, "ahead");
+        assert!(report.peak_reserved_bytes <= default.peak_reserved_bytes, "{report:?}\n{default:?}");
+        // The target: within 2% and 2 MiB of the bound.
+        assert!(report.peak_reserved_bytes <= bound + bound / 50 + 2 * MIB, "{} of {bound}", report.peak_reserved_bytes);
+        assert_eq!(report.first_pass_peak_reserved_bytes, report.peak_reserved_bytes);
+        // Step 0 runs on the pool, the plan is set at its marker: from then on the arena's one
+        // region (mapped in 2 MiB chunks) serves every step, and each copy after the first sets the
+        // plan again with no device call.
+        assert_eq!(report.peak_reserved_bytes, arena_bytes.next_multiple_of(2 * MIB));
+        assert!(report.device_allocs + report.device_frees <= 64, "{report:?}");
+        let last_pass_calls = report.last_pass_device_allocs + report.last_pass_device_frees;
+        assert!(repeat == 1 || last_pass_calls == 0, "{report:?}");
+    }
+    // Without the markers the plan is set at the first allocation, and the steps still end, each
+    // once everything it allocated is freed: the arena's region, and no other device call.
+    let auto = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap();
+    let report = replay_prepared(&auto, &ahead, ReplayOptions::default()).unwrap();
+    let chunks = arena_bytes.div_ceil(2 * MIB);
+    assert_eq!((report.peak_reserved_bytes, report.device_allocs, report.device_frees), (chunks * 2 * MIB, chunks, 0));
+}
+
+#[test]
+fn weights_made_before_the_plan_is_set_stay_in_the_pool_and_every_step_is_served() {
+    // Weights (live throughout) made at the start, and state made in the first step that lives on:
+    // the plan is set at the first marker, so none of them sits in its bytes.
+    let (mut buffers, markers, step) = var_run(&[8, 3, 5, 8, 2]);
+    let end = markers.last().unwrap() + 1;
+    for (i, size) in [2 * MIB, 4 * MIB, 6 * MIB].into_iter().enumerate() {
+        buffers.push(TraceBuffer::new(1000 + i as u64, 0, end, size));
+        buffers.push(TraceBuffer::new(2000 + i as u64, markers[0] - 1, end, size));
+    }
+    let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap().with_steps(&step_positions(&buffers, &markers));
+    let options = ReplayOptions { samples: 0, capacity: None, repeat: 3, trim_each_pass: false };
+    let ahead = replay_prepared(&prepared, &ahead_of(&step), options).unwrap();
+    let default = replay_prepared(&prepared, &ReplayTarget::Pool(PoolConfig::default()), options).unwrap();
+    let bound = prepared.lower_bound_bytes();
+    assert!(ahead.peak_reserved_bytes <= default.peak_reserved_bytes.min(bound + bound / 50 + 2 * MIB), "{ahead:?}");
+    assert_eq!(ahead.last_pass_device_allocs + ahead.last_pass_device_frees, 0);
+}
+
+#[test]
+fn an_ahead_row_whose_arena_does_not_fit_runs_out_at_the_first_event() {
+    let (buffers, _, step) = var_run(&[8, 4]);
+    let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap();
+    let ahead = ahead_of(&step);
+    let options = ReplayOptions { samples: 10, capacity: Some(prepared.lower_bound_bytes() / 2), repeat: 1, trim_each_pass: false };
+    let report = replay_prepared(&prepared, &ahead, options).unwrap();
+    let oom = report.out_of_memory.expect("the arena is larger than the device");
+    assert_eq!((oom.event, report.events), (0, 0));
+    assert!(oom.report.requested >= prepared.lower_bound_bytes(), "{oom:?}");
+}
+
+#[test]
+fn step_markers_fall_before_the_events_at_their_time() {
+    // 0 lives on [0, 1), 1 on [3, 4): alloc 0, free 0, alloc 1, free 1.
+    let buffers = [TraceBuffer::new(0, 0, 1, 512), TraceBuffer::new(1, 3, 4, 512)];
+    assert_eq!(step_positions(&buffers, &[0, 1, 2, 3, 10]), [0, 1, 2, 2, 4]);
+    let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap().with_steps(&[9, 2, 2, 0]);
+    assert_eq!(prepared.steps, [0, 2, 4]);
+}
+
+/// Hands out every buffer at the same address.
+struct Overlapping;
+
+impl Replayed for Overlapping {
+    fn allocate(&mut self, _: u64, _: u64) -> Result<u64, PoolError> {
+        Ok(4096)
+    }
+    fn free(&mut self, _: u64) -> Result<(), PoolError> {
+        Ok(())
+    }
+    fn now(&self) -> (u64, u64, f64) {
+        (0, 0, 0.0)
+    }
+    fn totals(&self) -> (u64, u64, u64, u64) {
+        (0, 0, 0, 0)
+    }
+    fn trim(&mut self) -> Result<(), PoolError> {
+        Ok(())
+    }
+}
+
+#[test]
+#[cfg(debug_assertions)]
+#[should_panic(expected = "shares bytes with the live buffer")]
+fn a_replay_in_a_debug_build_catches_two_live_buffers_sharing_a_byte() {
+    let buffers = [TraceBuffer::new(0, 0, 2, 512), TraceBuffer::new(1, 1, 3, 512)];
+    let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap();
+    let _ = run(&prepared, &mut Overlapping, ReplayOptions::default());
 }

@@ -1,0 +1,415 @@
+"""Plans made ahead at a step's largest shape: the rule for models whose shapes change.
+
+Plan one step once, statically, at its largest shape (the longest sequence, the largest batch).
+A pool given the plan serves every step by it from the very first: a step's i-th allocation takes
+the plan's i-th offset when it fits there (the same stream, at most the planned size, none of
+those bytes in use now), so a smaller step's buffers sit inside the plan. One whose bytes are
+still in use goes to the pool alone; the first of another stream or a larger size ends the
+plan's part in that step and the rest of the step goes to the pool (counted in
+``steady_stats()["fallbacks"]``). The arena, one region per stream, is taken when the plan is
+set. A step ends once everything it allocated is freed (or, under
+:func:`vrampool.torch.install`, at each optimizer step).
+
+A :class:`Plan` comes from rows (:func:`plan_step`), from a captured trace (:func:`from_trace`),
+or from a training step run under fake tensors (:func:`capture`: no GPU, no memory). It is saved
+and loaded as a checked file (:meth:`Plan.save`, :meth:`Plan.load`), and set with
+``DevicePool(plan=...)``, :meth:`vrampool.DevicePool.set_plan` or
+``vrampool.torch.install(plan=...)``.
+
+>>> import os, tempfile
+>>> import vrampool
+>>> from vrampool.ahead import Plan, plan_step
+>>> MIB = 1 << 20
+>>> # One step at its largest shape: (stream, size, lower, upper) per buffer, in allocation order.
+>>> plan = plan_step([(0, 8 * MIB, 0, 3), (0, 4 * MIB, 1, 2), (0, 8 * MIB, 2, 4)])
+>>> plan.arena_bytes // MIB, plan.lower_bound_bytes // MIB
+(16, 16)
+>>> path = os.path.join(tempfile.mkdtemp(), "plan.json")
+>>> plan.save(path)
+>>> Plan.load(path) == plan
+True
+>>> pool = vrampool.DevicePool("sim", capacity=1 << 30, plan=path)
+>>> a = pool.allocate(6 * MIB)                 # a smaller step: each buffer at its planned offset
+>>> b = pool.allocate(3 * MIB)
+>>> b.free()
+>>> c = pool.allocate(5 * MIB)
+>>> a.free(); c.free()                         # everything freed: the step ends
+>>> s = pool.steady_stats()
+>>> s["planned_allocations"], s["fallbacks"], s["arena_bytes"] // MIB
+(3, 0, 16)
+
+The file is JSON, a buffer a line::
+
+    {
+     "format": "vrampool-plan-ahead",
+     "version": 1,
+     "sha256": "<hex>",
+     "plan": {
+      "alignment": 512, "arena_bytes": ..., "lower_bound_bytes": ..., "source": "g.jsonl", "step": 1,
+      "buffers": [
+       [stream, size, lower, upper, offset],
+       ...
+      ]
+     }
+    }
+
+``sha256`` is of the ``plan`` object written canonically (keys sorted, no spaces:
+``json.dumps(plan, sort_keys=True, separators=(",", ":"))``). :meth:`Plan.load` refuses, with a
+``ValueError`` that says why, a file that is not JSON or is cut short, another format or version,
+a checksum that does not match, and a plan that the planner's validator refuses (misaligned
+offsets, two buffers live at once sharing a byte) or whose figures are not its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+
+from vrampool import _native
+from vrampool.inputs import quote, read_text
+from vrampool.streams import as_int
+
+if TYPE_CHECKING:
+    from vrampool.capture import Trace
+
+__all__ = ["ALIGNMENT", "BUDGET_MS", "FORMAT", "VERSION", "Plan", "StepRow", "as_plan", "capture", "from_trace", "plan_step"]
+
+#: One buffer of a step: (stream, size, lower, upper), live on ``[lower, upper)``.
+StepRow = Tuple[int, int, int, int]
+#: What a plan's offsets are aligned to unless told otherwise: the pool's default block alignment.
+ALIGNMENT = 512
+#: The planner's search time per stream beyond its heuristics.
+BUDGET_MS = 100
+#: The file's ``format`` and ``version``.
+FORMAT = "vrampool-plan-ahead"
+VERSION = 1
+#: The largest alignment a pool takes (1 GiB).
+_MAX_ALIGNMENT = 1 << 30
+
+
+def _natural(value: Any, what: str, low: int = 0) -> int:
+    """``value`` (any integer type but a bool) as an int in ``[low, 2**64)``; a ``TypeError`` or
+    ``ValueError`` naming ``what``."""
+    number = as_int(value)
+    if number is None:
+        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
+    if not low <= number < 1 << 64:
+        raise ValueError(f"{what} must be an int in [{low}, 2**64), got {number}")
+    return number
+
+
+def _step_rows(rows: Iterable[Sequence[int]]) -> Tuple[StepRow, ...]:
+    """Rows checked for types and ranges (the planner checks the rest and says which buffer)."""
+    if isinstance(rows, (str, bytes, Path)):
+        raise TypeError("rows are (stream, size, lower, upper) tuples, not a file name: Plan.load reads a plan file")
+    checked = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, (tuple, list)) or len(row) != 4:
+            raise ValueError(f"row {i}: a step's buffer is (stream, size, lower, upper), got {quote(row)}")
+        stream, size, lower, upper = (_natural(v, f"row {i}: {name}") for v, name in zip(row, ("stream", "size", "lower", "upper")))
+        if size == 0:
+            raise ValueError(f"row {i}: size must be at least 1 byte")
+        if upper <= lower:
+            raise ValueError(f"row {i}: upper ({upper}) must exceed lower ({lower})")
+        checked.append((stream, size, lower, upper))
+    return tuple(checked)
+
+
+def _alignment(value: Any) -> int:
+    alignment = _natural(value, "alignment", 1)
+    if alignment & (alignment - 1) or not ALIGNMENT <= alignment <= _MAX_ALIGNMENT:
+        raise ValueError(f"alignment must be a power of two from {ALIGNMENT} B to 1 GiB (as a pool's is), got {alignment}")
+    return alignment
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """One step planned ahead: ``offsets[i]`` is where the step's i-th allocation (``rows[i]``:
+    stream, size, lower, upper) lies in its stream's region, each a multiple of ``alignment``.
+
+    Made, the plan is checked by the planner's validator (no two buffers of a stream live at once
+    share a byte; every offset aligned), which also gives ``arena_bytes`` (every region together)
+    and ``lower_bound_bytes`` (the most bytes live at once, per stream, summed): a ``ValueError``
+    says why a plan is refused. ``source`` and ``step`` say where the step came from (a trace's
+    file and its step's index, ``"rows"``, ``"capture of fn"``).
+
+    Streams are the handles the pool is called with; a trace's and a capture's are its own
+    numbers (0: the default stream, where a capture puts everything).
+    """
+
+    rows: Tuple[StepRow, ...]
+    offsets: Tuple[int, ...]
+    alignment: int = ALIGNMENT
+    source: str = "rows"
+    step: Optional[int] = None
+    arena_bytes: int = dataclasses.field(init=False)
+    lower_bound_bytes: int = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        rows = _step_rows(self.rows)
+        offsets = tuple(_natural(v, f"offset {i}") for i, v in enumerate(self.offsets))
+        alignment = _alignment(self.alignment)
+        if not isinstance(self.source, str):
+            raise TypeError(f"source must be a str, not {type(self.source).__name__}")
+        if self.step is not None:
+            _natural(self.step, "step")
+        if not rows:
+            raise ValueError("a plan needs at least one buffer")
+        arena, bound = _native.check_ahead(list(rows), list(offsets), alignment)
+        for name, value in (("rows", rows), ("offsets", offsets), ("arena_bytes", arena), ("lower_bound_bytes", bound)):
+            object.__setattr__(self, name, value)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The ``plan`` object of the file (see the module's docstring)."""
+        return {
+            "alignment": self.alignment,
+            "arena_bytes": self.arena_bytes,
+            "lower_bound_bytes": self.lower_bound_bytes,
+            "source": self.source,
+            "step": self.step,
+            "buffers": [[*row, offset] for row, offset in zip(self.rows, self.offsets)],
+        }
+
+    def save(self, path: Union[str, "os.PathLike[str]"]) -> None:
+        """Writes the plan to ``path`` (JSON, see the module's docstring), a buffer a line."""
+        payload = self.to_dict()
+        head = {"format": FORMAT, "version": VERSION, "sha256": _checksum(payload)}
+        fields = [f" {json.dumps(k)}: {json.dumps(v)}" for k, v in head.items()]
+        plan = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in payload.items() if k != "buffers"]
+        buffers = ",\n".join(f"   {json.dumps(b)}" for b in payload["buffers"])
+        plan.append(f'  "buffers": [\n{buffers}\n  ]')
+        Path(path).write_text("{\n" + ",\n".join([*fields, ' "plan": {\n' + ",\n".join(plan) + "\n }"]) + "\n}\n")
+
+    @classmethod
+    def load(cls, path: Union[str, "os.PathLike[str]"]) -> "Plan":
+        """The plan saved at ``path``. Raises ``ValueError`` (naming the file) for anything but an
+        intact plan file of this version whose plan the validator accepts, ``OSError`` where the
+        file cannot be read."""
+        try:
+            return cls._from_document(json.loads(read_text(path)))
+        except (ValueError, TypeError, RecursionError) as e:
+            why = "not JSON, or cut short" if isinstance(e, json.JSONDecodeError) else "nested too deeply" if isinstance(e, RecursionError) else e
+            raise ValueError(f"{path}: not a usable vrampool plan: {why}") from None
+
+    @classmethod
+    def _from_document(cls, document: Any) -> "Plan":
+        if not isinstance(document, dict) or document.get("format") != FORMAT:
+            found = document.get("format") if isinstance(document, dict) else None
+            raise ValueError(f"the file's format is {quote(found)}, not {FORMAT!r}")
+        version = document.get("version")
+        if version != VERSION or isinstance(version, bool):
+            raise ValueError(f"version {quote(version)}; this vrampool reads version {VERSION}")
+        payload = document.get("plan")
+        if not isinstance(payload, dict):
+            raise ValueError("no plan object")
+        if document.get("sha256") != _checksum(payload):
+            raise ValueError("its checksum does not match: the file was changed or damaged")
+        buffers = payload.get("buffers")
+        if not isinstance(buffers, list) or not all(isinstance(b, list) and len(b) == 5 for b in buffers):
+            raise ValueError("buffers must be a list of [stream, size, lower, upper, offset]")
+        plan = cls(
+            rows=tuple(tuple(b[:4]) for b in buffers),  # type: ignore[misc]
+            offsets=tuple(b[4] for b in buffers),
+            alignment=payload.get("alignment"),  # type: ignore[arg-type]
+            source=payload.get("source"),  # type: ignore[arg-type]
+            step=payload.get("step"),
+        )
+        for name in ("arena_bytes", "lower_bound_bytes"):
+            if payload.get(name) != getattr(plan, name):
+                raise ValueError(f"it says {name} is {quote(payload.get(name))}, the plan needs {getattr(plan, name)}")
+        return plan
+
+
+def _checksum(payload: Dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def as_plan(plan: Union[Plan, str, "os.PathLike[str]"]) -> Plan:
+    """``plan`` itself, or the plan saved at a path (:meth:`Plan.load`)."""
+    if isinstance(plan, Plan):
+        return plan
+    if isinstance(plan, (str, os.PathLike)):
+        return Plan.load(os.fspath(plan))
+    raise TypeError(f"plan must be a vrampool.ahead.Plan or the path of a saved one, not {type(plan).__name__}")
+
+
+def plan_step(
+    rows: Iterable[Sequence[int]], alignment: int = ALIGNMENT, budget_ms: int = BUDGET_MS, *, source: str = "rows", step: Optional[int] = None
+) -> Plan:
+    """Plans one step: ``rows`` are its buffers ``(stream, size, lower, upper)`` in the order of
+    their allocations, live on ``[lower, upper)`` in any unit of time; a region per stream, each
+    searched for at most ``budget_ms`` beyond the planner's heuristics."""
+    checked = _step_rows(rows)
+    if not checked:
+        raise ValueError("the step has no buffers to plan")
+    budget = _natural(budget_ms, "budget_ms")
+    offsets = _native.plan_ahead(list(checked), _alignment(alignment), budget)
+    return Plan(checked, tuple(offsets), alignment, source, step)
+
+
+def _steps(trace: "Trace") -> List[Tuple[List[StepRow], int]]:
+    """Each step's rows in allocation order, times being event indices within the step, and how
+    many of its buffers it leaves live. Such a buffer is live for the whole step: its bytes stay
+    taken into the next step, so none of this step's buffers may share them either."""
+    steps: List[Tuple[List[StepRow], int]] = []
+    rows: List[List[int]] = []
+    born: Dict[int, int] = {}
+    time = 0
+
+    def close() -> None:
+        for index in born.values():
+            rows[index][2:4] = [0, time]
+        if rows:
+            steps.append(([(r[0], r[1], r[2], r[3]) for r in rows], len(born)))
+
+    for e in trace.events:
+        if e.op == "step":
+            close()
+            rows, born, time = [], {}, 0
+            continue
+        if e.op == "alloc":
+            born[e.id] = len(rows)
+            rows.append([e.stream, e.size, time, time + 1])
+        elif e.id in born:  # a free of this step's buffer (others were born before it)
+            rows[born.pop(e.id)][3] = time
+        time += 1
+    close()
+    return steps
+
+
+def _peak(rows: Sequence[StepRow]) -> int:
+    """The most bytes of ``rows`` live at once (frees before allocations at the same time)."""
+    events = sorted([(lo, size) for _, size, lo, _ in rows] + [(up, -size) for _, size, _, up in rows])
+    live = peak = 0
+    for _, delta in events:
+        live += delta
+        peak = max(peak, live)
+    return peak
+
+
+def from_trace(
+    trace: Union[str, Path, "Trace", Iterable[Sequence[int]]],
+    step: Optional[int] = None,
+    alignment: int = ALIGNMENT,
+    budget_ms: int = BUDGET_MS,
+    *,
+    source: Optional[str] = None,
+) -> Plan:
+    """Plans one step of a captured trace (a file :func:`vrampool.capture.read` reads, a
+    ``Trace``, or ``(id, lower, upper, size[, stream])`` rows): the steps lie between its
+    ``step`` events (a trace without one is one step); those that allocate are counted from 0.
+
+    ``step`` None takes the largest step by peak live bytes among those that leave the fewest
+    buffers live at their end (none, where a step frees everything it allocates): a capture's
+    first step also makes what lives across steps (the parameters, the optimizer's state), and a
+    plan holding those would find their bytes taken in every later step. A buffer the step does
+    not free is planned as live for the whole step."""
+    from vrampool.trace import load
+
+    loaded = load(trace)
+    steps = _steps(loaded)
+    if not steps:
+        raise ValueError("the trace holds no allocations")
+    if step is None:
+        fewest = min(left for _, left in steps)
+        step = max((i for i, (_, left) in enumerate(steps) if left == fewest), key=lambda i: (_peak(steps[i][0]), -i))
+    elif isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < len(steps):
+        raise ValueError(f"step {quote(step)} is not a step of the trace: it has {len(steps)} steps with allocations (0 to {len(steps) - 1})")
+    name = source if source is not None else str(trace) if isinstance(trace, (str, Path)) else "trace"
+    return plan_step(steps[step][0], alignment, budget_ms, source=name, step=step)
+
+
+def capture(
+    fn: Callable[..., Any],
+    *example_inputs: Any,
+    steps: int = 2,
+    alignment: int = ALIGNMENT,
+    budget_ms: int = BUDGET_MS,
+) -> Plan:
+    """Plans a training step at the shape of ``example_inputs``, captured under fake tensors (no
+    GPU and no memory: only shapes and lifetimes), ``steps`` times over; the plan is of the step
+    :func:`from_trace` picks (the first step also makes what lives across steps, such as the
+    optimizer's state, hence two by default).
+
+    With ``example_inputs``, ``fn(*inputs)`` runs one step; each step takes fresh copies of the
+    example tensors (as a loop copies its batch to the device), of their shapes and dtypes (meta
+    tensors will do), and drops them at its end. The model and optimizer ``fn`` closes over are
+    left as they were: ops on their tensors run on fake copies, an optimizer that steps gets its
+    state back afterwards, and the fake gradients the capture leaves on its parameters are dropped.
+    Without ``example_inputs``, ``fn`` is a model function as ``vrampool capture --model`` takes
+    (:mod:`vrampool.training`: it returns ``(model, batch)``, ``(model, batch, loss_fn)`` or a
+    training step). Raises ``ValueError`` (one line) when ``fn`` fails under fake tensors."""
+    from vrampool.training import capture_model
+
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {quote(steps)}")
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, not {type(fn).__name__}")
+    name = getattr(fn, "__qualname__", type(fn).__name__)
+    if example_inputs:
+        trace = _capture_step(fn, example_inputs, steps, name)
+    else:
+        trace = capture_model(fn, steps, name=name)
+    return from_trace(trace, None, alignment, budget_ms, source=f"capture of {name}")
+
+
+def _capture_step(fn: Callable[..., Any], inputs: Sequence[Any], steps: int, name: str) -> "Trace":
+    """The trace of ``steps`` calls of ``fn`` on fresh fake copies of ``inputs``, a step each."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from vrampool.capture import Recorder
+    from vrampool.training import ModelFunctionError, _failure, _quiet_fake_tensor_log
+
+    def fresh(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        device = "cpu" if value.device.type == "meta" else value.device
+        return torch.empty(value.shape, dtype=value.dtype, device=device)
+
+    recorder = Recorder()
+    with _optimizers_kept(), _quiet_fake_tensor_log(), FakeTensorMode(allow_non_fake_inputs=True), recorder.tracker():
+        for _ in range(steps):
+            batch = [fresh(v) for v in inputs]
+            try:
+                fn(*batch)
+            except (ModelFunctionError, KeyboardInterrupt):
+                raise
+            except BaseException as e:  # the user's code: one line, whatever it raised
+                raise ModelFunctionError(_failure(name, e, True)) from None
+            del batch
+            recorder.step()
+    return recorder.trace
+
+
+@contextlib.contextmanager
+def _optimizers_kept() -> Iterator[None]:
+    """Every optimizer that steps inside gets back the state it had before (the capture's is
+    fake tensors), and its parameters lose the fake gradients the capture left them, so that the
+    model and optimizer ``fn`` closes over train for real afterwards."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    kept: Dict[int, Tuple[Any, Dict[Any, Dict[str, Any]]]] = {}
+
+    def remember(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if id(optimizer) not in kept:
+            kept[id(optimizer)] = (optimizer, {p: dict(state) for p, state in optimizer.state.items()})
+
+    handle = register_optimizer_step_pre_hook(remember)
+    try:
+        yield
+    finally:
+        handle.remove()
+        for optimizer, state in kept.values():
+            optimizer.state.clear()
+            optimizer.state.update(state)
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if isinstance(p.grad, FakeTensor):
+                        p.grad = None
