@@ -15,128 +15,16 @@ import os
 import random
 import subprocess
 import sys
-from ctypes import POINTER, byref, c_char_p, c_double, c_int, c_size_t, c_uint, c_uint64, c_void_p
+from ctypes import POINTER, byref, c_double, c_int, c_size_t, c_uint64, c_void_p
 from typing import Callable, Dict, Iterator, List, Tuple
 
 import pytest
 
 import vrampool
+from _emulated import DRIVER, MIB, STEP_COSTS, STRICT
 from vrampool import DevicePool, _native
 from vrampool.testing import native
 
-MIB = 1 << 20
-
-
-def _emulator() -> ctypes.CDLL:
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError as e:
-        return _skip(f"no libcuda: {e}")
-    if not hasattr(lib, "emucuda_is_emulated"):
-        return _skip("the loaded libcuda is not the emulated driver")
-    return lib
-
-
-def _skip(why: str) -> ctypes.CDLL:
-    if os.environ.get("VRAMPOOL_REQUIRE_EMULATED") == "1":
-        raise RuntimeError(f"VRAMPOOL_REQUIRE_EMULATED=1 but {why}; run under scripts/emulated-cuda.sh")
-    pytest.skip(f"{why}; run under scripts/emulated-cuda.sh", allow_module_level=True)
-    raise AssertionError("unreachable")
-
-
-class Driver:
-    """The driver calls the tests make themselves, and the emulator's test-only entry points."""
-
-    def __init__(self, lib: ctypes.CDLL) -> None:
-        self.lib = lib
-        for name, restype, argtypes in [
-            ("emucuda_call_count", c_uint64, [c_char_p]),
-            ("emucuda_call_counts", c_size_t, [c_char_p, c_size_t]),
-            ("emucuda_fail", c_uint, [c_char_p, c_uint64, c_uint]),
-            ("emucuda_races", c_uint64, []),
-            ("emucuda_reports", c_size_t, [c_char_p, c_size_t]),
-            ("emucuda_set_strict", None, [c_int]),
-            ("emucuda_set_memory", c_uint, [c_int, c_uint64]),
-            ("emucuda_launch_fill", c_uint, [c_uint64, c_uint64, ctypes.c_uint8, c_uint, c_void_p]),
-            ("cuMemcpyHtoD_v2", c_uint, [c_uint64, c_void_p, c_size_t]),
-            ("cuMemcpyDtoH_v2", c_uint, [c_void_p, c_uint64, c_size_t]),
-            ("cuMemsetD8Async", c_uint, [c_uint64, ctypes.c_uint8, c_size_t, c_void_p]),
-            ("cuPointerGetAttribute", c_uint, [c_void_p, c_int, c_uint64]),
-            ("cuCtxSetCurrent", c_uint, [c_void_p]),
-            ("cuStreamCreate", c_uint, [POINTER(c_void_p), c_uint]),
-            ("cuStreamDestroy_v2", c_uint, [c_void_p]),
-        ]:
-            fn = getattr(lib, name)
-            fn.restype, fn.argtypes = restype, argtypes
-        self.check(lib.cuInit(0))
-        self.contexts = []
-        count = c_int()
-        self.check(lib.cuDeviceGetCount(byref(count)))
-        for d in range(count.value):
-            ctx = c_void_p()
-            self.check(lib.cuDevicePrimaryCtxRetain(byref(ctx), d))
-            self.contexts.append(ctx)
-
-    @staticmethod
-    def check(rc: int) -> None:
-        assert rc == 0, f"CUDA driver error {rc}"
-
-    def use(self, device: int) -> None:
-        self.check(self.lib.cuCtxSetCurrent(self.contexts[device]))
-
-    def current(self) -> int:
-        ctx = c_void_p()
-        self.check(self.lib.cuCtxGetCurrent(byref(ctx)))
-        return ctx.value or 0
-
-    def write(self, ptr: int, data: bytes) -> None:
-        self.check(self.lib.cuMemcpyHtoD_v2(ptr, data, len(data)))
-
-    def read(self, ptr: int, n: int) -> bytes:
-        host = ctypes.create_string_buffer(n)
-        self.check(self.lib.cuMemcpyDtoH_v2(host, ptr, n))
-        return host.raw
-
-    def mem_info(self, device: int = 0) -> Tuple[int, int]:
-        self.use(device)
-        free, total = c_size_t(), c_size_t()
-        self.check(self.lib.cuMemGetInfo_v2(byref(free), byref(total)))
-        return free.value, total.value
-
-    def ordinal_of(self, ptr: int) -> int:
-        ordinal = c_int()
-        self.check(self.lib.cuPointerGetAttribute(byref(ordinal), 9, ptr))  # DEVICE_ORDINAL
-        return ordinal.value
-
-    def stream(self) -> int:
-        s = c_void_p()
-        self.check(self.lib.cuStreamCreate(byref(s), 1))  # non-blocking, as CudaDevice makes them
-        return s.value
-
-    def calls(self, name: str) -> int:
-        return self.lib.emucuda_call_count(name.encode())
-
-    def all_calls(self) -> Dict[str, int]:
-        n = self.lib.emucuda_call_counts(None, 0)
-        buf = ctypes.create_string_buffer(n + 1)
-        self.lib.emucuda_call_counts(buf, n + 1)
-        return {name: int(count) for name, count in (line.split() for line in buf.value.decode().splitlines())}
-
-    def fail(self, name: str, nth: int, code: int = 999) -> None:
-        self.check(self.lib.emucuda_fail(name.encode(), nth, code))
-
-    def races(self) -> int:
-        return self.lib.emucuda_races()
-
-    def reports(self) -> str:
-        n = self.lib.emucuda_reports(None, 0)
-        buf = ctypes.create_string_buffer(n + 1)
-        self.lib.emucuda_reports(buf, n + 1)
-        return buf.value.decode()
-
-
-DRIVER = Driver(_emulator())
-STRICT = os.environ.get("EMULATED_CUDA_STRICT") == "1"
 #: The test kernel's delay where a test needs its work still pending at the next call: long
 #: enough that a loaded CI machine does not finish it first.
 PENDING_US = 400_000
@@ -192,6 +80,26 @@ def test_emulated_growth_and_trim_give_the_memory_back() -> None:
     assert pool.trim() == grown
     assert DRIVER.mem_info()[0] == start, "every byte is back in cuMemGetInfo"
     pool.close()
+
+
+@pytest.mark.parametrize("steady", [True, False])
+def test_emulated_close_says_what_a_failed_unmap_kept(steady: bool) -> None:
+    """Issue 57, class 7: close() with one cuMemUnmap failing kept 2 MiB and returned [] as if
+    all were well. It raises a DeviceError naming the bytes kept, with the pool closed; closing
+    again gives them back."""
+    start, _ = DRIVER.mem_info()
+    pool = DevicePool(0, steady=steady)
+    pool.deallocate(pool.allocate(4 * MIB))  # the middle tier's expandable range: two 2 MiB pieces
+    DRIVER.fail("cuMemUnmap", 1)
+    with pytest.raises(vrampool.DeviceError, match=r"refused to take back 2097152 bytes .*cuMemUnmap"):
+        pool.close()
+    assert pool.closed
+    assert DRIVER.mem_info()[0] == start - 2 * MIB
+    with pytest.raises(vrampool.PoolClosedError):
+        pool.allocate(512)
+    assert pool.close() == [], "closed again: the kept piece goes back"
+    assert DRIVER.mem_info()[0] == start
+    assert pool.close() == []
 
 
 def test_emulated_out_of_memory_and_release_and_retry_at_a_limit() -> None:
@@ -406,8 +314,6 @@ def test_emulated_race_check_reports_an_unordered_write(pool: DevicePool) -> Non
     EXPECTED_RACES["test_emulated_race_check_reports_an_unordered_write"] = 1
 
 
-#: The driver calls that cost a step: memory from and back to the driver, and waits.
-STEP_COSTS = ("cuMemAlloc", "cuMemFree", "cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemRelease", "cuMemAddressReserve", "cuMemAddressFree", "cuCtxSynchronize", "cuStreamSynchronize")
 
 
 def _training_pass(pool: DevicePool, rng: random.Random) -> None:

@@ -20,158 +20,18 @@ import json
 import os
 import subprocess
 import sys
-from ctypes import POINTER, byref, c_char_p, c_int, c_size_t, c_uint, c_uint64, c_void_p
+from ctypes import c_size_t, c_uint64, c_void_p
 from typing import Iterator, List, Sequence, Tuple
 
 import pytest
 
+from _emulated import DRIVER, MIB, STEP_COSTS, Copies, assert_no_races, no_races, streams_fixture  # noqa: F401 (fixtures)
 from vrampool import DeviceBuffer, DevicePool
 
-MIB = 1 << 20
-
-
-def _emulator() -> ctypes.CDLL:
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError as e:
-        return _skip(f"no libcuda: {e}")
-    if not hasattr(lib, "emucuda_is_emulated"):
-        return _skip("the loaded libcuda is not the emulated driver")
-    return lib
-
-
-def _skip(why: str) -> ctypes.CDLL:
-    if os.environ.get("VRAMPOOL_REQUIRE_EMULATED") == "1":
-        raise RuntimeError(f"VRAMPOOL_REQUIRE_EMULATED=1 but {why}; run under scripts/emulated-cuda.sh")
-    pytest.skip(f"{why}; run under scripts/emulated-cuda.sh", allow_module_level=True)
-    raise AssertionError("unreachable")
-
-
-class Driver:
-    """The driver calls the tests make themselves, and the emulator's test-only entry points."""
-
-    def __init__(self, lib: ctypes.CDLL) -> None:
-        self.lib = lib
-        for name, restype, argtypes in [
-            ("emucuda_races", c_uint64, []),
-            ("emucuda_reports", c_size_t, [c_char_p, c_size_t]),
-            ("emucuda_set_strict", None, [c_int]),
-            ("emucuda_launch_fill", c_uint, [c_uint64, c_uint64, ctypes.c_uint8, c_uint, c_void_p]),
-            ("cuMemAllocHost_v2", c_uint, [POINTER(c_void_p), c_size_t]),
-            ("cuMemFreeHost", c_uint, [c_void_p]),
-            ("cuMemcpyDtoHAsync_v2", c_uint, [c_void_p, c_uint64, c_size_t, c_void_p]),
-            ("cuMemcpyDtoH_v2", c_uint, [c_void_p, c_uint64, c_size_t]),
-            ("cuStreamSynchronize", c_uint, [c_void_p]),
-            ("cuCtxSetCurrent", c_uint, [c_void_p]),
-            ("cuStreamCreate", c_uint, [POINTER(c_void_p), c_uint]),
-            ("cuStreamDestroy_v2", c_uint, [c_void_p]),
-        ]:
-            fn = getattr(lib, name)
-            fn.restype, fn.argtypes = restype, argtypes
-        self.check(lib.cuInit(0))
-        self.context = c_void_p()
-        self.check(lib.cuDevicePrimaryCtxRetain(byref(self.context), 0))
-
-    @staticmethod
-    def check(rc: int) -> None:
-        assert rc == 0, f"CUDA driver error {rc}"
-
-    def use(self) -> None:
-        self.check(self.lib.cuCtxSetCurrent(self.context))
-
-    def stream(self) -> int:
-        s = c_void_p()
-        self.check(self.lib.cuStreamCreate(byref(s), 1))  # non-blocking, as CudaDevice makes them
-        return s.value or 0
-
-    def fill(self, ptr: int, size: int, value: int, delay_us: int, stream: int) -> None:
-        """A kernel on `stream` that sleeps `delay_us`, then writes `value` over the bytes."""
-        self.check(self.lib.emucuda_launch_fill(ptr, size, value, delay_us, c_void_p(stream)))
-
-    def races(self) -> int:
-        return self.lib.emucuda_races()
-
-    def reports(self) -> str:
-        n = self.lib.emucuda_reports(None, 0)
-        buf = ctypes.create_string_buffer(n + 1)
-        self.lib.emucuda_reports(buf, n + 1)
-        return buf.value.decode()
-
-
-DRIVER = Driver(_emulator())
-STRICT = os.environ.get("EMULATED_CUDA_STRICT") == "1"
 #: A kernel's delay: long enough that it has not run when its buffer is freed a moment later.
 SLOW_US = 25_000
 #: The delay of a kernel that must still be pending while several iterations run.
 PENDING_US = 400_000
-
-
-#: The race count when the running test began.
-BASELINE = [0]
-
-
-@pytest.fixture(autouse=True)
-def no_races(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Races are counted (strict mode off while the test runs), and there must be none: each
-    test checks at its end (`assert_no_races`), and this again for one that passed."""
-    DRIVER.use()
-    DRIVER.lib.emucuda_set_strict(0)
-    BASELINE[0] = DRIVER.races()
-    failed = request.session.testsfailed
-    try:
-        yield
-        if request.session.testsfailed == failed:
-            assert_no_races()
-    finally:
-        DRIVER.lib.emucuda_set_strict(int(STRICT))
-
-
-def assert_no_races() -> None:
-    """Waits for the device, then: no race since the test began (the reports if there was)."""
-    DRIVER.check(DRIVER.lib.cuCtxSynchronize())
-    races = DRIVER.races() - BASELINE[0]
-    assert races == 0, "\n".join(DRIVER.reports().splitlines()[-races:])
-
-
-@pytest.fixture
-def streams() -> Iterator[Tuple[int, int]]:
-    a, b = DRIVER.stream(), DRIVER.stream()
-    yield a, b
-    DRIVER.check(DRIVER.lib.cuCtxSynchronize())
-    for s in (a, b):
-        DRIVER.check(DRIVER.lib.cuStreamDestroy_v2(c_void_p(s)))
-
-
-class Copies:
-    """Page-locked host slots of `size` bytes that asynchronous copies land in, each with the
-    byte it must hold once the copy is done."""
-
-    def __init__(self, slots: int, size: int = MIB) -> None:
-        self.size = size
-        self.host = c_void_p()
-        DRIVER.check(DRIVER.lib.cuMemAllocHost_v2(byref(self.host), slots * size))
-        self.expected: List[int] = []
-        self.slots = slots
-
-    def queue(self, ptr: int, value: int, stream: int) -> None:
-        """Queues a copy of the `size` bytes at `ptr` on `stream`; they must all be `value`."""
-        assert len(self.expected) < self.slots
-        dst = (self.host.value or 0) + len(self.expected) * self.size
-        DRIVER.check(DRIVER.lib.cuMemcpyDtoHAsync_v2(c_void_p(dst), ptr, self.size, c_void_p(stream)))
-        self.expected.append(value)
-
-    def wrong(self) -> List[Tuple[int, int, bytes]]:
-        """After a sync: the copies that did not deliver their byte (slot, expected, what came)."""
-        base = self.host.value or 0
-        out = []
-        for i, value in enumerate(self.expected):
-            got = ctypes.string_at(base + i * self.size, self.size)
-            if got != bytes([value]) * self.size:
-                out.append((i, value, bytes(sorted(set(got)))))
-        return out
-
-    def close(self) -> None:
-        DRIVER.check(DRIVER.lib.cuMemFreeHost(self.host))
 
 
 @pytest.fixture
