@@ -246,6 +246,20 @@ mod tests {
     }
 
     #[test]
+    fn fragmentation_is_one_less_the_largest_free_block_over_the_free_bytes() {
+        // The `frag` column of every replay table.
+        let mut pool = rmm(Some(64 * MIB), None, GIB);
+        assert_eq!(pool.fragmentation(), 0.0, "one free block");
+        let [a, b, c] = [0; 3].map(|_| pool.allocate(16 * MIB, 0).unwrap());
+        pool.free(b).unwrap();
+        assert_eq!(pool.fragmentation(), 0.5, "b's 16 MiB and the tail's 16 MiB, apart");
+        pool.free(a).unwrap();
+        assert!((pool.fragmentation() - 1.0 / 3.0).abs() < 1e-12, "a merged with b: 32 MiB and 16 MiB");
+        pool.free(c).unwrap();
+        assert_eq!(pool.fragmentation(), 0.0, "all one block again");
+    }
+
+    #[test]
     fn an_initial_pool_too_large_for_the_device_fails_every_allocation() {
         let mut pool = rmm(Some(2 * GIB), None, GIB);
         assert!(pool.allocate(1, 0).is_err());
