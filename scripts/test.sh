@@ -11,7 +11,7 @@ cargo clippy --quiet --no-deps --workspace --all-targets -- -D warnings
 echo "== cargo test --workspace"
 cargo test --workspace
 echo "== the planner on the shared instances and the large graphs in release, where it must reach the lower bounds (a debug build checks validity only)"
-cargo test --release -p vrampool-plan --test instances --test large
+cargo test --release -p vrampool-plan --features generators --test instances --test large
 echo "== vrampool-cuda's device tests under the emulated CUDA driver (host memory, not a GPU)"
 EMULATED_CUDA_DEVICES=2 EMULATED_CUDA_MEMORY=48GiB VRAMPOOL_REQUIRE_EMULATED=1 VRAMPOOL_REQUIRE_GPU=1 \
     scripts/emulated-cuda.sh cargo test -p vrampool-cuda

@@ -4,7 +4,7 @@
 //! at which it was first reached with every stage, then per stage the instances whose arena or time to best it
 //! changes; the reference runs every stage twice, before and after the others, to show the noise.
 //!
-//! `cargo run --release -p vrampool-plan --example ablation -- [--budget SECONDS] [--only NAME,...]
+//! `cargo run --release -p vrampool-plan --features generators --example ablation -- [--budget SECONDS] [--only NAME,...]
 //! [--stages NAME,...] [--graph-seed N] [--random N:SEED,...] [--record FILE | --check FILE]` (by default every
 //! stage, and seed 5 of each large graph family; `--random` adds `random_instance(N, SEED)` for each pair, such
 //! as the large graphs bench's 30000:42,45000:42,60000:42).

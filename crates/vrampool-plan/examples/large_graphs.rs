@@ -1,6 +1,6 @@
 //! Plans the seeded large graphs (`large_graph`) of each family and prints arena / lower bound per algorithm.
 //!
-//! `cargo run --release -p vrampool-plan --example large_graphs -- [--budget SECONDS] [--seeds 1,2,3]
+//! `cargo run --release -p vrampool-plan --features generators --example large_graphs -- [--budget SECONDS] [--seeds 1,2,3]
 //! [--families decoding,serving,...]`
 
 use std::time::{Duration, Instant};

@@ -8,8 +8,8 @@
 //! bound stays at 1 MiB, as on MiniMalloc's challenging instances, with slack elsewhere (`--csv` writes them as
 //! `DIR/anchored-SEED.csv`).
 //!
-//! `cargo run --release -p vrampool-plan --example packed_squares -- [--anchored] (decide | plan) [BUDGET_SECONDS]`
-//! `cargo run --release -p vrampool-plan --example packed_squares -- [--anchored] --csv DIR`
+//! `cargo run --release -p vrampool-plan --features generators --example packed_squares -- [--anchored] (decide | plan) [BUDGET_SECONDS]`
+//! `cargo run --release -p vrampool-plan --features generators --example packed_squares -- [--anchored] --csv DIR`
 use std::time::{Duration, Instant};
 use vrampool_plan::{decide, packed_instance, plan, Algorithm, Buffer, Decision, PlanOptions};
 

@@ -1,6 +1,6 @@
 //! Plans a seeded random instance with every algorithm and prints arena, lower bound and time.
 //!
-//! `cargo run --release -p vrampool-plan --example random_plan -- [N] [BUDGET_SECONDS] [SEED]` (seed 42 unless
+//! `cargo run --release -p vrampool-plan --features generators --example random_plan -- [N] [BUDGET_SECONDS] [SEED]` (seed 42 unless
 //! given)
 use std::time::Duration;
 use vrampool_plan::{plan, random_instance, Algorithm, PlanOptions};

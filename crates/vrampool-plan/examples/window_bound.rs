@@ -2,7 +2,7 @@
 //! with its lifetimes cut to the window: a window that does not fit at a capacity would prove the whole graph
 //! does not either, and one that fits says the peak alone is not what keeps a plan above that capacity.
 //!
-//! `cargo run --release -p vrampool-plan --example window_bound -- FAMILY SEED HALF_WIDTH SLACK SECONDS
+//! `cargo run --release -p vrampool-plan --features generators --example window_bound -- FAMILY SEED HALF_WIDTH SLACK SECONDS
 //! [WINDOWS]`: windows of HALF_WIDTH steps either side of the WINDOWS (3) most loaded moments, each decided
 //! at (1 + SLACK) times the whole graph's bound within SECONDS; a half width past the last step decides the
 //! whole graph. FAMILY `random-N` is the random instance of N buffers (`random_instance`) of that seed.

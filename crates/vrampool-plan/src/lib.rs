@@ -39,6 +39,8 @@ mod order;
 mod placed_index;
 mod plan;
 mod ring;
+mod rng;
+#[cfg(any(test, feature = "generators"))]
 mod synthetic;
 mod trace;
 mod validate;
@@ -52,6 +54,7 @@ pub use greedy::{best_fit_decreasing, greedy_by_size};
 #[doc(hidden)]
 pub use plan::plan_with_stages;
 pub use plan::{decide, plan, quick_plan, Algorithm, Decision, Plan, PlanOptions, QuickPlacement, QuickPlan};
+#[cfg(any(test, feature = "generators"))]
 pub use synthetic::{
     large_graph, llm_decoding_instance, llm_training_instance, packed_instance, random_instance, GraphFamily,
 };

@@ -161,7 +161,7 @@ mod tests {
     #[test]
     fn a_union_holds_the_bytes_added_as_disjoint_ranges_by_start() {
         // Random spans on 0..64 against a plain array of bytes taken.
-        let mut rng = crate::synthetic::SplitMix64(99);
+        let mut rng = crate::rng::SplitMix64(99);
         let mut below = |m: u64| rng.below(m);
         for _ in 0..200 {
             let (mut union, mut taken) = (Union::default(), [false; 64]);

@@ -94,7 +94,7 @@ fn the_heap_places_as_reading_every_floor_afresh_would() {
 
 #[test]
 fn promoted_buffers_go_first_as_reading_every_floor_afresh_would() {
-    let mut coin = crate::synthetic::SplitMix64(5);
+    let mut coin = crate::rng::SplitMix64(5);
     for seed in 0..20 {
         let buffers = random_instance(120, seed);
         let (inst, part) = whole(&buffers);

@@ -14,7 +14,7 @@ use std::time::Instant;
 use crate::floors::lowest_floor_first_promoting;
 use crate::instance::Instance;
 use crate::order::Order;
-use crate::synthetic::SplitMix64;
+use crate::rng::SplitMix64;
 
 /// Runs in a row that do not beat the best before the wheel stops, where it starts from a floor run's plan.
 pub(crate) const PATIENCE: usize = 8;
