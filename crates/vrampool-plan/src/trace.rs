@@ -9,27 +9,27 @@ use crate::instance::Instance;
 /// A stage of `plan(Auto)`'s exact search that can be left out, one at a time, to see what it earns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
-    /// The round robin's jittered turns (`exact/probe.rs`).
+    /// The round robin's jittered turns (`exact/jitter.rs`).
     Jitter,
-    /// More nodes for the round robin's turns that placed the most buffers (`exact/probe.rs`).
+    /// More nodes for the round robin's turns that placed the most buffers (`exact/deepest_boost.rs`).
     DeepestBoost,
-    /// The descent below a small part's best plan (`exact/minimise.rs`); the round robin at the bound alone
+    /// The descent below a small part's best plan (`exact/descent.rs`); the round robin at the bound alone
     /// without it.
     Descent,
     /// Best fit decreasing on size classes for a large part (`exact/classes.rs`).
     Classes,
-    /// The classes' plan settled (`floors::settled`).
+    /// The classes' plan settled (`floors/settle.rs`).
     Settle,
-    /// The portfolio's lowest floor first runs (`exact/portfolio.rs`).
+    /// The portfolio's lowest floor first runs (`exact/portfolio/floor_runs.rs`).
     FloorRuns,
     /// The portfolio's best fit by start with the gap chosen by the neighbours' ends
     /// (`exact/portfolio/aligned.rs`).
     Aligned,
-    /// The portfolio's runs with a first phase (longest, largest, bytes).
+    /// The portfolio's runs with a first phase: longest, largest, bytes (`exact/portfolio/first_phases.rs`).
     FirstPhases,
     /// The squeaky wheel after the runs (`exact/portfolio/squeaky.rs`).
     Squeaky,
-    /// Lowering the peaks by bands (`exact/neighbourhood.rs`).
+    /// Lowering the peaks by bands (`exact/lowering.rs`).
     Lowering,
 }
 

@@ -7,7 +7,7 @@
 //! best fit decreasing packs like a buddy allocator without its waste: on the random instances of 30,000-60,000
 //! buffers (seeds 1-12 and 42), at 1.003-1.053 of the bound on classes of 8 bits, 1.011 as the geometric mean,
 //! against 1.000-1.134 and 1.054 on the sizes as given. The plan holds the sizes as given, and settles
-//! (`floors::settled`) most of the rounding back.
+//! (`floors/settle.rs`) most of the rounding back.
 //!
 //! It is a plan to lower beside the portfolio's, not a seed: as the arena the runs must beat, it stopped the
 //! lowest floor runs that the squeaky wheel and the bands take below it (on random instances of 30,000

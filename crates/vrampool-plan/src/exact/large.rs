@@ -5,12 +5,12 @@
 //! one of them ends within a few thousandths of the bound. Where sizes are ragged, best fit decreasing on size
 //! classes (`classes.rs`) goes first, as a plan beside theirs. The time they leave goes to lowering the peaks
 //! of the two best plans, the incumbent's among them where fewer than two runs beat it, and of the plan on
-//! classes where it is lower still (`neighbourhood.rs`).
+//! classes where it is lower still (`lowering.rs`).
 
 use std::time::Instant;
 
 use super::classes::best_fit_in_classes;
-use super::neighbourhood::lower_peaks;
+use super::lowering::lower_peaks;
 use super::placed::Placed;
 use super::portfolio::{best_of_runs, Runs};
 use crate::instance::Instance;

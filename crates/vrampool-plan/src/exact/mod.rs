@@ -6,9 +6,12 @@
 
 mod classes;
 mod component;
+mod deepest_boost;
+mod descent;
+mod jitter;
 mod large;
+mod lowering;
 mod minimise;
-mod neighbourhood;
 mod placed;
 mod portfolio;
 mod probe;

@@ -1,5 +1,5 @@
 //! A plan of a part as (instance index, offset) pairs, and its buffers placed one at a time in a given order:
-//! what the large parts' stages (`portfolio.rs`, `classes.rs`, `neighbourhood.rs`) share.
+//! what the large parts' stages (`portfolio.rs`, `classes.rs`, `lowering.rs`) share.
 
 use std::time::Instant;
 

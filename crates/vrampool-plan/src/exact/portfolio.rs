@@ -18,6 +18,8 @@
 use std::time::Instant;
 
 mod aligned;
+mod first_phases;
+mod floor_runs;
 mod squeaky;
 
 use super::placed::{arena_of, fit_before, Placed};
@@ -26,25 +28,12 @@ use crate::instance::Instance;
 use crate::order::Order;
 use crate::trace::{Stage, Stages, Trace};
 use aligned::aligned_fit_before;
+pub(crate) use first_phases::{fit_order, First};
+use floor_runs::FLOOR_RUNS;
 use squeaky::{squeaky_wheel, PATIENCE};
 
-/// Which buffers best fit by start places before the rest, each phase in order of start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum First {
-    /// None: every buffer in order of start.
-    Nothing,
-    /// The buffers whose lifetimes are longer than those of all but this percentage of the buffers.
-    Longest(usize),
-    /// The buffers larger than all but this percentage of the buffers.
-    Largest(usize),
-    /// The buffers of at least this many thousandths of the part's lower bound: a step's logits or a prompt's
-    /// MLP rows, each a few percent of the bytes at the busiest moment, whose slots the many smaller caches
-    /// would otherwise break up.
-    Bytes(u64),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Run {
+pub(super) enum Run {
     Floors(Order),
     Fit(First),
     /// Best fit by start with the gap chosen by the neighbours' ends (`portfolio/aligned.rs`), among the gaps at
@@ -67,26 +56,14 @@ impl Run {
     }
 }
 
-/// Lowest floor first's runs, each with whether time runs backwards: by start first, the cheapest good one
-/// (it comes close to the bound on most graphs). The other tie-breaks run forwards only: a buffer's floor, the
-/// highest top over its lifetime, is the same with time backwards, and so are their ranks, so the run
-/// backwards would be the same.
-const FLOOR_RUNS: [(Run, bool); 6] = [
-    (Run::Floors(Order::Time), false),
-    (Run::Floors(Order::Time), true),
-    (Run::Floors(Order::Wat), false),
-    (Run::Floors(Order::Taw), false),
-    (Run::Floors(Order::Area), false),
-    (Run::Floors(Order::Twa), false),
-];
-
 /// Best fit by start's runs: the gaps chosen by the neighbours' ends first, backwards first (the best plans of
 /// serving with continuous batching), with factors 4 and 16 both ways, then 8 and 12 backwards (which factor packs
 /// best varies from seed to seed by up to 1% of the bound, with no trend); then the same with the buffers of 2% of
 /// the bound or more first, factors 16 and 4 (on serving seeds 1-24, factor 16 with them first packs below best
 /// fit and factor 16 without them, both ways, on 13 seeds, by up to 4% of the bound); then the splits, backwards
 /// first (they win more often that way). Plain best fit by start, the allocator's replay, is not among them: it
-/// changed no arena but pipelined-seed-5's, by that instance's timing (docs/planner-ablation.md).
+/// changed no arena but pipelined-seed-5's, by that instance's timing (`docs/perf-log.md`, the planner
+/// ablation of 14 stages).
 const FIT_RUNS: [(Run, bool); 18] = {
     use First::*;
     use Run::{Aligned, Fit};
@@ -230,36 +207,6 @@ pub(crate) fn best_of_runs(
 /// beat it from a worse plan; there they took 1.1-1.5 s and beat nothing, and the bands are owed that time.
 fn wheel_s_turn(best: Option<u64>, floors_best: u64, target: u64) -> bool {
     best.is_some_and(|best| best > target && best == floors_best)
-}
-
-/// The part's buffers in the order best fit by start takes them on `timeline`: those of `first`, then the rest,
-/// each in order of start.
-pub(crate) fn fit_order(timeline: &Instance, part: &[u32], first: First) -> Vec<u32> {
-    let cut = |key: &dyn Fn(usize) -> u64, percent: usize| {
-        let mut keys: Vec<u64> = part.iter().map(|&i| key(i as usize)).collect();
-        keys.sort_unstable();
-        keys.get(keys.len() * (100 - percent.min(100)) / 100).copied().unwrap_or(u64::MAX)
-    };
-    let span = |i: usize| timeline.span(i) as u64;
-    let size = |i: usize| timeline.size[i];
-    let later: Box<dyn Fn(usize) -> bool> = match first {
-        First::Nothing => Box::new(|_| false),
-        First::Longest(percent) => {
-            let cut = cut(&span, percent);
-            Box::new(move |i| span(i) <= cut)
-        }
-        First::Largest(percent) => {
-            let cut = cut(&size, percent);
-            Box::new(move |i| size(i) <= cut)
-        }
-        First::Bytes(per_mille) => {
-            let bound = timeline.bound_of(part.iter().copied());
-            Box::new(move |i| size(i).saturating_mul(1000) < bound.saturating_mul(per_mille))
-        }
-    };
-    let mut order = part.to_vec();
-    order.sort_by_cached_key(|&i| (later(i as usize), timeline.lo[i as usize], i));
-    order
 }
 
 #[cfg(test)]

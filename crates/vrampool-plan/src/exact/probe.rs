@@ -4,7 +4,7 @@
 //! the best order for the instance, without knowing which that is. Each search is complete, so one that ends
 //! without a plan proves that none fits.
 //!
-//! Each round then runs every order once more with its ranks jittered anew (`jitter`, seeded by the round):
+//! Each round then runs every order once more with its ranks jittered anew (`jitter.rs`, seeded by the round):
 //! where all the fixed orders stall in the same early choices, a few neighbouring ranks swapped lead another
 //! way, and a new draw each round keeps the tries from repeating (randomised restarts). On squares cut into
 //! rectangles (`packed_instance`, 90 of them at 1 MiB, 5 s each) the jittered turns raised the decided from
@@ -12,13 +12,15 @@
 //! and E a third as long (BENCHMARKS.md).
 //!
 //! The shares are not equal: the turns whose last search placed the most buffers at once get several times
-//! the round's limit in the next (`DEEPEST_BOOST`). A search that stalls at the top of its tree gives way to
+//! the round's limit in the next (`deepest_boost.rs`). A search that stalls at the top of its tree gives way to
 //! the one that got furthest, and every turn still runs each round with a limit that doubles, so the round
 //! robin stays complete and keeps its bound over the best order.
 
 use std::time::Instant;
 
 use super::component::Component;
+use super::deepest_boost::{deepest_boost, DEEPEST_BOOST};
+use super::jitter::{jitter, SWAPS};
 use super::search::{fits_reaching, Outcome, Ranking};
 use crate::order::Order;
 use crate::trace::{Stage, Stages};
@@ -37,13 +39,6 @@ const ORDERS: [(Order, bool); 7] = [
     (Order::Area, false),
     (Order::Time, false),
 ];
-
-/// The turns whose last search placed the most buffers at once get this many times the round's node limit.
-/// On squares a search that times out is often stuck at the top of its tree (no more than 15 of 211 buffers
-/// ever placed) while another order gets to 187 and finds the plan after a million nodes; with equal shares
-/// the 14 turns of a round take 28 times the nodes the best one needs. 8: 62 of the 90 squares decided in
-/// 5 s against 59, none lost; 32 decides 62 as well, four others won and four lost.
-const DEEPEST_BOOST: u64 = 8;
 
 /// MiniMalloc's three fixed orders lead `ORDERS`.
 pub(crate) const MINIMALLOC_ORDERS: usize = 3;
@@ -83,8 +78,7 @@ impl Prober {
     pub fn step(&mut self, part: &Component, orders: &[Ranking], deadline: Instant, nodes: &mut u64) -> Outcome {
         let n = orders.len();
         self.deepest.resize(self.copies * n, 0);
-        let most = self.deepest.iter().copied().max().unwrap_or(0);
-        let boost = if most > 0 && self.deepest[self.turn] == most { self.boost } else { 1 };
+        let boost = deepest_boost(&self.deepest, self.turn, self.boost);
         let limit = nodes.saturating_add(self.limit.saturating_mul(boost));
         let (outcome, deepest) = match orders.get(self.turn) {
             Some(ranking) => fits_reaching(part, ranking, self.capacity, deadline, nodes, limit),
@@ -114,35 +108,6 @@ impl Prober {
             }
         }
     }
-}
-
-/// Random swaps of neighbouring ranks in each jittered order (the round robin's, and the descent's, see
-/// `minimise.rs`).
-pub(crate) const SWAPS: usize = 20;
-
-/// `rank` with `swaps` random swaps of neighbouring ranks (xorshift64 from `seed`). Ranks stay a
-/// permutation, and no buffer moves further than `swaps` places.
-pub(crate) fn jitter(rank: &[u32], seed: u64, swaps: usize) -> Vec<u32> {
-    let n = rank.len();
-    let mut by = vec![0u32; n];
-    for (i, &r) in rank.iter().enumerate() {
-        by[r as usize] = i as u32;
-    }
-    if n > 1 {
-        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        for _ in 0..swaps {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            let k = (state % (n as u64 - 1)) as usize;
-            by.swap(k, k + 1);
-        }
-    }
-    let mut varied = vec![0u32; n];
-    for (r, &i) in by.iter().enumerate() {
-        varied[i as usize] = r as u32;
-    }
-    varied
 }
 
 #[cfg(test)]
@@ -248,23 +213,10 @@ mod tests {
             let before = nodes;
             assert!(matches!(prober.step(&part, &orders, deadline, &mut nodes), Outcome::TimedOut));
             let (turn, round) = (step % turns, step / turns);
-            let most = deepest.iter().copied().max().unwrap_or(0);
-            let boost = if most > 0 && deepest.get(turn) == Some(&most) { DEEPEST_BOOST } else { 1 };
+            let boost = deepest_boost(&deepest, turn, DEEPEST_BOOST);
             boosted += usize::from(boost > 1);
             assert_eq!(nodes - before, (limit << round) * boost, "step {step}, deepest before it {deepest:?}");
         }
         assert!((1..turns).contains(&boosted), "{boosted} of the second round's {turns} turns boosted");
-    }
-
-    #[test]
-    fn a_jittered_order_is_another_ranking_of_the_same_buffers() {
-        let rank: Vec<u32> = (0..50).rev().collect();
-        let varied = jitter(&rank, 7, SWAPS);
-        assert_ne!(varied, rank);
-        let mut sorted = varied.clone();
-        sorted.sort_unstable();
-        assert_eq!(sorted, (0..50).collect::<Vec<u32>>());
-        assert!(rank.iter().zip(&varied).all(|(&a, &b)| a.abs_diff(b) as usize <= SWAPS));
-        assert_eq!(jitter(&[0], 7, SWAPS), [0]);
     }
 }

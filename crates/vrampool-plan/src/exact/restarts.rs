@@ -16,7 +16,7 @@
 use std::time::{Duration, Instant};
 
 use super::component::{write_part, Component};
-use super::probe::{jitter, SWAPS};
+use super::jitter::{jitter, SWAPS};
 use super::search::{fits, Outcome, Ranking};
 use crate::instance::Instance;
 use crate::order::Order;

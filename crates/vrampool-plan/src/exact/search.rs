@@ -34,7 +34,7 @@
 //!   the level where it matters), since backtracking over a choice elsewhere in time brings it back unchanged.
 //!
 //! **Obstacles.** A part may have to stay clear of buffers fixed outside it (a band of a large part,
-//! see `neighbourhood.rs`). A buffer's floor is then the lowest offset above the placed buffers it overlaps where it
+//! see `lowering.rs`). A buffer's floor is then the lowest offset above the placed buffers it overlaps where it
 //! also clears its obstacles; pushed down, P's buffers lie at exactly those floors, so the search stays exact.
 //! The bounds count only the part's own bytes, which keeps them necessary, if weaker.
 

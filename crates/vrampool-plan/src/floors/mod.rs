@@ -27,11 +27,13 @@ use std::collections::BinaryHeap;
 use std::time::Instant;
 
 mod projection;
+mod settle;
 mod skyline;
 
 use crate::instance::Instance;
 use crate::order::{Order, Traits};
 use projection::Projection;
+pub(crate) use settle::settled;
 use skyline::Skyline;
 
 /// Placements between looks at the clock.
@@ -176,25 +178,6 @@ pub(crate) fn floors_by_start_counted(inst: &Instance) -> (Vec<u64>, u64) {
         offsets[i as usize] = floor;
     }
     (offsets, skyline.visits.get())
-}
-
-/// The part's plan at `offsets` (parallel to the instance's buffers) settled: each buffer, from the lowest
-/// offset up, dropped onto the buffers below it that overlap it in time. No buffer rises, and any two that
-/// overlap in time keep their order; what goes is the room under a buffer that nothing below holds up, such as
-/// the bytes a plan on sizes rounded up to classes (`Instance::in_classes`) keeps above each buffer.
-pub(crate) fn settled(inst: &Instance, part: &[u32], offsets: &[u64]) -> Vec<(u32, u64)> {
-    let mut skyline = Skyline::new(inst.segments);
-    let mut by_offset = part.to_vec();
-    by_offset.sort_unstable_by_key(|&i| offsets[i as usize]);
-    by_offset
-        .into_iter()
-        .map(|i| {
-            let (lo, hi) = (inst.lo[i as usize], inst.hi[i as usize]);
-            let floor = skyline.highest(lo, hi);
-            skyline.raise(lo, hi, floor + inst.size[i as usize]);
-            (i, floor)
-        })
-        .collect()
 }
 
 #[cfg(test)]

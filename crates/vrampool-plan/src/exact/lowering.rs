@@ -1,4 +1,5 @@
-//! Large-neighbourhood search on a finished plan of a large part: lower its peaks one buffer at a time.
+//! The lowering stage: large-neighbourhood search on a finished plan of a large part, lowering its peaks one
+//! buffer at a time.
 //!
 //! A level a step below the arena is reached when every buffer ending above it is moved below it. Each such
 //! buffer, highest first, is searched again together with its *band*: the buffers overlapping it in time whose
