@@ -70,7 +70,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
-from vrampool import _native
+from vrampool._native import check_ahead, plan_ahead
 from vrampool.inputs import quote, read_text
 from vrampool.streams import as_int
 
@@ -160,7 +160,7 @@ class Plan:
             _natural(self.step, "step")
         if not rows:
             raise ValueError("a plan needs at least one buffer")
-        arena, bound = _native.check_ahead(list(rows), list(offsets), alignment)
+        arena, bound = check_ahead(list(rows), list(offsets), alignment)
         for name, value in (("rows", rows), ("offsets", offsets), ("arena_bytes", arena), ("lower_bound_bytes", bound)):
             object.__setattr__(self, name, value)
 
@@ -248,7 +248,7 @@ def plan_step(
     if not checked:
         raise ValueError("the step has no buffers to plan")
     budget = _natural(budget_ms, "budget_ms")
-    offsets = _native.plan_ahead(list(checked), _alignment(alignment), budget)
+    offsets = plan_ahead(list(checked), _alignment(alignment), budget)
     return Plan(checked, tuple(offsets), alignment, source, step)
 
 

@@ -37,8 +37,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-from vrampool import _native
-from vrampool._native import DeviceError, InvalidFreeError, NativeBuffer, PoolClosedError
+from vrampool._native import DeviceError, InvalidFreeError, NativeBuffer, NativeImporter, PoolClosedError, forked
 
 __all__ = [
     "BufferDescriptor",
@@ -205,7 +204,7 @@ def export_buffer(buffer: NativeBuffer) -> BufferDescriptor:
 
 
 def _check_not_forked() -> None:
-    if _native.forked():
+    if forked():
         raise RuntimeError(
             "this process was forked from one that used vrampool: it cannot use the CUDA state it "
             "inherited, so it cannot open shared buffers; start it with the 'spawn' or 'forkserver' "
@@ -289,7 +288,7 @@ class ImportedPool:
         if handle.pool_id.split(":")[0] == str(os.getpid()):
             raise ValueError(f"pool {handle.pool_id} is this process's own: use its buffers, not an import")
         self.handle = handle
-        self._native = _native.NativeImporter(handle.device)
+        self._native = NativeImporter(handle.device)
         # Reentrant: collection may close a dropped buffer inside `open` on this thread, which
         # counts a segment's buffers before it makes anything collection could run in.
         self._lock = threading.RLock()

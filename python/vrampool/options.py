@@ -18,16 +18,16 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping
 
-from vrampool import _native
+from vrampool._native import conf_pairs, config_keys
 from vrampool.streams import as_int
 
 __all__ = ["ALLOCATOR_KEYS", "KEYS", "POOL_KEYS", "conf_text", "pool_pairs"]
 
 #: Every key the core takes, with the kind of its value (``choice``, ``bytes``, ``count``,
 #: ``bytes_or_fraction``, ``bool``).
-KEYS: Dict[str, str] = {name: kind for name, kind, _ in _native.config_keys()}
+KEYS: Dict[str, str] = {name: kind for name, kind, _ in config_keys()}
 #: The keys of every pool (``DevicePool``'s options).
-POOL_KEYS: Dict[str, str] = {name: kind for name, kind, scope in _native.config_keys() if scope == "pool"}
+POOL_KEYS: Dict[str, str] = {name: kind for name, kind, scope in config_keys() if scope == "pool"}
 #: Every key, with those of the allocator PyTorch is given (``device``, ``sim_capacity``).
 ALLOCATOR_KEYS = KEYS
 
@@ -69,4 +69,4 @@ def pool_pairs(text: str) -> str:
     >>> pool_pairs("device:sim,small_max:[64KB],ipc:true")
     'small_max:[64KB],ipc:true'
     """
-    return ",".join(f"{key}:{value}" for key, value in _native.conf_pairs(text) if key in POOL_KEYS)
+    return ",".join(f"{key}:{value}" for key, value in conf_pairs(text) if key in POOL_KEYS)

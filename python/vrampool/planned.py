@@ -25,13 +25,10 @@ own): ``allocate`` returns one, ``deallocate`` takes it back.
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Any, Dict, Hashable, Optional
+from typing import Any, Dict, Hashable, Optional, Protocol
 
-from vrampool._native import InvalidSizeError, NativePlannedPool
+from vrampool._native import InvalidSizeError, NativePlannedPool, NativePool
 from vrampool.streams import as_int, stream_handle
-
-if TYPE_CHECKING:
-    from vrampool.pool import DevicePool
 
 #: The key of iterations whose caller names none.
 DEFAULT_KEY = 0
@@ -62,6 +59,12 @@ def _plain(key: Any) -> Any:
     return key
 
 
+class Pool(Protocol):
+    """What a planned arena needs of its pool (a :class:`vrampool.DevicePool`): the native pool beneath."""
+
+    _native: NativePool
+
+
 class PlannedPool:
     """A planned arena over ``pool``: ``allocate`` / ``deallocate`` by pointer, ``step(key)``
     between iterations (``key``: the next iteration's signature, e.g. its input shapes).
@@ -70,7 +73,7 @@ class PlannedPool:
     manager gives the arena back to the pool unless arena buffers are still live.
     """
 
-    def __init__(self, pool: "DevicePool", *, budget_ms: int = 10) -> None:
+    def __init__(self, pool: Pool, *, budget_ms: int = 10) -> None:
         self._pool = pool
         self._native = NativePlannedPool(pool._native, budget_ms=budget_ms)
 
@@ -111,7 +114,7 @@ class PlannedPool:
         return self._native.release_idle_arena()
 
     @property
-    def pool(self) -> "DevicePool":
+    def pool(self) -> Pool:
         return self._pool
 
     def __enter__(self) -> "PlannedPool":

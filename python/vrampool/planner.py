@@ -14,7 +14,7 @@ import dataclasses
 from pathlib import Path
 from typing import Iterable, List, Literal, Optional, Sequence, Tuple, Union
 
-from vrampool import _native
+from vrampool._native import decide_buffers, plan_buffers, plan_to_csv, read_buffers_csv
 from vrampool.inputs import read_text
 
 #: One buffer: (id, lower, upper, size): live on [lower, upper), size bytes.
@@ -54,12 +54,12 @@ class PlanResult:
 
     def to_csv(self) -> str:
         """MiniMalloc's output format ``id,lower,upper,size,offset`` (checked before writing)."""
-        return _native.plan_to_csv(self.buffers, self.offsets)
+        return plan_to_csv(self.buffers, self.offsets)
 
 
 def read_csv(path: Union[str, Path]) -> List[Row]:
     """Buffers from an ``id,lower,upper,size`` CSV file (MiniMalloc's format)."""
-    return _native.read_buffers_csv(read_text(path))
+    return read_buffers_csv(read_text(path))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +109,7 @@ def plan(
     """
     _options(algorithm, budget_ms, alignment)
     rows = _rows(buffers)
-    result = _native.plan_buffers(rows, algorithm, budget_ms, alignment)
+    result = plan_buffers(rows, algorithm, budget_ms, alignment)
     return PlanResult(buffers=list(rows), **result)
 
 
@@ -130,6 +130,6 @@ def decide(
     if isinstance(capacity, bool) or not isinstance(capacity, int) or not 0 < capacity < 1 << 64:
         raise ValueError(f"capacity must be a positive int below 2**64, got {capacity!r}")
     rows = _rows(buffers)
-    result = _native.decide_buffers(rows, capacity, algorithm, budget_ms, alignment)
+    result = decide_buffers(rows, capacity, algorithm, budget_ms, alignment)
     status = result.pop("status")
     return Decision(status=status, capacity=capacity, plan=PlanResult(buffers=list(rows), **result) if result else None)

@@ -8,16 +8,15 @@ import threading
 import traceback
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
-from vrampool import _native
-from vrampool._native import InvalidFreeError, NativeBuffer, NativePool, PoolClosedError, WrongDeviceError
+from vrampool._native import InvalidFreeError, NativeBuffer, NativePool, PoolClosedError, WrongDeviceError, conf_pairs, parse_size
 from vrampool.options import POOL_KEYS, conf_text, pool_pairs
+from vrampool.planned import PlannedPool
 from vrampool.streams import as_int, stream_handle
 from vrampool.summary import format_summary
 
 if TYPE_CHECKING:
     from vrampool.ahead import Plan
     from vrampool.ipc import BufferDescriptor, PoolHandle
-    from vrampool.planned import PlannedPool
 
 #: A block of device memory (the native class itself: its methods run in Rust, and a Python
 #: subclass would need the native allocate to build it).
@@ -433,7 +432,7 @@ class DevicePool:
 
         plan = as_plan(plan)
         # The core's block alignment: the last `alignment` of the pool's text, else its default.
-        alignment = next((_native.parse_size(v) for k, v in reversed(_native.conf_pairs(self._conf)) if k == "alignment"), ALIGNMENT)
+        alignment = next((parse_size(v) for k, v in reversed(conf_pairs(self._conf)) if k == "alignment"), ALIGNMENT)
         if plan.alignment % alignment:
             raise ValueError(f"the plan's offsets are aligned to {plan.alignment} B, the pool's blocks to {alignment} B: plan at alignment={alignment}")
         self._native.set_ahead(list(plan.rows), list(plan.offsets), plan.alignment)
@@ -441,8 +440,6 @@ class DevicePool:
     def planned(self, *, budget_ms: int = 10) -> "PlannedPool":
         """A planned arena over this pool (static plan, dynamic fallback, plans per signature):
         see :class:`vrampool.PlannedPool`."""
-        from vrampool.planned import PlannedPool
-
         return PlannedPool(self, budget_ms=budget_ms)
 
     def mem_info(self) -> Tuple[int, int]:

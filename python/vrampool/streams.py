@@ -16,7 +16,7 @@ import operator
 import sys
 from typing import Any
 
-from vrampool import _native
+from vrampool._native import canonical_stream, set_stream_reader
 
 __all__ = ["as_int", "stream_handle", "LEGACY_DEFAULT_STREAM", "PER_THREAD_DEFAULT_STREAM"]
 
@@ -58,7 +58,7 @@ def stream_handle(stream: Any) -> int:
     handle = _raw_handle(stream)
     if not 0 <= handle < _MAX_HANDLE:
         raise ValueError(f"stream handle {handle} is out of range (a CUstream is an unsigned 64-bit value)")
-    return _native.canonical_stream(handle)
+    return canonical_stream(handle)
 
 
 def as_int(value: Any) -> "int | None":
@@ -147,3 +147,7 @@ def _is_cupy_stream(stream: Any) -> bool:
     cuda = getattr(sys.modules.get("cupy"), "cuda", None)
     base = getattr(getattr(cuda, "stream", None), "BaseStream", None)
     return base is not None and isinstance(stream, base)
+
+
+# The native layer reads `buffer.free(stream)` with this module's reader, never importing it.
+set_stream_reader(stream_handle)

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib.util
 import os
 import sys
 import threading
@@ -68,7 +69,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Mapping, Optional, Tuple, Union
 
-from vrampool import _native
+from vrampool._native import (
+    ABI_SYMBOLS,
+    abi_planned,
+    abi_planned_stats,
+    abi_planned_step,
+    abi_raise_on_failure,
+    abi_reset_peak_stats,
+    abi_set_ahead,
+    abi_snapshot,
+    abi_stats,
+    abi_trim,
+)
+from vrampool._native import configuration as _configuration
+from vrampool._native import configure as _configure
+from vrampool._native import last_error as _last_error
+from vrampool._native import last_oom as _last_oom
 from vrampool.options import ALLOCATOR_KEYS, conf_text
 from vrampool.streams import as_int
 from vrampool.summary import format_size, format_summary
@@ -143,17 +159,17 @@ def configure(**conf: Any) -> str:
     Must come before the first allocation (a later call that would change it raises
     ``ValueError``). Returns the configuration text in force.
     """
-    return _native.configure(conf_text(conf))
+    return _configure(conf_text(conf))
 
 
 def configuration() -> Dict[str, Any]:
     """The configuration in force, the devices that have a pool, and whether failures raise."""
-    return dict(_native.configuration())
+    return dict(_configuration())
 
 
 def library_path() -> str:
     """The shared object PyTorch loads the allocator from: the extension module itself."""
-    return os.path.abspath(_native.__file__)
+    return os.path.abspath(importlib.util.find_spec("vrampool._native").origin)
 
 
 def allocator() -> Any:
@@ -164,14 +180,14 @@ def allocator() -> Any:
         if _allocator is None:
             torch = _torch()
             path = library_path()
-            alloc = torch.cuda.memory.CUDAPluggableAllocator(path, _native.ABI_SYMBOLS["torch_malloc"], "vrampool_free")
+            alloc = torch.cuda.memory.CUDAPluggableAllocator(path, ABI_SYMBOLS["torch_malloc"], "vrampool_free")
             lib = ctypes.CDLL(path)
             native = alloc.allocator()
             for hook, names in _SETTERS.items():
                 name = next((n for n in names if hasattr(native, n)), None)
                 if name is None:
                     continue  # this PyTorch has no such hook
-                address = ctypes.cast(getattr(lib, _native.ABI_SYMBOLS[hook]), ctypes.c_void_p).value
+                address = ctypes.cast(getattr(lib, ABI_SYMBOLS[hook]), ctypes.c_void_p).value
                 getattr(native, name)(address)
                 _hooks[hook] = name
             _allocator = alloc
@@ -226,11 +242,11 @@ def install(*, plan: Optional[Union["Plan", str, Path]] = None, **conf: Any) -> 
         pending = _checked_plan(plan) if plan is not None else None
         alloc = allocator()
         # PyTorch takes a pluggable allocator's null for a valid pointer: throw instead.
-        _native.abi_raise_on_failure(True)
+        abi_raise_on_failure(True)
         try:
             torch.cuda.memory.change_current_allocator(alloc)
         except BaseException:
-            _native.abi_raise_on_failure(False)
+            abi_raise_on_failure(False)
             raise
         _installed = True
         _pending_plan = pending
@@ -250,8 +266,8 @@ def _mark_optimizer_steps() -> None:
 
     def step_ended(optimizer: Any, args: Any, kwargs: Any) -> None:
         global _pending_plan
-        if not _native.abi_planned():
-            _native.abi_planned_step(AUTO_KEY)
+        if not abi_planned():
+            abi_planned_step(AUTO_KEY)
         with _lock:
             plan, _pending_plan = _pending_plan, None
         if plan is None:
@@ -331,12 +347,12 @@ def planned() -> Iterator[None]:
     recorded, later ones that repeat its allocation sequence exactly come from one arena at the
     planned offsets. Call :func:`step` between iterations. Meant for :func:`install`, where every
     tensor comes from vrampool; tensors made inside may outlive the block."""
-    previous = _native.abi_planned()
-    _native.abi_planned(True)
+    previous = abi_planned()
+    abi_planned(True)
     try:
         yield
     finally:
-        _native.abi_planned(previous)
+        abi_planned(previous)
 
 
 def step(key: Any = None) -> None:
@@ -344,13 +360,13 @@ def step(key: Any = None) -> None:
     (e.g. its input shapes; hashed by ``repr``), and plans are kept per key."""
     from vrampool.planned import signature_key
 
-    _native.abi_planned_step(signature_key(key))
+    abi_planned_step(signature_key(key))
 
 
 def planned_stats(device: Device = None) -> Optional[Dict[str, Any]]:
     """The planned arena's figures on ``device`` (as :meth:`vrampool.PlannedPool.stats` gives
     them), or None before its first planned allocation."""
-    return _native.abi_planned_stats(_device_index(device))
+    return abi_planned_stats(_device_index(device))
 
 
 # ---- plans made ahead at the largest shape ----
@@ -361,7 +377,7 @@ def _checked_plan(plan: Union["Plan", str, Path]) -> "Plan":
     from vrampool.ahead import as_plan
 
     plan = as_plan(plan)
-    alignment = int(_native.configuration()["alignment"])
+    alignment = int(_configuration()["alignment"])
     if plan.alignment % alignment:
         raise ValueError(f"the plan's offsets are aligned to {plan.alignment} B, the pool's blocks to {alignment} B: plan at alignment={alignment}")
     return plan
@@ -376,10 +392,10 @@ def set_plan(plan: Optional[Union["Plan", str, Path]], device: Device = None) ->
     of the first optimizer step."""
     index = _device_index(device)
     if plan is None:
-        _native.abi_set_ahead(index, None, None)
+        abi_set_ahead(index, None, None)
         return
     checked = _checked_plan(plan)
-    _native.abi_set_ahead(index, list(checked.rows), list(checked.offsets), checked.alignment)
+    abi_set_ahead(index, list(checked.rows), list(checked.offsets), checked.alignment)
 
 
 def plan_step(fn: Callable[..., Any], *example_inputs: Any, steps: int = 2, budget_ms: Optional[int] = None) -> "Plan":
@@ -394,7 +410,7 @@ def plan_step(fn: Callable[..., Any], *example_inputs: Any, steps: int = 2, budg
     """
     from vrampool.ahead import BUDGET_MS, capture
 
-    alignment = int(_native.configuration()["alignment"])
+    alignment = int(_configuration()["alignment"])
     return capture(fn, *example_inputs, steps=steps, alignment=alignment, budget_ms=BUDGET_MS if budget_ms is None else budget_ms)
 
 
@@ -427,7 +443,7 @@ def _device_limit() -> int:
     """How many devices there are: CUDA's count where torch sees CUDA devices and vrampool serves
     CUDA, else every ordinal the C ABI serves (the simulated device has as many as asked for)."""
     torch = sys.modules.get("torch")
-    if torch is not None and _native.configuration()["device"] == "cuda":
+    if torch is not None and _configuration()["device"] == "cuda":
         try:
             count = int(torch.cuda.device_count())
         except Exception:  # a broken driver: torch's own calls will say so
@@ -464,45 +480,45 @@ def memory_stats(device: Device = None) -> "OrderedDict[str, Union[int, float]]"
     ``reserved_bytes.all.peak``, ``num_alloc_retries``, ``num_ooms``, ...) and vrampool's own
     (``fragmentation``, ``largest_free_bytes``, ``capacity_bytes``, ...), sorted by key as
     ``torch.cuda.memory_stats`` sorts them. Zeros before the device's first allocation."""
-    stats = _native.abi_stats(_device_index(device))
+    stats = abi_stats(_device_index(device))
     return OrderedDict(sorted(stats.items()))
 
 
 def memory_allocated(device: Device = None) -> int:
     """Bytes in blocks handed out (``torch.cuda.memory_allocated``)."""
-    return int(_native.abi_stats(_device_index(device))["allocated_bytes.all.current"])
+    return int(abi_stats(_device_index(device))["allocated_bytes.all.current"])
 
 
 def max_memory_allocated(device: Device = None) -> int:
     """The most bytes in blocks handed out at once since the start or the last
     :func:`reset_peak_memory_stats` (``torch.cuda.max_memory_allocated``). With private pools
     (CUDA graphs, ``torch.cuda.MemPool``), each pool's peak, added up: an upper bound."""
-    return int(_native.abi_stats(_device_index(device))["allocated_bytes.all.peak"])
+    return int(abi_stats(_device_index(device))["allocated_bytes.all.peak"])
 
 
 def memory_reserved(device: Device = None) -> int:
     """Bytes held from the device (``torch.cuda.memory_reserved``)."""
-    return int(_native.abi_stats(_device_index(device))["reserved_bytes.all.current"])
+    return int(abi_stats(_device_index(device))["reserved_bytes.all.current"])
 
 
 def max_memory_reserved(device: Device = None) -> int:
     """The most bytes held from the device at once since the start or the last
     :func:`reset_peak_memory_stats` (``torch.cuda.max_memory_reserved``); with private pools, as
     :func:`max_memory_allocated` adds them up."""
-    return int(_native.abi_stats(_device_index(device))["reserved_bytes.all.peak"])
+    return int(abi_stats(_device_index(device))["reserved_bytes.all.peak"])
 
 
 def reset_peak_memory_stats(device: Device = None) -> None:
     """Starts the peaks over from the current values."""
-    _native.abi_reset_peak_stats(_device_index(device))
+    abi_reset_peak_stats(_device_index(device))
 
 
 def memory_summary(device: Device = None, abbreviated: bool = False) -> str:
     """A table of the device's figures laid out like ``torch.cuda.memory_summary()``; the strategy
     tiers' segments follow unless ``abbreviated``."""
     index = _device_index(device)
-    segments = None if abbreviated else [s for s in _native.abi_snapshot()["segments"] if s["device"] == index]
-    return format_summary(_native.abi_stats(index), segments, title=f"vrampool memory summary, device {index}")
+    segments = None if abbreviated else [s for s in abi_snapshot()["segments"] if s["device"] == index]
+    return format_summary(abi_stats(index), segments, title=f"vrampool memory summary, device {index}")
 
 
 def empty_cache() -> int:
@@ -512,7 +528,7 @@ def empty_cache() -> int:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
-    return int(_native.abi_trim())
+    return int(abi_trim())
 
 
 def memory_snapshot() -> Dict[str, Any]:
@@ -528,7 +544,7 @@ def memory_snapshot() -> Dict[str, Any]:
     belongs to. ``device_traces`` holds an empty list per device (vrampool records no stack
     traces).
     """
-    return dict(_native.abi_snapshot(_device_count()))
+    return dict(abi_snapshot(_device_count()))
 
 
 def _device_count() -> int:
@@ -609,7 +625,7 @@ def _hints(r: Mapping[str, Any]) -> Tuple[str, ...]:
 def last_oom() -> Optional[OomReport]:
     """The last allocation (any thread, any device) that failed for want of memory, with its
     figures and what to try; None if none has."""
-    r = _native.last_oom()
+    r = _last_oom()
     if r is None:
         return None
     return OomReport(**r, hints=_hints(r))
@@ -618,4 +634,4 @@ def last_oom() -> Optional[OomReport]:
 def last_error() -> Optional[str]:
     """The message of the last failed or refused call into vrampool's C ABI (a failed
     allocation, a free of a pointer that is not vrampool's, a bad fraction, ...), or None."""
-    return _native.last_error()
+    return _last_error()

@@ -14,20 +14,14 @@ mod planned;
 mod pool;
 mod replay;
 mod resource;
+mod streams;
 
 use pyo3::prelude::*;
-use vrampool_core::StreamId;
-
-/// The stream a `CUstream` handle names: `CU_STREAM_LEGACY` (1) is 0, the legacy default stream.
-#[pyfunction]
-fn canonical_stream(handle: u64) -> u64 {
-    StreamId::canonical(handle).0
-}
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-    m.add_function(wrap_pyfunction!(canonical_stream, m)?)?;
+    streams::register(m)?;
     errors::register(m)?;
     exit::register(m)?;
     ipc::register(m)?;

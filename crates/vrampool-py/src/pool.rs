@@ -13,6 +13,7 @@ use vrampool_core::{EventKind, MemoryResource, PoolConfig, SimDevice, SimMode, S
 use crate::errors::to_py;
 use crate::figures::{snapshot_dict, stats_dict};
 use crate::resource::{Backend, DeviceResource};
+use crate::streams::stream_arg;
 
 #[pyclass(module = "vrampool._native", frozen)]
 pub struct NativePool {
@@ -235,15 +236,6 @@ impl NativePool {
             d.set_item(k, v)?;
         }
         Ok(d)
-    }
-}
-
-/// The handle of a stream argument, as `vrampool.streams.stream_handle` reads every library's
-/// stream objects (and refuses bad ones with `TypeError` / `ValueError`); None for none.
-fn stream_arg(py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
-    match stream {
-        Some(s) if !s.is_none() => Ok(Some(py.import("vrampool.streams")?.getattr("stream_handle")?.call1((s,))?.extract()?)),
-        _ => Ok(None),
     }
 }
 
