@@ -209,3 +209,10 @@ def conf_pairs(text: str) -> List[Tuple[str, str]]:
     """The ``(key, value)`` pairs of a configuration text; unbalanced brackets are a ``ValueError``."""
 
 ALLOCATOR_MODELS: List[str]
+#: The strategies' names, as the ``strategy`` key takes them.
+STRATEGIES: List[str]
+#: A pool's default block alignment (``alignment``), in bytes.
+ALIGNMENT: int
+#: The hybrid's default tier limits (``small_max``, ``large_min``), in bytes.
+SMALL_MAX: int
+LARGE_MIN: int

@@ -70,7 +70,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
-from vrampool._native import check_ahead, plan_ahead
+from vrampool._native import ALIGNMENT, check_ahead, plan_ahead
 from vrampool.inputs import quote, read_text
 from vrampool.streams import as_int
 
@@ -81,8 +81,6 @@ __all__ = ["ALIGNMENT", "BUDGET_MS", "FORMAT", "VERSION", "Plan", "StepRow", "as
 
 #: One buffer of a step: (stream, size, lower, upper), live on ``[lower, upper)``.
 StepRow = Tuple[int, int, int, int]
-#: What a plan's offsets are aligned to unless told otherwise: the pool's default block alignment.
-ALIGNMENT = 512
 #: The planner's search time per stream beyond its heuristics.
 BUDGET_MS = 100
 #: The file's ``format`` and ``version``.

@@ -20,7 +20,20 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
-from vrampool import _native
+from vrampool._native import (
+    ALIGNMENT,
+    ALLOCATOR_MODELS,
+    LARGE_MIN,
+    SMALL_MAX,
+    allocator_options,
+    conf_pairs,
+    live_bytes,
+    read_trace_csv,
+    replay_trace,
+    row_conf,
+)
+from vrampool._native import STRATEGIES as _STRATEGIES
+from vrampool._native import peak_segments as _peak_segments
 from vrampool.capture import Trace, read
 from vrampool.inputs import read_text
 
@@ -35,7 +48,7 @@ TraceLike = Union[str, Path, Trace, Iterable[Sequence[int]]]
 
 #: The pool's strategies. A name ending in ``+vm`` grows by mapping virtual memory (the
 #: ``expandable`` option); plain names use plain segments, as on a device without it.
-STRATEGIES = ("slab", "best_fit", "buddy", "hybrid")
+STRATEGIES = tuple(_STRATEGIES)
 VM_SUFFIX = "+vm"
 #: What ``vrampool.torch.install()`` and ``DevicePool(0)`` give on a GPU: the pool's default
 #: configuration (hybrid, growing its middle tier by mapping 2 MiB chunks of virtual memory).
@@ -43,7 +56,7 @@ DEFAULT = "default"
 #: Models of the allocators people run today (``vrampool_whatif::peers``): PyTorch's caching
 #: allocator (plain and with ``expandable_segments:True``), RMM's pool, CuPy's pool, and the
 #: driver's ``cudaMallocAsync`` pool (approximate: its internals are not public).
-PEERS = tuple(_native.ALLOCATOR_MODELS)
+PEERS = tuple(ALLOCATOR_MODELS)
 TORCH = "torch"
 #: The static planner's row: every buffer placed in one arena ahead of time.
 PLAN = "plan"
@@ -63,10 +76,6 @@ REPORT_KEYS = ("strategy", "peak_reserved_bytes", "peak_allocated_bytes", "lower
 SAMPLES = 1000
 #: The planner's time for its exact search, per trace: replays should take seconds, not minutes.
 PLAN_BUDGET_MS = 500
-#: The pool's block alignment; the plan is held to it too, so that the figures compare.
-ALIGNMENT = 512
-#: The hybrid's tier limits (``small_max``, ``large_min``), for size histograms.
-SMALL_MAX, LARGE_MIN = 1 << 20, 64 << 20
 
 
 def read_trace(path: Union[str, Path]) -> List[TraceRow]:
@@ -74,7 +83,7 @@ def read_trace(path: Union[str, Path]) -> List[TraceRow]:
     ``(id, lower, upper, size, stream)`` rows (a CSV's as written; other formats' times are event
     indices). Raises ``ValueError`` naming the line of bad input."""
     if Path(path).suffix == ".csv":
-        return _native.read_trace_csv(read_text(path))
+        return read_trace_csv(read_text(path))
     return read(path).rows()
 
 
@@ -137,7 +146,7 @@ def pool_conf(name: str, conf: str = "") -> str:
     set their strategy, with virtual-memory growth on for ``+vm`` names and off otherwise; then
     ``conf``, which may not change those (``strategy:slab`` for the row ``best_fit`` is a
     ``ValueError``: the row would run as slab under best_fit's name)."""
-    return _native.row_conf(name, conf)
+    return row_conf(name, conf)
 
 
 def _owner(name: str) -> str:
@@ -151,12 +160,12 @@ def split_conf(names: Sequence[str], conf: str) -> Dict[str, str]:
     takes is a ``ValueError`` that lists the keys each row takes; a share that would change what
     a row's name says (``strategy:slab`` for ``best_fit``, ``expandable_segments:True`` for
     ``torch``) is refused by the replay itself."""
-    pairs = _native.conf_pairs(conf)
+    pairs = conf_pairs(conf)
     owners = {_owner(n) for n in names if n != PLAN}
-    keys = {owner: set(_native.allocator_options(owner)) for owner in owners}
+    keys = {owner: set(allocator_options(owner)) for owner in owners}
     for key, _ in pairs:
         if not any(key in k for k in keys.values()):
-            valid = "; ".join(f"{owner}: {', '.join(_native.allocator_options(owner))}" for owner in sorted(owners))
+            valid = "; ".join(f"{owner}: {', '.join(allocator_options(owner))}" for owner in sorted(owners))
             raise ValueError(f"unknown option `{key}` for {', '.join(sorted(owners)) or 'the plan'} (valid: {valid or 'none'})")
     return {n: ",".join(f"{k}:{v}" for k, v in pairs if k in keys.get(_owner(n), ())) for n in names}
 
@@ -164,7 +173,7 @@ def split_conf(names: Sequence[str], conf: str) -> Dict[str, str]:
 def check_conf(conf: str, names: Sequence[str] = (DEFAULT,)) -> None:
     """Raises ``ValueError`` if ``conf`` is no valid configuration of the rows (before long work)."""
     shares = split_conf(names, conf)
-    _native.replay_trace([], [(n, shares[n]) for n in names if n not in (PLAN, AHEAD)], 0)
+    replay_trace([], [(n, shares[n]) for n in names if n not in (PLAN, AHEAD)], 0)
 
 
 def ahead_plan(step: Union[str, Path, "Plan", TraceLike], trace: Optional[TraceLike] = None) -> "Plan":
@@ -224,7 +233,7 @@ def replay_each(
             # The arena is reserved once, before the first pass.
             report["last_pass_device_allocs"] = report["device_allocs"] if repeat == 1 else 0
         else:
-            report = _native.replay_trace(rows, [(name, shares[name])], samples, capacity, repeat, **(planned if name == AHEAD else {}))[0]
+            report = replay_trace(rows, [(name, shares[name])], samples, capacity, repeat, **(planned if name == AHEAD else {}))[0]
             report["strategy"] = name
         if recorded is not None:
             report["recorded_reserved_bytes"] = recorded
@@ -285,7 +294,7 @@ def _plan_report(rows: List[TraceRow], samples: int, capacity: Optional[int] = N
     result = plan([r[:4] for r in rows], budget_ms=PLAN_BUDGET_MS, alignment=ALIGNMENT)
     seconds = time.perf_counter() - start
     events = 2 * len(rows)
-    lower_bound, points, live = _native.live_bytes(rows, samples)
+    lower_bound, points, live = live_bytes(rows, samples)
     # The planner's bound counts sizes rounded to the alignment, as a pool's allocated bytes do;
     # the report's bound is the requested bytes', as in every other row.
     return {
@@ -313,7 +322,7 @@ def _plan_report(rows: List[TraceRow], samples: int, capacity: Optional[int] = N
 
 def live_bytes_timeline(rows: Iterable[TraceRow], samples: int = SAMPLES) -> Tuple[List[int], List[int]]:
     """Requested bytes live after evenly spaced event indices, as the replay samples them."""
-    _, points, live = _native.live_bytes(list(rows), samples)
+    _, points, live = live_bytes(list(rows), samples)
     return points, live
 
 
@@ -334,7 +343,7 @@ def peak_segments(trace: TraceLike, strategy: str = "hybrid", conf: str = "") ->
     name = strategy_names(strategy)[0]
     if name == PLAN or name in PEERS:
         raise ValueError(f"{name} has no vrampool segments: pick a pool strategy")
-    return _native.peak_segments(load(trace).rows(), name, conf)
+    return _peak_segments(load(trace).rows(), name, conf)
 
 
 def summary(trace: TraceLike) -> Dict[str, Any]:
@@ -344,11 +353,12 @@ def summary(trace: TraceLike) -> Dict[str, Any]:
     rows = loaded.rows()
     sizes = sorted(r[3] for r in rows)
     lifetimes = sorted(r[2] - r[1] for r in rows)
-    tiers = {"slab (<= 1 MiB)": 0, "best_fit": 0, "buddy (>= 64 MiB)": 0}
+    small, large = f"slab (<= {SMALL_MAX >> 20} MiB)", f"buddy (>= {LARGE_MIN >> 20} MiB)"
+    tiers = {small: 0, "best_fit": 0, large: 0}
     tier_bytes = dict.fromkeys(tiers, 0)
     powers: Dict[int, int] = {}
     for size in sizes:
-        tier = "slab (<= 1 MiB)" if size <= SMALL_MAX else "buddy (>= 64 MiB)" if size >= LARGE_MIN else "best_fit"
+        tier = small if size <= SMALL_MAX else large if size >= LARGE_MIN else "best_fit"
         tiers[tier] += 1
         tier_bytes[tier] += size
         power = 1 << (size - 1).bit_length()

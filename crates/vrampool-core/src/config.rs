@@ -267,7 +267,8 @@ pub struct Key {
     pub scope: Scope,
 }
 
-const STRATEGY_NAMES: [&str; 4] = ["slab", "best_fit", "buddy", "hybrid"];
+/// The strategies' names, as the `strategy` key takes them.
+pub const STRATEGY_NAMES: [&str; 4] = ["slab", "best_fit", "buddy", "hybrid"];
 const DEVICE_NAMES: [&str; 2] = ["cuda", "sim"];
 
 const fn key(name: &'static str, kind: ValueKind, scope: Scope) -> Key {

@@ -3,12 +3,19 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use vrampool_core::config::{parse_bytes, split_pairs, Scope, KEYS};
+use vrampool_core::config::{parse_bytes, split_pairs, Scope, KEYS, STRATEGY_NAMES};
+use vrampool_core::PoolConfig;
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(config_keys, m)?)?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(conf_pairs, m)?)?;
+    // The rules the Python side shows (size histograms, the what-if's rows) without restating them.
+    let defaults = PoolConfig::default();
+    m.add("STRATEGIES", STRATEGY_NAMES.to_vec())?;
+    m.add("ALIGNMENT", defaults.alignment)?;
+    m.add("SMALL_MAX", defaults.small_max)?;
+    m.add("LARGE_MIN", defaults.large_min)?;
     Ok(())
 }
 
