@@ -1,16 +1,15 @@
-//! What every exported function does first: count the call, fail it if a fault is planned for
-//! it, print it when tracing, and turn a panic into an error code instead of an abort.
+//! The count of every driver call and the faults planned for them, by function name.
 //!
 //! Calls are counted under their name without the `_vN` suffix (`cuMemAlloc_v2` counts as
 //! `cuMemAlloc`), which is also the name faults are planned for.
 
 use std::collections::HashMap;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use parking_lot::Mutex;
 
-use crate::abi::{self, CuResult};
+use crate::abi::CuResult;
 use crate::config::Fault;
+use crate::names::base_name;
 
 /// Counts and planned faults, by function name.
 #[derive(Default)]
@@ -91,51 +90,11 @@ impl Calls {
     }
 }
 
-/// `cuMemAlloc_v2` -> `cuMemAlloc`; `_ptds` / `_ptsz` suffixes go too.
-pub fn base_name(name: &str) -> &str {
-    let name = name.trim_end_matches("_ptds").trim_end_matches("_ptsz");
-    match name.rfind("_v") {
-        Some(at) if name[at + 2..].chars().all(|c| c.is_ascii_digit()) && at + 2 < name.len() => &name[..at],
-        _ => name,
-    }
-}
-
-/// Runs one driver call: counted, maybe failed by a planned fault, traced, and never unwinding
-/// into C (a panic is reported and becomes `CUDA_ERROR_UNKNOWN`).
-pub fn run(name: &'static str, body: impl FnOnce() -> Result<(), CuResult>) -> CuResult {
-    let emulator = crate::emulator();
-    if let Some(code) = emulator.calls.count(name) {
-        if emulator.config.trace {
-            eprintln!("emulated CUDA driver: {name} -> {} (injected)", abi::code_name(code).unwrap_or("?"));
-        }
-        return code;
-    }
-    let result = match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => abi::SUCCESS,
-        Ok(Err(code)) => code,
-        Err(_) => {
-            eprintln!("emulated CUDA driver: {name} panicked (a bug in the emulator); returning CUDA_ERROR_UNKNOWN");
-            999
-        }
-    };
-    if emulator.config.trace {
-        eprintln!("emulated CUDA driver: {name} -> {}", abi::code_name(result).unwrap_or("?"));
-    }
-    result
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn names_lose_their_version() {
-        assert_eq!(base_name("cuMemAlloc_v2"), "cuMemAlloc");
-        assert_eq!(base_name("cuCtxCreate_v4"), "cuCtxCreate");
-        assert_eq!(base_name("cuMemcpyHtoDAsync_v2_ptsz"), "cuMemcpyHtoDAsync");
-        assert_eq!(base_name("cuMemsetD8Async"), "cuMemsetD8Async");
-        assert_eq!(base_name("cuGraph_v"), "cuGraph_v");
-    }
+    use crate::abi;
+    use crate::config::Config;
 
     #[test]
     fn faults_fail_exactly_the_planned_call() {
@@ -154,5 +113,17 @@ mod tests {
         assert_eq!(calls.count("cuInit"), None, "cleared");
         assert_eq!(calls.count_of("cuMemCreate"), 3);
         assert!(calls.report().contains("cuMemCreate 3\n"));
+    }
+
+    #[test]
+    fn a_fault_on_a_v2_name_fires_on_its_calls() {
+        // Issue 48: `cuMemAlloc_v2:1` was planned under that name, calls are counted under
+        // `cuMemAlloc`, and the fault never fired.
+        let plan = |name: &str| (name == "EMULATED_CUDA_FAIL").then(|| "cuMemAlloc_v2:1:OUT_OF_MEMORY".to_string());
+        let config = Config::from_lookup(plan, |name| name == "cuMemAlloc_v2").unwrap();
+        assert_eq!(config.faults, [Fault { function: "cuMemAlloc".into(), nth: 1, code: abi::OUT_OF_MEMORY }]);
+        let calls = Calls::new(&config.faults);
+        assert_eq!(calls.count("cuMemAlloc_v2"), Some(abi::OUT_OF_MEMORY));
+        assert_eq!(calls.count("cuMemAlloc_v2"), None);
     }
 }

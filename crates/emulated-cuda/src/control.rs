@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::abi::{self, CuResult};
 use crate::streams::Work;
-use crate::{calls, emulator};
+use crate::{emulator, entry};
 
 /// Copies `text` into the caller's buffer of `capacity` bytes (NUL-terminated, cut to fit) and
 /// returns its full length, so a caller can ask again with a larger buffer.
@@ -137,7 +137,7 @@ pub extern "C" fn emucuda_clear_error(device: c_int) -> CuResult {
 /// it runs, sticky on the context.
 #[no_mangle]
 pub extern "C" fn emucuda_launch_fill(dst: u64, len: u64, value: u8, delay_us: u32, stream: u64) -> CuResult {
-    calls::run("emucuda_launch_fill", || {
+    entry::run("emucuda_launch_fill", || {
         let e = emulator();
         e.current()?;
         let stream = e.stream(stream)?;

@@ -21,10 +21,15 @@ mod calls;
 mod config;
 mod control;
 mod driver;
+mod entry;
 mod memory;
+#[cfg(test)]
+mod module_graph;
+mod names;
 mod proc_address;
 mod race;
 mod streams;
+mod symbols;
 mod unsupported;
 
 use std::cell::RefCell;
@@ -39,7 +44,7 @@ use calls::Calls;
 use config::Config;
 use memory::Memory;
 use race::{Access, Actor, Races};
-use streams::{Context, Event, Stream, Work};
+use streams::{Context, Event, Machine, Stream, Work};
 
 /// The emulated machine: one per process, made at the first driver call.
 pub(crate) struct Emulator {
@@ -161,9 +166,9 @@ impl Emulator {
     }
 
     /// Queues `work` on `stream`, after what CUDA's implicit synchronisation orders before it.
-    fn queue(&self, stream: &Arc<Stream>, work: Work, accesses: &[Access]) {
+    fn queue(&'static self, stream: &Arc<Stream>, work: Work, accesses: &[Access]) {
         let waits = self.contexts[stream.device as usize].implicit_waits(stream);
-        streams::enqueue(stream, waits, Some(work), accesses);
+        streams::enqueue(self, stream, waits, Some(work), accesses);
     }
 
     /// Blocks until `stream`'s work so far is done; the host then comes after it.
@@ -234,6 +239,37 @@ impl Emulator {
         self.races.check(Actor::Host, "the host", None, 0, what, &[Access { lo, hi, write: true }]);
         while self.races.pending_on(lo, hi) {
             std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+    }
+}
+
+impl Machine for Emulator {
+    fn races(&self) -> &Races {
+        &self.races
+    }
+
+    fn execute(&self, stream: &Stream, work: &Work) {
+        match *work {
+            Work::Wait { ref on, upto } => on.wait_for(upto),
+            Work::Kernel { dst, len, value, delay } => {
+                std::thread::sleep(delay);
+                self.device_write(stream, "kernel", dst, len, |ptr| {
+                    // SAFETY: `device_write` checked that the range is device memory writable now
+                    // and holds the memory lock, so it stays mapped while we write.
+                    unsafe { std::ptr::write_bytes(ptr, value, len as usize) }
+                });
+            }
+            Work::Fill { dst, count, value, width } => {
+                let len = count * width as u64;
+                self.device_write(stream, "memset", dst, len, |ptr| match width {
+                    // SAFETY (each arm): as for the kernel; the range holds `count` elements.
+                    1 => unsafe { std::ptr::write_bytes(ptr, value as u8, len as usize) },
+                    2 => (0..count as usize).for_each(|i| unsafe { (ptr as *mut u16).add(i).write_unaligned(value as u16) }),
+                    _ => (0..count as usize).for_each(|i| unsafe { (ptr as *mut u32).add(i).write_unaligned(value) }),
+                });
+            }
+            Work::Copy { dst, src, len } => self.device_copy(stream, dst, src, len),
+            Work::CopyStaged { dst, ref bytes } => self.device_copy(stream, dst, bytes.as_ptr() as u64, bytes.len() as u64),
         }
     }
 }

@@ -16,7 +16,15 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 
 use crate::abi::{self, CuResult};
-use crate::race::{self, Access, Actor, Clock};
+use crate::race::{self, Access, Actor, Clock, Races};
+
+/// The machine a stream's work runs on (the emulator): it does each memset, copy and kernel
+/// against its memory, and its race check follows the work from queued to done.
+pub trait Machine: Sync {
+    fn races(&self) -> &Races;
+    /// Does `work`, queued on `stream`, when the stream comes to it.
+    fn execute(&self, stream: &Stream, work: &Work);
+}
 
 /// What a stream does.
 pub enum Work {
@@ -141,9 +149,14 @@ impl Stream {
 
 /// Queues `work` on `stream` after `waits` (implicit synchronisation, each with the clock of
 /// what it waits for), checking its memory accesses for races first.
-pub fn enqueue(stream: &Arc<Stream>, waits: Vec<(Arc<Stream>, u64, Clock)>, work: Option<Work>, accesses: &[Access]) {
-    let emulator = crate::emulator();
-    let races = &emulator.races;
+pub fn enqueue(
+    machine: &'static dyn Machine,
+    stream: &Arc<Stream>,
+    waits: Vec<(Arc<Stream>, u64, Clock)>,
+    work: Option<Work>,
+    accesses: &[Access],
+) {
+    let races = machine.races();
     let mut p = stream.progress.lock();
     for (on, upto, clock) in waits {
         if upto == 0 || Arc::ptr_eq(&on, stream) {
@@ -165,13 +178,16 @@ pub fn enqueue(stream: &Arc<Stream>, waits: Vec<(Arc<Stream>, u64, Clock)>, work
     if !p.worker && !p.queue.is_empty() {
         p.worker = true;
         let worker = Arc::clone(stream);
-        std::thread::Builder::new().name(format!("emucuda {:#x}", stream.id)).spawn(move || run(worker)).expect("spawning a stream worker");
+        std::thread::Builder::new()
+            .name(format!("emucuda {:#x}", stream.id))
+            .spawn(move || run(machine, worker))
+            .expect("spawning a stream worker");
     }
     stream.changed.notify_all();
 }
 
 /// The worker: does the stream's work in order until the stream is destroyed and drained.
-fn run(stream: Arc<Stream>) {
+fn run(machine: &'static dyn Machine, stream: Arc<Stream>) {
     loop {
         let queued = {
             let mut p = stream.progress.lock();
@@ -185,37 +201,11 @@ fn run(stream: Arc<Stream>) {
                 stream.changed.wait(&mut p);
             }
         };
-        execute(&stream, &queued.work);
-        crate::emulator().races.done(&queued.pending);
+        machine.execute(&stream, &queued.work);
+        machine.races().done(&queued.pending);
         let mut p = stream.progress.lock();
         p.completed += 1;
         stream.changed.notify_all();
-    }
-}
-
-fn execute(stream: &Stream, work: &Work) {
-    let emulator = crate::emulator();
-    match *work {
-        Work::Wait { ref on, upto } => on.wait_for(upto),
-        Work::Kernel { dst, len, value, delay } => {
-            std::thread::sleep(delay);
-            emulator.device_write(stream, "kernel", dst, len, |ptr| {
-                // SAFETY: `device_write` checked that the range is device memory writable now
-                // and holds the memory lock, so it stays mapped while we write.
-                unsafe { std::ptr::write_bytes(ptr, value, len as usize) }
-            });
-        }
-        Work::Fill { dst, count, value, width } => {
-            let len = count * width as u64;
-            emulator.device_write(stream, "memset", dst, len, |ptr| match width {
-                // SAFETY (each arm): as for the kernel; the range holds `count` elements.
-                1 => unsafe { std::ptr::write_bytes(ptr, value as u8, len as usize) },
-                2 => (0..count as usize).for_each(|i| unsafe { (ptr as *mut u16).add(i).write_unaligned(value as u16) }),
-                _ => (0..count as usize).for_each(|i| unsafe { (ptr as *mut u32).add(i).write_unaligned(value) }),
-            });
-        }
-        Work::Copy { dst, src, len } => emulator.device_copy(stream, dst, src, len),
-        Work::CopyStaged { dst, ref bytes } => emulator.device_copy(stream, dst, bytes.as_ptr() as u64, bytes.len() as u64),
     }
 }
 

@@ -1,7 +1,9 @@
 //! Initialisation, versions and error strings, devices, primary and current contexts.
 
+use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint};
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Mutex, OnceLock};
 
 use super::put;
 use crate::abi::{self, attribute, CuResult};
@@ -30,6 +32,13 @@ driver_fn!(
     }
 );
 
+/// `name` as a static NUL-terminated string, made once.
+fn leak_c_string(name: &'static str) -> &'static [u8] {
+    static MADE: OnceLock<Mutex<HashMap<&'static str, &'static [u8]>>> = OnceLock::new();
+    let mut made = MADE.get_or_init(Mutex::default).lock().unwrap_or_else(|p| p.into_inner());
+    made.entry(name).or_insert_with(|| Box::leak(format!("{name}\0").into_bytes().into_boxed_slice()))
+}
+
 driver_fn!(
     fn cuGetErrorName(error: c_uint, text: *mut *const c_char) {
         let Some(name) = abi::code_name(error) else {
@@ -37,7 +46,7 @@ driver_fn!(
             unsafe { put(text, std::ptr::null())? };
             return Err(abi::INVALID_VALUE);
         };
-        let static_name: &'static [u8] = crate::proc_address::leak_c_string(name);
+        let static_name: &'static [u8] = leak_c_string(name);
         // SAFETY: out-parameter; the string is static and NUL-terminated.
         unsafe { put(text, static_name.as_ptr() as *const c_char) }
     }

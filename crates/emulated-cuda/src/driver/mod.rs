@@ -17,7 +17,7 @@ macro_rules! driver_fn {
         $(#[$meta])*
         #[no_mangle]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> CuResult {
-            $crate::calls::run(stringify!($name), || $body)
+            $crate::entry::run(stringify!($name), || $body)
         }
     };
 }

@@ -82,7 +82,7 @@ driver_fn!(
         let stream = e.stream(handle)?;
         let event = e.event(event)?;
         if let Some(r) = event.recorded() {
-            crate::streams::enqueue(&stream, vec![(r.stream, r.upto, r.clock)], None, &[]);
+            crate::streams::enqueue(e, &stream, vec![(r.stream, r.upto, r.clock)], None, &[]);
         }
         Ok(())
     }
@@ -152,7 +152,7 @@ fn event_record(event: u64, stream: u64) -> Result<(), CuResult> {
     // A record is work on the stream too: on the legacy default stream, its event stands for the
     // blocking streams' work before it (on a blocking stream, for the legacy stream's), as in CUDA.
     let waits = e.contexts[stream.device as usize].implicit_waits(&stream);
-    streams::enqueue(&stream, waits, None, &[]);
+    streams::enqueue(e, &stream, waits, None, &[]);
     event.record(&stream);
     Ok(())
 }
