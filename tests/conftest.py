@@ -11,6 +11,15 @@ from typing import Callable, List
 
 import pytest
 
+from vrampool import DevicePool
+from vrampool._native import STRATEGIES
+
+
+@pytest.fixture(params=STRATEGIES)
+def pool(request: pytest.FixtureRequest) -> DevicePool:
+    """A simulated pool of 1 GiB, once per strategy (test files on a device define their own)."""
+    return DevicePool("sim", capacity=1 << 30, strategy=request.param)
+
 
 def _run_in_threads(work: Callable[[int], None], threads: int) -> None:
     """Runs ``work(seed)`` for seeds 0..threads-1 at once and re-raises the first failure."""

@@ -26,14 +26,6 @@ from vrampool import DevicePool
 from vrampool.testing import native
 
 MIB = 1 << 20
-STRATEGIES = ["hybrid", "slab", "best_fit", "buddy"]
-
-
-@pytest.fixture(params=STRATEGIES)
-def pool(request: pytest.FixtureRequest) -> DevicePool:
-    return DevicePool("sim", capacity=1 << 30, strategy=request.param)
-
-
 def counts(pool: DevicePool) -> Dict[str, int]:
     s = pool.stats()
     return {k: s[f"allocation.all.{k}"] for k in ("current", "allocated", "freed")}

@@ -11,17 +11,10 @@ import pytest
 
 import vrampool
 from vrampool import DevicePool
+from vrampool._native import STRATEGIES
 from vrampool.testing import native
 
 MIB = 1 << 20
-STRATEGIES = ["hybrid", "slab", "best_fit", "buddy"]
-
-
-@pytest.fixture(params=STRATEGIES)
-def pool(request: pytest.FixtureRequest) -> DevicePool:
-    return DevicePool("sim", capacity=1 << 30, strategy=request.param)
-
-
 def test_allocate_write_read_and_free(pool: DevicePool) -> None:
     bufs = [pool.allocate(n) for n in (1, 700, 4096, 3 * MIB, 70 * MIB)]
     for i, buf in enumerate(bufs):
