@@ -83,7 +83,7 @@ def test_segment_map_shows_every_block_in_its_state() -> None:
 
 def test_segment_map_caps_its_rows() -> None:
     segments = [
-        {"strategy": "best_fit", "stream": 0, "address": i * MIB, "total_size": MIB, "blocks": [{"address": i * MIB, "size": MIB, "state": "active_allocated"}]}
+        {"strategy": "best_fit", "stream": 0, "address": i * MIB, "total_size": MIB, "blocks": [{"address": i * MIB, "size": MIB, "vrampool_state": "active"}]}
         for i in range(10)
     ]
     root = parse(segment_map_svg(segments, max_rows=4))

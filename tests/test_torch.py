@@ -361,8 +361,8 @@ def test_memory_snapshot_has_torch_format_field_by_field(sim: ctypes.CDLL) -> No
         assert seg["segment_type"] == ("small" if seg["strategy"] == "slab" else "large")
         cursor = seg["address"]
         for b in seg["blocks"]:
-            assert set(b) == {"address", "size", "requested_size", "state", "frames", "cached"}
-            assert not b["cached"] or b["state"] == "inactive"
+            assert set(b) == {"address", "size", "requested_size", "state", "frames", "vrampool_state"}
+            assert b["vrampool_state"] in ("cached", "free") or b["state"] != "inactive"
             assert b["address"] == cursor, "blocks cover the segment in address order, without gaps"
             assert b["state"] in ("active_allocated", "active_pending_free", "inactive")
             assert b["frames"] == [] and b["size"] > 0

@@ -34,19 +34,14 @@ def format_size(n: Union[int, float]) -> str:
 
 
 def block_state(block: Mapping[str, Any]) -> str:
-    """What a snapshot block (torch's format) is doing, in vrampool's terms: ``active``,
-    ``pending_free`` (freed, waiting for another stream), ``cached`` (freed, kept at its size)
-    or ``free``.
+    """What a snapshot block is doing, in vrampool's terms (its ``vrampool_state``, beside torch's
+    ``state``): ``active``, ``pending_free`` (freed, waiting for another stream), ``cached`` (freed,
+    kept at its size) or ``free``.
 
-    >>> block_state({"state": "active_allocated"}), block_state({"state": "inactive", "cached": True})
-    ('active', 'cached')
+    >>> block_state({"state": "inactive", "vrampool_state": "cached"})
+    'cached'
     """
-    state = block["state"]
-    if state == "active_allocated":
-        return "active"
-    if state == "active_pending_free":
-        return "pending_free"
-    return "cached" if block.get("cached") else "free"
+    return str(block["vrampool_state"])
 
 
 def tier_counts(segments: Iterable[Mapping[str, Any]]) -> Dict[str, Dict[str, int]]:
@@ -54,7 +49,7 @@ def tier_counts(segments: Iterable[Mapping[str, Any]]) -> Dict[str, Dict[str, in
     from the ``segments`` of a snapshot (``DevicePool.snapshot()["segments"]``).
 
     >>> tier_counts([{"strategy": "slab", "total_size": 4096, "blocks": [
-    ...     {"size": 1024, "state": "active_allocated"}, {"size": 3072, "state": "inactive"}]}])["slab"]["active_blocks"]
+    ...     {"size": 1024, "vrampool_state": "active"}, {"size": 3072, "vrampool_state": "free"}]}])["slab"]["active_blocks"]
     1
     """
     tiers: Dict[str, Dict[str, int]] = {}

@@ -23,18 +23,19 @@ pub fn stats_dict<'py>(py: Python<'py>, stats: &Stats) -> PyResult<Bound<'py, Py
 
 /// A block of a snapshot segment, in torch's terms.
 fn block_dict<'py>(py: Python<'py>, address: u64, size: u64, state: BlockState) -> PyResult<Bound<'py, PyDict>> {
-    let (name, requested) = match state {
-        BlockState::Active { requested } => ("active_allocated", requested),
-        BlockState::PendingFree => ("active_pending_free", 0),
-        BlockState::Cached | BlockState::Free => ("inactive", 0),
+    // torch's state, and vrampool's, which tells a block kept in a cache at its size from a free one.
+    let (name, own, requested) = match state {
+        BlockState::Active { requested } => ("active_allocated", "active", requested),
+        BlockState::PendingFree => ("active_pending_free", "pending_free", 0),
+        BlockState::Cached => ("inactive", "cached", 0),
+        BlockState::Free => ("inactive", "free", 0),
     };
     let d = PyDict::new(py);
     d.set_item("address", address)?;
     d.set_item("size", size)?;
     d.set_item("requested_size", requested)?;
     d.set_item("state", name)?;
-    // vrampool's own: an inactive block kept in a cache at its size, rather than free.
-    d.set_item("cached", matches!(state, BlockState::Cached))?;
+    d.set_item("vrampool_state", own)?;
     d.set_item("frames", PyList::empty(py))?;
     Ok(d)
 }
