@@ -15,7 +15,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use proptest::test_runner::{Config, FileFailurePersistence, RngSeed, TestCaseError, TestError, TestRunner};
+use proptest::test_runner::{TestCaseError, TestError};
 use vrampool_core::sizes::{MAX_REQUEST, MIB};
 use vrampool_core::strategy::StrategyKind;
 use vrampool_core::{Device, InvalidFreeReason, Pool, PoolConfig, PoolError, SimDevice, SimMode, StreamId};
@@ -479,15 +479,8 @@ mod harness {
 use harness::Harness;
 use op::Op;
 
-fn cases() -> u32 {
-    std::env::var("VRAMPOOL_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(32)
-}
-
-/// The seed the random sequences are drawn from: `VRAMPOOL_FUZZ_SEED`, else a new one.
-fn run_seed() -> u64 {
-    use std::hash::{BuildHasher, RandomState};
-    std::env::var("VRAMPOOL_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| RandomState::new().hash_one(Instant::now()))
-}
+/// Random sequences per strategy, unless `VRAMPOOL_FUZZ_CASES` says otherwise.
+const DEFAULT_CASES: u32 = 32;
 
 fn corpus() -> Vec<(String, Vec<Op>)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz-corpus");
@@ -543,17 +536,8 @@ fn corpus_format_round_trips() {
 
 fn fuzz(strategy: StrategyKind) {
     use proptest::prelude::*;
-    let seed = run_seed();
-    let config = Config {
-        cases: cases(),
-        rng_seed: RngSeed::Fixed(seed),
-        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fuzz.proptest-regressions"
-        )))),
-        ..Config::default()
-    };
-    let mut runner = TestRunner::new(config);
+    let seed = vrampool_fuzz::run_seed();
+    let mut runner = vrampool_fuzz::runner(env!("CARGO_MANIFEST_DIR"), vrampool_fuzz::cases(DEFAULT_CASES), seed);
     let input = (any::<bool>(), prop::collection::vec(op::op(), 1..160));
     let started = Instant::now();
     let (sequences, ops) = (Cell::new(0u64), Cell::new(0u64));
@@ -571,11 +555,8 @@ fn fuzz(strategy: StrategyKind) {
         }
         Err(TestError::Fail(why, (expandable, seq))) => {
             let lines: Vec<String> = seq.iter().map(ToString::to_string).collect();
-            panic!(
-                "{strategy:?} expandable={expandable}: {why}\nrun seed {seed} (VRAMPOOL_FUZZ_SEED={seed} draws it again; the case is kept \
-                 in tests/fuzz.proptest-regressions)\nminimal sequence (a corpus seed):\n{}",
-                lines.join("\n")
-            );
+            let minimal = format!("minimal sequence (a corpus seed):\n{}", lines.join("\n"));
+            panic!("{}", vrampool_fuzz::failure_report(&format!("{strategy:?} expandable={expandable}"), &why, seed, &minimal));
         }
         Err(e) => panic!("{strategy:?}, run seed {seed}: {e}"),
     }

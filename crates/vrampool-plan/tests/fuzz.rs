@@ -10,7 +10,7 @@ use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, FileFailurePersistence, RngSeed, TestCaseError, TestError, TestRunner};
+use proptest::test_runner::{TestCaseError, TestError};
 use vrampool_plan::{
     best_fit_decreasing, exact_search, greedy_by_size, lower_bound, plan, validate, Algorithm, Buffer, PlanError,
     PlanOptions,
@@ -20,18 +20,8 @@ use vrampool_plan::{
 /// hands to the fallback, which must be valid too.
 const EXACT_BUDGET: Duration = Duration::from_millis(20);
 
-fn cases() -> u32 {
-    std::env::var("VRAMPOOL_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(96)
-}
-
-/// The seed the inputs are drawn from: `VRAMPOOL_FUZZ_SEED`, else a new one.
-fn run_seed() -> u64 {
-    use std::hash::{BuildHasher, RandomState};
-    std::env::var("VRAMPOOL_FUZZ_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| RandomState::new().hash_one(Instant::now()))
-}
+/// Inputs per test, unless `VRAMPOOL_FUZZ_CASES` says otherwise.
+const DEFAULT_CASES: u32 = 96;
 
 /// Lifetimes of several shapes: dense short ones, long nested ones, all at the same time, and
 /// times near the top of u64.
@@ -218,22 +208,14 @@ fn refuses_spoiled_sets(
     Ok(())
 }
 
-/// Runs `test` over `cases()` inputs; prints the executions and time, and the shrunk input on a
+/// Runs `test` over the run's inputs; prints the executions and time, and the shrunk input on a
 /// failure.
 fn fuzz<S: Strategy>(name: &str, input: S, test: impl Fn(S::Value) -> Result<(), TestCaseError>)
 where
     S::Value: std::fmt::Debug,
 {
-    let seed = run_seed();
-    let mut runner = TestRunner::new(Config {
-        cases: cases(),
-        rng_seed: RngSeed::Fixed(seed),
-        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fuzz.proptest-regressions"
-        )))),
-        ..Config::default()
-    });
+    let seed = vrampool_fuzz::run_seed();
+    let mut runner = vrampool_fuzz::runner(env!("CARGO_MANIFEST_DIR"), vrampool_fuzz::cases(DEFAULT_CASES), seed);
     let (started, runs) = (Instant::now(), Cell::new(0u64));
     let result = runner.run(&input, |value| {
         runs.set(runs.get() + 1);
@@ -241,10 +223,9 @@ where
     });
     match result {
         Ok(()) => eprintln!("fuzz {name}: {} inputs in {:.1} s", runs.get(), started.elapsed().as_secs_f64()),
-        Err(TestError::Fail(why, minimal)) => panic!(
-            "{name}: {why}\nrun seed {seed} (VRAMPOOL_FUZZ_SEED={seed} draws it again; the case is kept in \
-             tests/fuzz.proptest-regressions)\nminimal input: {minimal:?}"
-        ),
+        Err(TestError::Fail(why, minimal)) => {
+            panic!("{}", vrampool_fuzz::failure_report(name, &why, seed, &format!("minimal input: {minimal:?}")))
+        }
         Err(e) => panic!("{name}, run seed {seed}: {e}"),
     }
 }
