@@ -12,8 +12,9 @@ use std::sync::Arc;
 use foldhash::fast::FixedState;
 
 use super::blocks::{BlockList, State, NIL};
+use super::held::{BlockModel, Held};
 use super::mappings::Mappings;
-use super::{out_of_memory, parse_flag, parse_mb, parse_size, parse_u64, Figures, PeerModel};
+use super::{parse_flag, parse_mb, parse_size, parse_u64};
 use vrampool_core::device::Device;
 use vrampool_core::error::PoolError;
 use vrampool_core::sizes::MIB;
@@ -178,8 +179,7 @@ struct PoolInfo {
 
 pub(super) struct Caching {
     rules: Rules,
-    device: Arc<dyn Device>,
-    blocks: BlockList,
+    held: Held,
     pools: HashMap<(u64, bool), u32, FixedState>,
     pool_info: Vec<PoolInfo>,
     /// Expandable segments: base -> (reserved size, pool).
@@ -193,7 +193,6 @@ pub(super) struct Caching {
     /// Address space of one expandable segment: the device's memory and an eighth
     /// (`ExpandableSegment`'s constructor).
     reservation: u64,
-    figures: Figures,
 }
 
 impl Caching {
@@ -218,8 +217,7 @@ impl Caching {
         let reservation = round_up(total.saturating_add(total / 8), page).unwrap_or(total);
         Self {
             rules,
-            device,
-            blocks: BlockList::default(),
+            held: Held::new(device),
             pools: HashMap::default(),
             pool_info: Vec::new(),
             expandable: BTreeMap::new(),
@@ -227,7 +225,6 @@ impl Caching {
             free_block_calls: [0; 2],
             gc_limit,
             reservation,
-            figures: Figures::default(),
         }
     }
 
@@ -288,8 +285,8 @@ impl Caching {
 
     /// The bytes a free block could grow to in place: itself and an unmapped block after it.
     fn expandable_size(&self, n: u32) -> u64 {
-        let node = self.blocks.node(n);
-        let next = (node.next != NIL).then(|| self.blocks.node(node.next)).filter(|b| b.state == State::Unmapped);
+        let node = self.held.blocks.node(n);
+        let next = (node.next != NIL).then(|| self.held.blocks.node(node.next)).filter(|b| b.state == State::Unmapped);
         node.size + next.map_or(0, |b| b.size)
     }
 
@@ -301,7 +298,7 @@ impl Caching {
         if self.gc_limit.is_some() {
             self.free_block_calls[usize::from(!self.is_small(pool))] += 1;
         }
-        let mut fitting = self.blocks.fitting(pool, size);
+        let mut fitting = self.held.blocks.fitting(pool, size);
         let mut found = fitting.next()?;
         if self.options().expandable {
             for next in fitting {
@@ -312,7 +309,7 @@ impl Caching {
                 }
             }
         }
-        let (block, max_split) = (self.blocks.node(found).size, self.options().max_split_size);
+        let (block, max_split) = (self.held.blocks.node(found).size, self.options().max_split_size);
         if size < max_split && block >= max_split {
             return None;
         }
@@ -336,16 +333,14 @@ impl Caching {
     /// `alloc_block`: a new segment of `alloc_size` bytes, or expandable pages for `size`; None
     /// when the device (or the garbage collector's memory fraction) has no room.
     fn alloc_block(&mut self, pool: u32, size: u64, alloc_size: u64) -> Option<u32> {
-        if self.gc_limit.is_some_and(|limit| self.figures.reserved.saturating_add(alloc_size) > limit) {
+        if self.gc_limit.is_some_and(|limit| self.held.figures.reserved.saturating_add(alloc_size) > limit) {
             return None;
         }
         if self.options().expandable {
             return self.allocate_expandable(pool, size);
         }
-        let base = self.device.alloc_segment(alloc_size).ok()?;
-        self.figures.reserve(alloc_size);
-        let n = self.blocks.add_segment(pool, base, alloc_size, State::Free);
-        self.blocks.set_aux(n, self.gc_clock(pool));
+        let n = self.held.new_segment(pool, alloc_size)?;
+        self.held.blocks.set_aux(n, self.gc_clock(pool));
         Some(n)
     }
 
@@ -353,14 +348,14 @@ impl Caching {
     /// hold `size` bytes (a new segment if none), mapped as far as needed.
     fn allocate_expandable(&mut self, pool: u32, size: u64) -> Option<u32> {
         let mut candidate = self.find_expandable_block(pool, size)?;
-        if self.blocks.node(candidate).state == State::Unmapped {
-            let wanted = self.blocks.node(candidate).size.min(size);
+        if self.held.blocks.node(candidate).state == State::Unmapped {
+            let wanted = self.held.blocks.node(candidate).size.min(size);
             candidate = self.map_block(candidate, wanted)?;
         }
-        while self.blocks.node(candidate).size < size {
-            let remaining = size - self.blocks.node(candidate).size;
-            let next = self.blocks.node(candidate).next;
-            let wanted = self.blocks.node(next).size.min(remaining);
+        while self.held.blocks.node(candidate).size < size {
+            let remaining = size - self.held.blocks.node(candidate).size;
+            let next = self.held.blocks.node(candidate).next;
+            let wanted = self.held.blocks.node(next).size.min(remaining);
             candidate = self.map_block(next, wanted)?;
         }
         Some(candidate)
@@ -368,46 +363,46 @@ impl Caching {
 
     /// `find_expandable_block`.
     fn find_expandable_block(&mut self, pool: u32, size: u64) -> Option<u32> {
-        for unmapped in self.blocks.unmapped(pool) {
-            let prev = self.blocks.node(unmapped).prev;
-            let start = if prev != NIL && self.blocks.node(prev).state == State::Free { prev } else { unmapped };
+        for unmapped in self.held.blocks.unmapped(pool) {
+            let prev = self.held.blocks.node(unmapped).prev;
+            let start = if prev != NIL && self.held.blocks.node(prev).state == State::Free { prev } else { unmapped };
             let (mut bytes, mut at) = (0u64, start);
-            while bytes < size && at != NIL && self.blocks.node(at).state != State::Allocated {
-                bytes += self.blocks.node(at).size;
-                at = self.blocks.node(at).next;
+            while bytes < size && at != NIL && self.held.blocks.node(at).state != State::Allocated {
+                bytes += self.held.blocks.node(at).size;
+                at = self.held.blocks.node(at).next;
             }
             if bytes >= size {
                 return Some(start);
             }
         }
-        let base = self.device.reserve(self.reservation).ok()?;
+        let base = self.held.device.reserve(self.reservation).ok()?;
         self.expandable.insert(base, (self.reservation, pool));
-        Some(self.blocks.add_segment(pool, base, self.reservation, State::Unmapped))
+        Some(self.held.blocks.add_segment(pool, base, self.reservation, State::Unmapped))
     }
 
     /// `map_block`: maps whole pages (as one run) from the start of unmapped block `n` to cover
     /// `size` bytes, and merges the mapped part with a free block before it; returns the merged
     /// block.
     fn map_block(&mut self, n: u32, size: u64) -> Option<u32> {
-        let page = self.page(self.blocks.node(n).pool);
-        let node = *self.blocks.node(n);
+        let page = self.page(self.held.blocks.node(n).pool);
+        let node = *self.held.blocks.node(n);
         let bytes = round_up(size, page)?.min(node.size);
-        if !self.mappings.map(self.device.as_ref(), node.addr, bytes) {
+        if !self.mappings.map(self.held.device.as_ref(), node.addr, bytes) {
             return None;
         }
         if bytes < node.size {
-            self.blocks.split(n, bytes);
+            self.held.blocks.split(n, bytes);
         }
-        self.blocks.set_state(n, State::Free);
-        let merged = self.blocks.coalesce(n);
-        self.figures.reserve(bytes);
+        self.held.blocks.set_state(n, State::Free);
+        let merged = self.held.blocks.coalesce(n);
+        self.held.figures.reserve(bytes);
         Some(merged)
     }
 
     /// `unmap_block`: unmaps the whole pages inside free block `n` (the parts before and after
     /// stay free), and gives a segment with nothing mapped back.
     fn unmap_block(&mut self, n: u32) {
-        let node = *self.blocks.node(n);
+        let node = *self.held.blocks.node(n);
         let Some((&base, &(reserved, _))) = self.expandable.range(..=node.addr).next_back() else { return };
         let page = self.page(node.pool);
         let begin = base + (node.addr - base).div_ceil(page) * page;
@@ -417,27 +412,25 @@ impl Caching {
         }
         let mut middle = n;
         if begin > node.addr {
-            middle = self.blocks.split(n, begin - node.addr);
+            middle = self.held.blocks.split(n, begin - node.addr);
         }
         if end < node.addr + node.size {
-            self.blocks.split(middle, end - begin);
+            self.held.blocks.split(middle, end - begin);
         }
-        self.mappings.unmap(self.device.as_ref(), begin, end);
-        self.blocks.set_state(middle, State::Unmapped);
-        let middle = self.blocks.coalesce(middle);
-        self.figures.release(end - begin);
-        if self.blocks.is_whole(middle) {
-            self.blocks.remove_segment(middle);
+        self.mappings.unmap(self.held.device.as_ref(), begin, end);
+        self.held.blocks.set_state(middle, State::Unmapped);
+        let middle = self.held.blocks.coalesce(middle);
+        self.held.figures.release(end - begin);
+        if self.held.blocks.is_whole(middle) {
+            self.held.blocks.remove_segment(middle);
             self.expandable.remove(&base);
-            let _ = self.device.unreserve(base, reserved);
+            let _ = self.held.device.unreserve(base, reserved);
         }
     }
 
     /// `release_block`: gives a whole cached segment back to the device.
     fn release_block(&mut self, n: u32) {
-        let (base, size) = self.blocks.remove_segment(n);
-        let _ = self.device.free_segment(base, size);
-        self.figures.release(size);
+        self.held.release_segment(n);
     }
 
     /// Gives back what a free block holds that the device can take: a whole plain segment, or
@@ -445,15 +438,15 @@ impl Caching {
     fn release_free_block(&mut self, n: u32) {
         if self.options().expandable {
             self.unmap_block(n);
-        } else if self.blocks.is_whole(n) {
+        } else if self.held.blocks.is_whole(n) {
             self.release_block(n);
         }
     }
 
     /// `release_cached_blocks`: every free block's memory (all pools and streams).
     fn release_cached_blocks(&mut self) {
-        for n in self.blocks.all_free() {
-            if self.blocks.node(n).state == State::Free {
+        for n in self.held.blocks.all_free() {
+            if self.held.blocks.node(n).state == State::Free {
                 self.release_free_block(n);
             }
         }
@@ -468,18 +461,18 @@ impl Caching {
             return false;
         }
         let key = size.max(max_split);
-        let whole = self.blocks.fitting(pool, key).find(|&n| self.blocks.is_whole(n));
+        let whole = self.held.blocks.fitting(pool, key).find(|&n| self.held.blocks.is_whole(n));
         if let Some(n) = whole {
             self.release_block(n);
             return true;
         }
         let mut released = 0u64;
-        for n in self.blocks.free_blocks(pool).into_iter().rev() {
-            let block = self.blocks.node(n).size;
+        for n in self.held.blocks.free_blocks(pool).into_iter().rev() {
+            let block = self.held.blocks.node(n).size;
             if released >= key || block < max_split {
                 break;
             }
-            if self.blocks.is_whole(n) {
+            if self.held.blocks.is_whole(n) {
                 released += block;
                 self.release_block(n);
             }
@@ -493,25 +486,26 @@ impl Caching {
     fn garbage_collect(&mut self) {
         let Some(limit) = self.gc_limit else { return };
         let threshold = (self.options().garbage_collection_threshold * limit as f64) as u64;
-        if self.figures.reserved <= threshold {
+        if self.held.figures.reserved <= threshold {
             return;
         }
-        let target = self.figures.reserved - threshold;
+        let target = self.held.figures.reserved - threshold;
         let clock = self.free_block_calls[1];
+        let blocks = &self.held.blocks;
         let mut freeable: Vec<u32> =
-            self.blocks.all_free().into_iter().filter(|&n| !self.is_small(self.blocks.node(n).pool) && self.blocks.is_whole(n)).collect();
+            blocks.all_free().into_iter().filter(|&n| !self.is_small(blocks.node(n).pool) && blocks.is_whole(n)).collect();
         let age = |list: &BlockList, n: u32| clock - list.node(n).aux;
-        let mut total_age: u64 = freeable.iter().map(|&n| age(&self.blocks, n)).sum();
+        let mut total_age: u64 = freeable.iter().map(|&n| age(&self.held.blocks, n)).sum();
         let mut reclaimed = 0u64;
         while reclaimed < target && !freeable.is_empty() {
             let threshold_age = total_age as f64 / freeable.len() as f64;
-            let (old, young): (Vec<u32>, Vec<u32>) = freeable.iter().partition(|&&n| age(&self.blocks, n) as f64 >= threshold_age);
+            let (old, young): (Vec<u32>, Vec<u32>) = freeable.iter().partition(|&&n| age(&self.held.blocks, n) as f64 >= threshold_age);
             if old.is_empty() {
                 break;
             }
             for n in old {
-                total_age -= age(&self.blocks, n);
-                reclaimed += self.blocks.node(n).size;
+                total_age -= age(&self.held.blocks, n);
+                reclaimed += self.held.blocks.node(n).size;
                 self.release_block(n);
             }
             freeable = young;
@@ -520,14 +514,14 @@ impl Caching {
 
     /// The driver trims its pool to the release threshold (modelled at every free).
     fn trim_to_threshold(&mut self) {
-        if self.figures.reserved <= self.rules.release_threshold {
+        if self.held.figures.reserved <= self.rules.release_threshold {
             return;
         }
-        for n in self.blocks.all_free() {
-            if self.figures.reserved <= self.rules.release_threshold {
+        for n in self.held.blocks.all_free() {
+            if self.held.figures.reserved <= self.rules.release_threshold {
                 break;
             }
-            if self.blocks.node(n).state == State::Free {
+            if self.held.blocks.node(n).state == State::Free {
                 self.release_free_block(n);
             }
         }
@@ -552,11 +546,19 @@ fn roundup_power2_next_division(size: u64, divisions: u64) -> u64 {
     }
 }
 
-impl PeerModel for Caching {
+impl BlockModel for Caching {
+    fn held(&self) -> &Held {
+        &self.held
+    }
+
+    fn held_mut(&mut self) -> &mut Held {
+        &mut self.held
+    }
+
     /// `DeviceCachingAllocator::malloc`: a cached block, else garbage collection and a new
     /// block; on failure, oversize cached segments are released and it tries again, then every
     /// cached block is released and it tries a last time.
-    fn allocate(&mut self, orig_size: u64, stream: u64) -> Result<u64, PoolError> {
+    fn serve(&mut self, orig_size: u64, stream: u64) -> Result<u64, PoolError> {
         let size = self.round_size(orig_size);
         let small = self.rules.small_pool && size <= SMALL_SIZE;
         let pool = self.pool(stream, small);
@@ -571,44 +573,34 @@ impl PeerModel for Caching {
                 }
                 if block.is_none() {
                     self.release_cached_blocks();
-                    self.figures.alloc_retries += 1;
+                    self.held.figures.alloc_retries += 1;
                     block = self.alloc_block(pool, size, alloc_size);
                 }
                 block
             }
         };
-        let n = found.ok_or_else(|| out_of_memory(orig_size, &self.figures, &self.blocks, self.device.as_ref(), self.gc_limit))?;
-        let block = self.blocks.node(n).size;
+        let n = found.ok_or_else(|| self.held.out_of_memory(orig_size, self.gc_limit))?;
+        let block = self.held.blocks.node(n).size;
         if self.should_split(pool, block, size) {
-            let rest = self.blocks.split(n, size);
-            self.blocks.set_aux(rest, self.gc_clock(pool));
+            let rest = self.held.blocks.split(n, size);
+            self.held.blocks.set_aux(rest, self.gc_clock(pool));
         }
-        self.blocks.set_state(n, State::Allocated);
-        let node = self.blocks.node(n);
-        self.figures.allocate(node.size);
+        self.held.blocks.set_state(n, State::Allocated);
+        let node = self.held.blocks.node(n);
+        self.held.figures.allocate(node.size);
         Ok(node.addr)
     }
 
-    /// `free` and `free_block`: back to its pool, merged with free neighbours.
-    fn free(&mut self, addr: u64) -> Result<(), PoolError> {
-        let (merged, size) = self.blocks.free(addr)?;
-        self.figures.free(size);
-        let clock = self.gc_clock(self.blocks.node(merged).pool);
-        self.blocks.set_aux(merged, clock);
+    /// `free` and `free_block`: back to its pool, merged with free neighbours ([`Held::free`]),
+    /// the merged block's garbage-collection age starting again.
+    fn after_free(&mut self, merged: u32) {
+        let clock = self.gc_clock(self.held.blocks.node(merged).pool);
+        self.held.blocks.set_aux(merged, clock);
         self.trim_to_threshold();
-        Ok(())
-    }
-
-    fn figures(&self) -> Figures {
-        self.figures
-    }
-
-    fn fragmentation(&self) -> f64 {
-        self.blocks.fragmentation()
     }
 
     /// `emptyCache`: `release_cached_blocks`.
-    fn empty_cache(&mut self) {
+    fn release_cache(&mut self) {
         self.release_cached_blocks();
     }
 }

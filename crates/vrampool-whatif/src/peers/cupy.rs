@@ -7,8 +7,8 @@
 
 use std::sync::Arc;
 
-use super::blocks::{BlockList, State};
-use super::{out_of_memory, parse_size, Figures, PeerModel};
+use super::held::{BlockModel, Held, StreamOrder};
+use super::parse_size;
 use vrampool_core::device::Device;
 use vrampool_core::error::PoolError;
 use vrampool_core::sizes::round_up;
@@ -31,36 +31,22 @@ impl CupyOptions {
 }
 
 pub(super) struct Cupy {
-    device: Arc<dyn Device>,
+    held: Held,
     limit: Option<u64>,
-    blocks: BlockList,
-    /// Arenas by stream (`_arenas`), in the order streams first appeared.
-    streams: Vec<u64>,
-    figures: Figures,
+    /// Arenas by stream (`_arenas`).
+    arenas: StreamOrder,
 }
 
 impl Cupy {
     pub fn new(options: CupyOptions, device: Arc<dyn Device>) -> Self {
-        Self { device, limit: options.limit, blocks: BlockList::default(), streams: Vec::new(), figures: Figures::default() }
-    }
-
-    fn arena(&mut self, stream: u64) -> u32 {
-        match self.streams.iter().position(|&s| s == stream) {
-            Some(i) => i as u32,
-            None => {
-                self.streams.push(stream);
-                (self.streams.len() - 1) as u32
-            }
-        }
+        Self { held: Held::new(device), limit: options.limit, arenas: StreamOrder::default() }
     }
 
     /// `free_all_blocks`: every free chunk that is a whole allocation, in every arena.
     fn free_all_blocks(&mut self) {
-        for n in self.blocks.all_free() {
-            if self.blocks.is_whole(n) {
-                let (base, size) = self.blocks.remove_segment(n);
-                let _ = self.device.free_segment(base, size);
-                self.figures.release(size);
+        for n in self.held.blocks.all_free() {
+            if self.held.blocks.is_whole(n) {
+                self.held.release_segment(n);
             }
         }
     }
@@ -69,56 +55,47 @@ impl Cupy {
     /// blocks and tries again (twice, the second after `gc.collect()`, which frees nothing more
     /// here).
     fn try_malloc(&mut self, size: u64, arena: u32) -> Option<u32> {
-        if self.limit.is_some_and(|limit| limit != 0 && self.figures.reserved.saturating_add(size) > limit) {
+        if self.limit.is_some_and(|limit| limit != 0 && self.held.figures.reserved.saturating_add(size) > limit) {
             return None;
         }
-        let base = match self.device.alloc_segment(size) {
-            Ok(base) => base,
-            Err(_) => {
-                self.free_all_blocks();
-                self.figures.alloc_retries += 1;
-                self.device.alloc_segment(size).ok()?
-            }
-        };
-        self.figures.reserve(size);
-        Some(self.blocks.add_segment(arena, base, size, State::Free))
+        if let Some(n) = self.held.new_segment(arena, size) {
+            return Some(n);
+        }
+        self.free_all_blocks();
+        self.held.figures.alloc_retries += 1;
+        self.held.new_segment(arena, size)
     }
 }
 
-impl PeerModel for Cupy {
+/// `free`: merged with the next and the previous chunk when they are free in the arena, as
+/// [`Held::free`] does.
+impl BlockModel for Cupy {
+    fn held(&self) -> &Held {
+        &self.held
+    }
+
+    fn held_mut(&mut self) -> &mut Held {
+        &mut self.held
+    }
+
     /// `_malloc`: `_get_chunk` (the smallest bin that fits; within a bin CuPy pops any chunk, the
     /// model the lowest address), split with the remainder back in the arena; else `_try_malloc`
     /// of exactly the rounded size.
-    fn allocate(&mut self, size: u64, stream: u64) -> Result<u64, PoolError> {
+    fn serve(&mut self, size: u64, stream: u64) -> Result<u64, PoolError> {
         let size = round_up(size.max(1), UNIT).unwrap_or(u64::MAX);
-        let arena = self.arena(stream);
-        let found = match self.blocks.best_fit(arena, size) {
+        let arena = self.arenas.list(stream);
+        let found = match self.held.blocks.best_fit(arena, size) {
             Some(n) => Some(n),
             None => self.try_malloc(size, arena),
         };
         let Some(n) = found else {
-            return Err(out_of_memory(size, &self.figures, &self.blocks, self.device.as_ref(), self.limit));
+            return Err(self.held.out_of_memory(size, self.limit));
         };
-        self.figures.allocate(size);
-        Ok(self.blocks.hand_out(n, size))
+        self.held.figures.allocate(size);
+        Ok(self.held.blocks.hand_out(n, size))
     }
 
-    /// `free`: merged with the next and the previous chunk when they are free in the arena.
-    fn free(&mut self, addr: u64) -> Result<(), PoolError> {
-        let (_, size) = self.blocks.free(addr)?;
-        self.figures.free(size);
-        Ok(())
-    }
-
-    fn figures(&self) -> Figures {
-        self.figures
-    }
-
-    fn fragmentation(&self) -> f64 {
-        self.blocks.fragmentation()
-    }
-
-    fn empty_cache(&mut self) {
+    fn release_cache(&mut self) {
         self.free_all_blocks();
     }
 }
@@ -126,6 +103,7 @@ impl PeerModel for Cupy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::peers::PeerModel;
     use vrampool_core::device::{SimDevice, SimMode};
     use vrampool_core::sizes::MIB;
 

@@ -15,6 +15,7 @@
 mod blocks;
 mod caching;
 mod cupy;
+mod held;
 mod mappings;
 mod rmm;
 
@@ -22,7 +23,7 @@ use std::sync::Arc;
 
 use vrampool_core::config::{parse_bytes, split_pairs};
 use vrampool_core::device::Device;
-use vrampool_core::error::{OomReport, PoolError};
+use vrampool_core::error::PoolError;
 use vrampool_core::sizes::MIB;
 
 pub use caching::{AsyncOptions, TorchOptions};
@@ -65,19 +66,6 @@ impl Figures {
         self.reserved -= bytes;
         self.device_frees += 1;
     }
-}
-
-/// The out-of-memory error of a model that holds `figures` in `blocks` on `device`.
-fn out_of_memory(requested: u64, figures: &Figures, blocks: &blocks::BlockList, device: &dyn Device, limit: Option<u64>) -> PoolError {
-    PoolError::OutOfMemory(OomReport {
-        requested,
-        block: 0,
-        allocated: figures.allocated,
-        reserved: figures.reserved,
-        largest_free: blocks.free_summary().0,
-        device_free: device.mem_info().map(|m| m.free).unwrap_or(0),
-        limit,
-    })
 }
 
 /// One allocator model: single-threaded, fed the requests of a trace in order.

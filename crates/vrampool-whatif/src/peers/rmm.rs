@@ -9,8 +9,8 @@
 
 use std::sync::Arc;
 
-use super::blocks::{BlockList, State};
-use super::{out_of_memory, parse_size, Figures, PeerModel};
+use super::held::{BlockModel, Held, StreamOrder};
+use super::parse_size;
 use vrampool_core::device::Device;
 use vrampool_core::error::PoolError;
 use vrampool_core::sizes::round_up;
@@ -43,13 +43,11 @@ impl RmmOptions {
 }
 
 pub(super) struct Rmm {
-    device: Arc<dyn Device>,
+    held: Held,
     maximum: Option<u64>,
-    blocks: BlockList,
-    /// Free lists by stream, in the order streams first appeared (`stream_free_blocks_`).
-    streams: Vec<u64>,
+    /// Free lists by stream (`stream_free_blocks_`).
+    streams: StreamOrder,
     pool_size: u64,
-    figures: Figures,
     /// The initial pool could not be made: every allocation fails, as the constructor would have.
     broken: bool,
 }
@@ -59,28 +57,16 @@ impl Rmm {
     pub fn new(options: RmmOptions, device: Arc<dyn Device>, capacity: Option<u64>) -> Self {
         let initial = options.initial_pool_size.unwrap_or_else(|| capacity.map_or(0, |c| round_up(c / 2, ALIGNMENT).unwrap_or(c)));
         let mut rmm = Self {
-            device,
+            held: Held::new(device),
             maximum: options.maximum_pool_size,
-            blocks: BlockList::default(),
-            streams: vec![0],
+            streams: StreamOrder::starting_with(0),
             pool_size: 0,
-            figures: Figures::default(),
             broken: false,
         };
         if initial > 0 {
             rmm.broken = rmm.maximum.is_some_and(|m| initial > m) || rmm.try_to_expand(initial, initial, 0).is_none();
         }
         rmm
-    }
-
-    fn list(&mut self, stream: u64) -> u32 {
-        match self.streams.iter().position(|&s| s == stream) {
-            Some(i) => i as u32,
-            None => {
-                self.streams.push(stream);
-                (self.streams.len() - 1) as u32
-            }
-        }
     }
 
     /// `size_to_grow`: half the way to the maximum, or the pool's size again (doubling).
@@ -101,10 +87,9 @@ impl Rmm {
     /// `try_to_expand`: an upstream block of `try_size`, halving on failure down to `min_size`.
     fn try_to_expand(&mut self, mut try_size: u64, min_size: u64, list: u32) -> Option<u32> {
         while try_size >= min_size && try_size > 0 {
-            if let Ok(base) = self.device.alloc_segment(try_size) {
+            if let Some(n) = self.held.new_segment(list, try_size) {
                 self.pool_size += try_size;
-                self.figures.reserve(try_size);
-                return Some(self.blocks.add_segment(list, base, try_size, State::Free));
+                return Some(n);
             }
             if try_size == min_size {
                 break;
@@ -117,21 +102,21 @@ impl Rmm {
     /// `get_block`: the stream's own list, then a block from another stream's list, then every
     /// other list merged into this one, then growth.
     fn get_block(&mut self, size: u64, list: u32) -> Option<u32> {
-        if let Some(n) = self.blocks.best_fit(list, size) {
+        if let Some(n) = self.held.blocks.best_fit(list, size) {
             return Some(n);
         }
-        let others: Vec<u32> = (0..self.streams.len() as u32).filter(|&l| l != list).collect();
+        let others: Vec<u32> = (0..self.streams.len()).filter(|&l| l != list).collect();
         // `get_block_from_other_stream(merge_first = false)`: the remainder stays on that list.
-        if let Some(n) = others.iter().find_map(|&other| self.blocks.best_fit(other, size)) {
+        if let Some(n) = others.iter().find_map(|&other| self.held.blocks.best_fit(other, size)) {
             return Some(n);
         }
         // `merge_first = true`: another stream's blocks join this list, coalescing as they come.
         for other in others {
-            for n in self.blocks.free_blocks(other) {
-                self.blocks.set_pool(n, list);
-                self.blocks.coalesce(n);
+            for n in self.held.blocks.free_blocks(other) {
+                self.held.blocks.set_pool(n, list);
+                self.held.blocks.coalesce(n);
             }
-            if let Some(n) = self.blocks.best_fit(list, size) {
+            if let Some(n) = self.held.blocks.best_fit(list, size) {
                 return Some(n);
             }
         }
@@ -140,45 +125,41 @@ impl Rmm {
     }
 }
 
-impl PeerModel for Rmm {
-    fn allocate(&mut self, size: u64, stream: u64) -> Result<u64, PoolError> {
+/// `do_deallocate`: into the free list of the stream it was allocated on (the trace's frees name
+/// no other), merged with contiguous free blocks of the same upstream block, as [`Held::free`]
+/// does.
+impl BlockModel for Rmm {
+    fn held(&self) -> &Held {
+        &self.held
+    }
+
+    fn held_mut(&mut self) -> &mut Held {
+        &mut self.held
+    }
+
+    fn serve(&mut self, size: u64, stream: u64) -> Result<u64, PoolError> {
         let size = round_up(size, ALIGNMENT).unwrap_or(u64::MAX);
-        let list = self.list(stream);
+        let list = self.streams.list(stream);
         let found = if self.broken { None } else { self.get_block(size, list) };
         let Some(n) = found else {
-            return Err(out_of_memory(size, &self.figures, &self.blocks, self.device.as_ref(), self.maximum));
+            return Err(self.held.out_of_memory(size, self.maximum));
         };
         // `allocate_from_block`: any remainder goes back to the list the block came from; the
         // block itself is freed to the list of the stream it was allocated on.
-        let addr = self.blocks.hand_out(n, size);
-        self.blocks.set_pool(n, list);
-        self.figures.allocate(size);
+        let addr = self.held.blocks.hand_out(n, size);
+        self.held.blocks.set_pool(n, list);
+        self.held.figures.allocate(size);
         Ok(addr)
     }
 
-    /// `do_deallocate`: into the free list of the stream it was allocated on (the trace's frees
-    /// name no other), merged with contiguous free blocks of the same upstream block.
-    fn free(&mut self, addr: u64) -> Result<(), PoolError> {
-        let (_, size) = self.blocks.free(addr)?;
-        self.figures.free(size);
-        Ok(())
-    }
-
-    fn figures(&self) -> Figures {
-        self.figures
-    }
-
-    fn fragmentation(&self) -> f64 {
-        self.blocks.fragmentation()
-    }
-
     /// Nothing: the pool keeps what it took from upstream until it is destroyed.
-    fn empty_cache(&mut self) {}
+    fn release_cache(&mut self) {}
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::peers::PeerModel;
     use vrampool_core::device::{SimDevice, SimMode};
     use vrampool_core::sizes::{GIB, MIB};
 

@@ -1,4 +1,5 @@
 use super::*;
+use crate::peers::PeerModel;
 use vrampool_core::device::{SimDevice, SimMode};
 use vrampool_core::sizes::{GIB, KIB};
 
