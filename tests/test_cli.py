@@ -161,6 +161,20 @@ def test_capture_refuses_an_output_it_cannot_write_before_capturing(tmp_path: Pa
     assert not (tmp_path / "missing").exists()
 
 
+def test_plan_refuses_a_save_it_cannot_write_before_planning(trace_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 57: the plan was made, then saving it failed, in a line that named the trace.
+    import vrampool.ahead
+
+    def no_plan(*_: object, **__: object) -> None:
+        raise AssertionError("planned before the output path was checked")
+
+    monkeypatch.setattr(vrampool.ahead, "from_trace", no_plan)
+    for save, message in [(tmp_path / "missing" / "p.json", "no folder"), (tmp_path, "it is a folder")]:
+        assert main(["plan", "--trace", str(trace_file), "--save", str(save)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"vrampool plan: cannot write {save}: {message}") and err.count("\n") == 1, err
+
+
 @pytest.mark.parametrize("code", [0, 3])
 def test_capture_of_a_model_function_that_exits_is_one_line_and_no_file(code: int, tmp_path: Path) -> None:
     pytest.importorskip("torch")

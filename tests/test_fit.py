@@ -56,6 +56,31 @@ def test_a_buffer_larger_than_the_memory_does_not_fit_rather_than_stop_the_searc
     assert past is not None and past.fits and not any(past.fits.values()), past
 
 
+def past_128_tib(batch: int) -> Any:
+    """One parameter, and activations of a batch times 2^45 + 1 floats: past 128 TiB (the most one
+    block of the pool can be) at a batch of 1."""
+    import torch
+
+    class Spread(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.ones(1))
+
+        def forward(self, x: Any) -> Any:
+            return self.scale * x.sum() * torch.ones(x.shape[0] * ((1 << 45) + 1), device=x.device)
+
+    return Spread(), torch.randn(batch, 4)
+
+
+def test_activations_past_what_one_block_can_be_fit_no_batch_rather_than_fail() -> None:
+    # Issue 57: the pool rows refused a request past 128 TiB as an invalid size, and fit stopped
+    # with that error, where the answer is that no batch fits.
+    pytest.importorskip("torch")
+    result = fit_model(past_128_tib, 80 << 30, max_size=4)
+    assert result.largest == dict.fromkeys(result.allocators, 0)
+    assert result.probes[0].size == 1 and not any(result.probes[0].fits.values()), result.probes[0]
+
+
 def tiny_mlp(batch: int) -> Any:
     import torch
 

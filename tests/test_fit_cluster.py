@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 from vrampool.cli import main  # noqa: E402
 from vrampool.cluster import CannotShard, fewest_ranks, fit_cluster, layout, measure_ranks, shardable_world_sizes  # noqa: E402
 from vrampool.trace import replay  # noqa: E402
-from vrampool.training import capture_model  # noqa: E402
+from vrampool.training import capture_model, capture_ranks  # noqa: E402
 
 MIB = 1 << 20
 MODELS = '''
@@ -166,3 +166,86 @@ def test_fit_cluster_command_table_json_plot_and_bad_input(tmp_path: Path, capsy
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
     assert not torch.distributed.is_initialized(), "a refused process group is not left behind"
+
+
+CAPTURED = """
+import torch
+from torch.distributed import init_process_group
+
+def sixty_four_rows():
+    return torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(2)]), torch.randn(8, 64)
+
+def seven_rows():
+    return torch.nn.Sequential(torch.nn.Linear(64, 7), torch.nn.Linear(7, 64)), torch.randn(8, 64)
+
+def seven_rows_at(batch):
+    return seven_rows()[0], torch.randn(batch, 64)
+
+def own_group():
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
+    return sixty_four_rows()
+
+def own_group_bound_at_import():
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    init_process_group("fake", rank=0, world_size=2, store=FakeStore())
+    return sixty_four_rows()
+
+def chatty():
+    print("building the model")
+    return sixty_four_rows()
+
+def chatty_at(batch):
+    print("building the model at", batch)
+    return sixty_four_rows()[0], torch.randn(batch, 64)
+"""
+
+
+def test_capture_parallel_refuses_what_fit_refuses_before_any_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 57: capture recorded FSDP on 8 ranks of a 7-row layer, which fit refuses; 4,096 ranks of
+    # a 64-row model ran for minutes before writing nothing; a model that made its own process group
+    # ended in torch's "initialize the default process group twice".
+    import vrampool.training
+
+    script = tmp_path / "captured.py"
+    script.write_text(CAPTURED)
+    out = tmp_path / "t.jsonl"
+    fit = ["fit", "--model", f"{script}:seven_rows_at", "--memory", "1GB", "--parallel", "fsdp", "--ranks", "8"]
+    assert main(fit) == 1
+    refusal = "8 ranks: FSDP splits each layer's parameters on dim 0 in chunks of ceil(rows / ranks), and 7 rows in chunks of 1 leave the last ranks none"
+    assert refusal in capsys.readouterr().err
+
+    def no_capture(*_: object, **__: object) -> None:
+        raise AssertionError("a rank was captured before the model was checked")
+
+    monkeypatch.setattr(vrampool.training, "capture_model", no_capture)
+    for function, ranks, message in [
+        ("seven_rows", 8, refusal),
+        ("sixty_four_rows", 4096, "4,096 ranks: FSDP splits each layer's parameters on dim 0 in chunks of ceil(rows / ranks), and 64 rows"),
+        ("own_group", 2, "builds its own process group"),
+        ("own_group_bound_at_import", 2, "builds its own process group"),
+    ]:
+        assert main(["capture", "--model", f"{script}:{function}", "--parallel", "fsdp", "--ranks", str(ranks), "--output", str(out)]) == 1
+        captured = capsys.readouterr()
+        assert message in captured.err and captured.err.count("\n") == 1 and captured.out == "", (function, captured)
+        assert "twice" not in captured.err and not list(tmp_path.glob("t-rank*")), function
+        assert not torch.distributed.is_initialized(), "a refused process group is not left behind"
+    with pytest.raises(CannotShard):
+        capture_ranks(lambda: (torch.nn.Sequential(torch.nn.Linear(64, 7)), torch.randn(8, 64)), 8, "fsdp")
+
+
+def test_json_on_stdout_is_json_alone_whatever_the_model_prints(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 57: a model's own prints came out on stdout before the JSON.
+    script = tmp_path / "captured.py"
+    script.write_text(CAPTURED)
+    for args in [
+        ["capture", "--model", f"{script}:chatty", "--parallel", "fsdp", "--ranks", "2", "--output", str(tmp_path / "t.jsonl")],
+        ["capture", "--model", f"{script}:chatty", "--output", str(tmp_path / "one.jsonl")],
+        ["fit", "--model", f"{script}:chatty_at", "--memory", "1GB", "--strategy", "default", "--max", "2", "--parallel", "fsdp", "--ranks", "2"],
+        ["fit", "--model", f"{script}:chatty_at", "--memory", "1GB", "--strategy", "default", "--max", "2"],
+    ]:
+        assert main([*args, "--json"]) == 0
+        captured = capsys.readouterr()
+        json.loads(captured.out)
+        assert "building the model" in captured.err, args

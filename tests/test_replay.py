@@ -111,6 +111,19 @@ def test_timeline_follows_the_live_bytes() -> None:
     assert live_bytes_timeline([r + (0,) for r in SMALL], 4) == ([2, 4, 6], [6 * MIB, 6 * MIB, 0])
 
 
+def test_a_replay_on_ten_thousand_streams_samples_within_a_bound_of_work_an_event(tmp_path: Path) -> None:
+    # Issue 57: every timeline sample reads the pool's stats, which visit each stream's arena
+    # holding memory; 20,000 events on 10,000 streams (each buffer its own, all live at once) took
+    # 15 s a row with 1,000 samples. A sample may visit every stream: at most 16 an event in all.
+    streams = 10_000
+    path = write_trace(tmp_path / "streams.csv", [(i, i, 2 * streams - i, 4096, i + 1) for i in range(streams)], "id,lower,upper,size,stream")
+    for report in replay(path, strategy=["default", "torch"]):
+        points = len(report["timeline"]["event"])
+        assert (points - 1) * streams <= 16 * report["events"], (report["strategy"], points)
+        assert report["timeline"]["event"][-1] == report["events"] == 2 * streams
+        assert report["peak_allocated_bytes"] == report["lower_bound_bytes"] == streams * 4096
+
+
 # At time 4 buffer 0 dies while 1 and 2 are born, on two streams: frees come first, so the most
 # live at once is 2 and 3 (7 MiB), never 0 with them (13 MiB).
 TIES = [(0, 0, 4, 6 * MIB, 0), (1, 4, 8, 3 * MIB, 0), (2, 4, 6, 4 * MIB, 7), (3, 6, 9, 1 * MIB, 7)]

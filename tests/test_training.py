@@ -189,6 +189,40 @@ def test_a_model_function_that_cannot_be_captured_is_one_clear_line(fn: Any, mes
     assert message in str(caught.value) and "\n" not in str(caught.value)
 
 
+def int_batch_into_linear() -> Any:
+    return torch.nn.Linear(64, 64), torch.randint(0, 10, (8, 64))
+
+
+def int_batch_into_conv() -> Any:
+    # With a bias, conv2d's own check ("Input type and bias type should be the same") raises already.
+    return torch.nn.Conv2d(3, 8, 3, bias=False), torch.randint(0, 255, (2, 3, 16, 16))
+
+
+def int_batch_into_bias_free_linear() -> Any:
+    return torch.nn.Linear(64, 64, bias=False), torch.randint(0, 10, (8, 64))
+
+
+@pytest.mark.parametrize(
+    "fn, message",
+    [
+        (int_batch_into_linear, "aten::addmm: mat1 and mat2 must have the same dtype, but got torch.int64 and torch.float32"),
+        (int_batch_into_bias_free_linear, "aten::mm: self and mat2 must have the same dtype, but got torch.int64 and torch.float32"),
+        (int_batch_into_conv, "aten::convolution: input and weight must have the same dtype, but got torch.int64 and torch.float32"),
+    ],
+)
+def test_operands_of_different_dtypes_fail_under_fake_tensors_as_for_real(fn: Any, message: str) -> None:
+    # Issue 57: the meta kernels fake tensors run check these ops' shapes, not their dtypes, so an
+    # int64 batch fed to a Linear was captured as if the step ran; torch's CPU kernel refuses it.
+    with pytest.raises(ModelFunctionError, match="training step raised RuntimeError") as caught:
+        capture_model(fn)
+    assert message in str(caught.value), caught.value
+    with pytest.raises(ModelFunctionError, match="training step raised RuntimeError: .*(same dtype|scalar type)"):
+        capture_model(fn, fake=False)
+    # Cast to the weights' dtype, the same model captures.
+    model, batch = fn()
+    assert capture_model(lambda: (model, batch.float())).peak_allocated_bytes() > 0
+
+
 def test_model_functions_are_found_by_module_or_path(tmp_path: Path) -> None:
     assert load_model_function("vrampool.models:gpt2_small").__name__ == "gpt2_small"
     script = tmp_path / "mymodel.py"

@@ -8,6 +8,7 @@ code (2 for a malformed command line, 1 otherwise), never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -230,8 +231,15 @@ def _write(path: Path, text: str) -> None:
         raise CommandError(f"cannot write {path}: {e}") from None
 
 
+def _model_prints_to_stderr() -> "contextlib.AbstractContextManager[Any]":
+    """While a model's code runs (its module's import, its function, its steps), what it prints
+    goes to stderr: stdout carries the command's own output alone (JSON alone with ``--json``)."""
+    return contextlib.redirect_stdout(sys.stderr)
+
+
 def _check_writable(paths: List[Path]) -> None:
-    """Refuses output paths that cannot be written before a capture that may take minutes."""
+    """Refuses output paths that cannot be written before the work (a capture, a plan) that may
+    take minutes."""
     for path in paths:
         folder = path.parent
         if path.is_dir():
@@ -245,8 +253,8 @@ def _check_writable(paths: List[Path]) -> None:
 def capture_command(args: argparse.Namespace) -> int:
     """`vrampool capture`: records a model's training steps as a trace file (one per rank with
     ``--ranks``), under fake tensors unless ``--real``."""
-    from vrampool.training import ModelFunctionError, capture_model, capture_ranks, load_model_function
-    from vrampool.workloads import DEMO_MODELS, MODELS, capture_workload
+    from vrampool.training import ModelFunctionError
+    from vrampool.workloads import DEMO_MODELS, MODELS
 
     lengths = _lengths(args.seq)
     steps = args.steps or (12 if args.model in DEMO_MODELS else len(lengths or [1]))
@@ -261,21 +269,8 @@ def capture_command(args: argparse.Namespace) -> int:
     _check_writable(paths)
     bar = lambda items, what=f"capture {args.model}": _progress(items, steps, what, args.json)  # noqa: E731
     try:
-        if builtin and not args.parallel:
-            traces = [capture_workload(args.model, steps, args.seed, bar, args.scale, fake=args.fake, batch=args.batch, lengths=lengths)]
-        else:
-            if builtin:
-                from vrampool.workloads import model_function
-
-                fn = model_function(args.model, steps, args.seed, args.scale, args.batch, lengths)
-            else:
-                if args.batch or args.seq or args.scale != 1:
-                    raise CommandError("--batch, --seq and --scale are for the built-in models: a model function sets its own batch")
-                fn = load_model_function(args.model)
-            if args.parallel:
-                traces = capture_ranks(fn, args.ranks, args.parallel, steps, fake=args.fake, name=args.model)
-            else:
-                traces = [capture_model(fn, steps, fake=args.fake, name=args.model, progress=bar)]
+        with _model_prints_to_stderr():
+            traces = _capture_traces(args, steps, lengths, builtin, bar)
     except ModelFunctionError as e:
         raise CommandError(str(e)) from None
     except ValueError as e:
@@ -298,6 +293,24 @@ def capture_command(args: argparse.Namespace) -> int:
     for f, t in zip(figures, traces):
         print(f"{f['output']}: {steps} steps of {args.model} on {how}, {len(t.rows()):,} buffers, peak live {_mib(f['peak_live_bytes'])}")
     return 0
+
+
+def _capture_traces(args: argparse.Namespace, steps: int, lengths: Optional[List[int]], builtin: bool, bar: Any) -> List[Any]:
+    """The traces ``capture`` writes: one, or one per rank with ``--parallel``."""
+    from vrampool.training import capture_model, capture_ranks, load_model_function
+    from vrampool.workloads import capture_workload, model_function
+
+    if builtin and not args.parallel:
+        return [capture_workload(args.model, steps, args.seed, bar, args.scale, fake=args.fake, batch=args.batch, lengths=lengths)]
+    if builtin:
+        fn = model_function(args.model, steps, args.seed, args.scale, args.batch, lengths)
+    else:
+        if args.batch or args.seq or args.scale != 1:
+            raise CommandError("--batch, --seq and --scale are for the built-in models: a model function sets its own batch")
+        fn = load_model_function(args.model)
+    if args.parallel:
+        return capture_ranks(fn, args.ranks, args.parallel, steps, fake=args.fake, name=args.model)
+    return [capture_model(fn, steps, fake=args.fake, name=args.model, progress=bar)]
 
 
 def _lengths(text: Optional[str]) -> Optional[List[int]]:
@@ -323,7 +336,8 @@ def fit_command(args: argparse.Namespace) -> int:
 
     memory = _size(args.memory)
     _check_fit_options(args)
-    fn, setting = _fit_function(args)
+    with _model_prints_to_stderr():
+        fn, setting = _fit_function(args)
     label = f"{args.model} {args.size}" if args.size else args.model
     progress, note = _probe_bar(f"fit {label}", args.json)
     try:
@@ -410,10 +424,11 @@ def _fit(args: argparse.Namespace, fn: Callable[[int], Any], memory: int, label:
     from vrampool.plot import fit_svg
 
     what = _FIT_WHAT[args.over]
-    if args.parallel:
-        result = fit_cluster(fn, memory, args.parallel, args.ranks, args.strategy.split(","), steps=args.steps, max_size=args.max, name=label, progress=progress, note=note)
-    else:
-        result = fit_model(fn, memory, args.strategy.split(","), steps=args.steps, max_size=args.max, progress=progress)
+    with _model_prints_to_stderr():
+        if args.parallel:
+            result = fit_cluster(fn, memory, args.parallel, args.ranks, args.strategy.split(","), steps=args.steps, max_size=args.max, name=label, progress=progress, note=note)
+        else:
+            result = fit_model(fn, memory, args.strategy.split(","), steps=args.steps, max_size=args.max, progress=progress)
     if args.plot:
         per = " per rank" if args.parallel else ""
         _write(Path(args.plot), fit_svg(result, what, f"{label}: what fits in {_gib(memory)}{per} (simulated)"))
@@ -444,7 +459,8 @@ def _fewest_ranks(args: argparse.Namespace, fn: Callable[[int], Any], memory: in
     from vrampool.cluster import MAX_RANKS, fewest_ranks
     from vrampool.plot import fit_svg
 
-    result = fewest_ranks(fn, memory, args.batch, args.strategy.split(","), steps=args.steps, max_ranks=min(args.max, MAX_RANKS), name=label, progress=progress, note=note)
+    with _model_prints_to_stderr():
+        result = fewest_ranks(fn, memory, args.batch, args.strategy.split(","), steps=args.steps, max_ranks=min(args.max, MAX_RANKS), name=label, progress=progress, note=note)
     answers = {n: f"{f:,} ranks" if f else "none fits" for n, f in result.fewest.items()}
     if args.plot:
         _write(Path(args.plot), fit_svg(result, "ranks", f"{label}: ranks for a batch of {args.batch} in {_gib(memory)} per rank (simulated)", answers))
@@ -577,6 +593,8 @@ def plan_ahead_command(args: argparse.Namespace) -> int:
     for option in ("capacity", "output"):
         if getattr(args, option) is not None:
             raise CommandError(f"--{option} is for --input; a plan ahead is saved with --save")
+    if args.save:
+        _check_writable([Path(args.save)])
     try:
         ahead = from_trace(args.trace, args.step, ALIGNMENT if args.alignment is None else args.alignment, args.budget_ms)
         if args.save:

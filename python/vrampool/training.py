@@ -375,7 +375,7 @@ def _capture(
             if mesh is not None:
                 _shard(model, mesh)
     mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
-    with mode, recorder.tracker():
+    with mode, _same_dtypes() if fake else contextlib.nullcontext(), recorder.tracker():
         if built is None or _is_step(built):
             built = _call(fn, name, fake)
             if not _is_step(built):
@@ -401,6 +401,33 @@ def _capture(
     return recorder.trace
 
 
+#: Ops whose meta kernels (which fake tensors run) check shapes but not that these operands share
+#: a dtype, which torch's CPU and CUDA kernels require ("mat1 and mat2 must have the same dtype").
+_SAME_DTYPE_OPERANDS = {"mm": (0, 1), "addmm": (1, 2), "mv": (0, 1), "convolution": (0, 1)}
+
+
+def _same_dtypes() -> Any:
+    """A dispatch mode, above the fake mode, that raises where torch's kernels would on operands
+    of different dtypes (:data:`_SAME_DTYPE_OPERANDS`): without it an int64 batch fed to a
+    ``Linear`` is captured as if the step ran."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    operands = {getattr(torch.ops.aten, op).default: at for op, at in _SAME_DTYPE_OPERANDS.items()}
+
+    class SameDtypes(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            at = operands.get(func)
+            if at is not None and len(args) > max(at):
+                first, second = (args[i] for i in at)
+                if first.dtype != second.dtype:
+                    names = [func._schema.arguments[i].name for i in at]
+                    raise RuntimeError(f"{func.name()}: {names[0]} and {names[1]} must have the same dtype, but got {first.dtype} and {second.dtype}")
+            return func(*args, **(kwargs or {}))
+
+    return SameDtypes()
+
+
 def capture_ranks(
     fn: Callable[[], Any],
     world_size: int,
@@ -412,9 +439,16 @@ def capture_ranks(
     name: Optional[str] = None,
     progress: Callable[[Iterable[int]], Iterable[int]] = lambda ranks: ranks,
 ) -> List[Trace]:
-    """One trace per rank of ``world_size`` (see :func:`capture_model`)."""
+    """One trace per rank of ``world_size`` (see :func:`capture_model`). The model is checked
+    first, by the rule ``vrampool fit --parallel`` follows (:func:`vrampool.cluster.layout`): one
+    that makes its own process group, or FSDP over more ranks than a layer has rows (the last ranks
+    would hold none of it), is refused before any rank is captured (``ModelFunctionError``,
+    ``vrampool.cluster.CannotShard``)."""
+    from vrampool.cluster import layout
+
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
+    layout(lambda _size: fn(), parallel, world_size, name=name or getattr(fn, "__qualname__", "the model function"))
     return [
         capture_model(fn, steps, fake=fake, parallel=parallel, world_size=world_size, rank=r, optimizer=optimizer, name=name)
         for r in progress(range(world_size))

@@ -18,7 +18,7 @@
 //! assert!(report.peak_reserved_bytes >= report.lower_bound_bytes);
 //! ```
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -27,6 +27,8 @@ use thiserror::Error;
 use crate::peers::{PeerConfig, PeerModel};
 use vrampool_core::device::{SimDevice, SimMode, StreamId};
 use vrampool_core::error::{OomReport, PoolError};
+use vrampool_core::sizes::MAX_REQUEST;
+use vrampool_core::stats::fragmentation;
 use vrampool_core::strategy::StrategyKind;
 use vrampool_core::{MemoryResource, Pool, PoolConfig};
 use vrampool_steady::{AheadPlan, PlannedMode, AUTO_KEY};
@@ -95,7 +97,8 @@ impl ReplayTarget {
 /// How a replay runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReplayOptions {
-    /// Timeline points to sample (none for 0).
+    /// Timeline points to sample, at most (none for 0; fewer on a trace of thousands of streams:
+    /// see [`replay_stride`]).
     pub samples: usize,
     /// The simulated device's memory; None for [`REPLAY_CAPACITY`], which no trace fills.
     pub capacity: Option<u64>,
@@ -290,6 +293,8 @@ pub struct PreparedTrace {
     lower_bound: u64,
     /// Positions in `ops` before which a step ends (sorted; `ops.len()`: at the end).
     steps: Vec<usize>,
+    /// Streams the trace allocates on.
+    streams: usize,
 }
 
 impl PreparedTrace {
@@ -297,6 +302,7 @@ impl PreparedTrace {
     /// allocation are errors.
     pub fn new(events: &[TraceEvent]) -> Result<Self, ReplayError> {
         let mut live: HashMap<u64, (u32, u64)> = HashMap::new();
+        let mut streams = HashSet::new();
         let mut spare: Vec<u32> = Vec::new();
         let mut slots = 0u32;
         // Live bytes can pass u64 (two 2^63 B buffers): counted wide, the bound saturates.
@@ -317,6 +323,7 @@ impl PreparedTrace {
                     }
                     now += u128::from(size);
                     lower_bound = lower_bound.max(now);
+                    streams.insert(stream);
                     ops.push((slot, size, stream));
                 }
                 TraceEvent::Free { id } => {
@@ -327,7 +334,8 @@ impl PreparedTrace {
                 }
             }
         }
-        Ok(Self { ops, slots: slots as usize, lower_bound: u64::try_from(lower_bound).unwrap_or(u64::MAX), steps: Vec::new() })
+        let lower_bound = u64::try_from(lower_bound).unwrap_or(u64::MAX);
+        Ok(Self { ops, slots: slots as usize, lower_bound, steps: Vec::new(), streams: streams.len() })
     }
 
     /// The trace with step markers before the events at `positions` (see [`step_positions`]): the
@@ -391,7 +399,7 @@ trait Replayed {
     }
 }
 
-/// A pool (statically dispatched) or the planned steps over one (`&dyn MemoryResource`).
+/// A pool, or the planned steps over one.
 impl<R: MemoryResource + ?Sized> Replayed for &R {
     fn allocate(&mut self, size: u64, stream: u64) -> Result<u64, PoolError> {
         (**self).allocate(size, StreamId(stream))
@@ -414,6 +422,44 @@ impl<R: MemoryResource + ?Sized> Replayed for &R {
     fn trim(&mut self) -> Result<(), PoolError> {
         (**self).trim().map(|_| ())
     }
+}
+
+/// The pool with the steady option (the `default` row): the planned steps over the pool, its
+/// fragmentation that of [`planned_now`].
+struct Steady<'a>(&'a PlannedMode<Pool>);
+
+impl Replayed for Steady<'_> {
+    fn allocate(&mut self, size: u64, stream: u64) -> Result<u64, PoolError> {
+        self.0.allocate(size, StreamId(stream))
+    }
+
+    fn free(&mut self, addr: u64) -> Result<(), PoolError> {
+        self.0.free(addr, None, None)
+    }
+
+    fn now(&self) -> (u64, u64, f64) {
+        planned_now(self.0)
+    }
+
+    fn totals(&self) -> (u64, u64, u64, u64) {
+        self.0.totals()
+    }
+
+    fn trim(&mut self) -> Result<(), PoolError> {
+        self.0.trim().map(|_| ())
+    }
+}
+
+/// Allocated and reserved bytes of the planned steps over a pool, and the fragmentation of its free
+/// ranges. The arena's idle bytes (its regions' bytes that no live buffer holds) count as free in
+/// the mode's figures but lie in no free range: like a cache's blocks they wait for the next
+/// buffers and are not scattered memory, so they are left out, as cached blocks are (with them, an
+/// arena that serves every step read as fragmentation 1.0).
+fn planned_now(mode: &PlannedMode<Pool>) -> (u64, u64, f64) {
+    let stats = mode.stats();
+    let idle = mode.planned_stats().map_or(0, |p| p.arena_bytes.saturating_sub(p.arena_live_bytes));
+    let free = stats.free_bytes().saturating_sub(stats.cached_bytes).saturating_sub(idle);
+    (stats.allocated_bytes.current, stats.reserved_bytes.current, fragmentation(stats.largest_free_bytes, free))
 }
 
 /// The pool with the steady option, served by a plan made ahead, as `vrampool.torch.install(plan=)`
@@ -459,7 +505,7 @@ impl Replayed for Ahead<'_> {
     }
 
     fn now(&self) -> (u64, u64, f64) {
-        self.mode.now()
+        planned_now(self.mode)
     }
 
     fn totals(&self) -> (u64, u64, u64, u64) {
@@ -519,6 +565,19 @@ pub fn sample_stride(events: usize, samples: usize) -> usize {
     }
 }
 
+/// Streams a timeline sample may cost per event replayed (see [`replay_stride`]).
+pub const SAMPLE_STREAMS_PER_EVENT: usize = 16;
+
+/// Events between the timeline samples of a replay of `events` events on `streams` streams:
+/// [`sample_stride`], widened on a trace of thousands of streams. A sample reads the pool's stats,
+/// which visit the arena of every stream holding memory: a thousand samples of 10,000 streams
+/// cost far more than the events (20,000 events: 15 s, against 0.2 s unsampled). The samples'
+/// visits are held to [`SAMPLE_STREAMS_PER_EVENT`] an event, at the cost of fewer points (and
+/// fragmentation read at fewer moments) on such traces; a trace on a few streams keeps them all.
+pub fn replay_stride(events: usize, samples: usize, streams: usize) -> usize {
+    sample_stride(events, samples).max(streams.div_ceil(SAMPLE_STREAMS_PER_EVENT))
+}
+
 /// Replays a prepared trace through a new pool or allocator model on an address-only simulated
 /// device, sampling the timeline at up to `options.samples` evenly spaced event indices. The
 /// samples are read inside the timed loop, so events per second include their cost. With a
@@ -532,7 +591,7 @@ pub fn replay_prepared(prepared: &PreparedTrace, target: &ReplayTarget, options:
         ReplayTarget::Pool(config) => {
             let pool = Pool::new(device, config.clone()).map_err(|source| ReplayError::Pool { index: 0, source })?;
             if config.steady {
-                run(prepared, &mut (&PlannedMode::steady(pool) as &dyn MemoryResource), options)
+                run(prepared, &mut Steady(&PlannedMode::steady(pool)), options)
             } else {
                 run(prepared, &mut &pool, options)
             }
@@ -551,13 +610,13 @@ pub fn replay_prepared(prepared: &PreparedTrace, target: &ReplayTarget, options:
 /// for events per second) in the memory of one copy: each starts once the one before has freed
 /// everything.
 fn run<R: Replayed>(prepared: &PreparedTrace, target: &mut R, options: ReplayOptions) -> Result<ReplayReport, ReplayError> {
-    let ReplayOptions { samples, repeat, trim_each_pass, .. } = options;
+    let ReplayOptions { samples, repeat, trim_each_pass, capacity } = options;
     let events = usize::try_from(repeat)
         .ok()
         .and_then(|times| prepared.ops.len().checked_mul(times))
         .filter(|_| repeat > 0)
         .ok_or(ReplayError::Repeat { times: repeat, events: prepared.ops.len() })?;
-    let stride = sample_stride(events, samples);
+    let stride = replay_stride(events, samples, prepared.streams);
     let mut timeline = Vec::with_capacity(samples.min(events));
     let (mut fragmentation, mut most_allocated) = (0.0, 0u64);
     let mut sample = |target: &R, event: usize| {
@@ -616,6 +675,16 @@ fn run<R: Replayed>(prepared: &PreparedTrace, target: &mut R, options: ReplayOpt
         match result {
             Ok(()) => {}
             Err(PoolError::OutOfMemory(report)) => {
+                out_of_memory = Some(OutOfMemory { event: index, report });
+                done = index;
+                break;
+            }
+            // Past its largest block (128 TiB) the pool refuses a request as an invalid size before it
+            // looks at the device. On a device smaller than the request (a replay with a capacity, as
+            // fit's), the answer is the one every request past the device gets: out of memory.
+            Err(PoolError::InvalidSize { size: requested, .. }) if requested > MAX_REQUEST && capacity.is_some_and(|c| requested > c) => {
+                let (allocated, reserved, _) = target.now();
+                let report = OomReport { requested, block: 0, allocated, reserved, largest_free: 0, device_free: 0, limit: None };
                 out_of_memory = Some(OutOfMemory { event: index, report });
                 done = index;
                 break;

@@ -157,6 +157,34 @@ fn replay_timeline_is_evenly_spaced_and_ends_at_the_end() {
 }
 
 #[test]
+fn timeline_samples_on_thousands_of_streams_visit_a_bounded_number_of_arenas_an_event() {
+    // Issue 57: each sample reads the pool's stats, which visit the arena of every stream holding
+    // memory. 20,000 events on 10,000 streams, each buffer on its own and all live at once, took
+    // 15 s with a thousand samples, 0.2 s without: the samples, not the events, were per stream.
+    let streams = 1000u64;
+    let buffers: Vec<_> = (0..streams).map(|i| TraceBuffer { stream: i + 1, ..TraceBuffer::new(i, i, 2 * streams - i, 4096) }).collect();
+    let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap();
+    for target in [ReplayTarget::Pool(PoolConfig::default()), ReplayTarget::Peer(PeerConfig::named("torch").unwrap())] {
+        let report = replay_prepared(&prepared, &target, ReplayOptions::default()).unwrap();
+        let points = report.timeline.len();
+        // A sample visits at most every stream's arena; the last point (the end) may come early.
+        assert!(
+            (points - 1) * streams as usize <= SAMPLE_STREAMS_PER_EVENT * report.events,
+            "{}: {points} samples of {streams} streams over {} events",
+            target.name(),
+            report.events
+        );
+        assert_eq!(report.timeline.last().unwrap().event, report.events);
+        // Every stream holds one 4 KiB block in a segment of its own, mostly free.
+        assert!(report.fragmentation > 0.99, "{}: {report:?}", target.name());
+    }
+    // A trace on a few streams keeps every sample.
+    assert_eq!(replay_stride(2000, DEFAULT_SAMPLES, 8), 2);
+    assert_eq!(replay_stride(2000, DEFAULT_SAMPLES, 1000), 1000usize.div_ceil(SAMPLE_STREAMS_PER_EVENT));
+    assert_eq!(replay_stride(2000, 0, 1000), usize::MAX, "no samples");
+}
+
+#[test]
 fn replay_runs_the_allocator_models_beside_the_pool() {
     // A 1.5 MiB request: PyTorch reserves a 20 MiB segment, the pool a 2 MiB chunk.
     let events = events_from_buffers(&[TraceBuffer::new(0, 0, 1, 3 * MIB / 2)]).unwrap();
@@ -379,6 +407,33 @@ fn a_huge_request_costs_every_model_its_events_not_its_bytes() {
 }
 
 #[test]
+fn a_request_past_the_pools_largest_block_on_a_smaller_device_is_an_out_of_memory() {
+    // Issue 57: `fit` of activations past 128 TiB answered "invalid size: larger than one block
+    // can be", where the answer is that the step does not fit the device.
+    let huge = vrampool_core::sizes::MAX_REQUEST + 1;
+    let buffers = [TraceBuffer::new(0, 0, 3, 4096), TraceBuffer::new(1, 1, 2, huge)];
+    let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap();
+    let mut targets: Vec<ReplayTarget> = ALL_STRATEGIES.into_iter().map(|s| ReplayTarget::Pool(config(s))).collect();
+    targets.push(ReplayTarget::Pool(PoolConfig::default()));
+    let limited = ReplayOptions { samples: 10, capacity: Some(80 << 30), repeat: 1, trim_each_pass: false };
+    for target in &targets {
+        let report = replay_prepared(&prepared, target, limited).unwrap_or_else(|e| panic!("{}: {e}", target.name()));
+        let oom = report.out_of_memory.unwrap_or_else(|| panic!("{}: {report:?}", target.name()));
+        assert_eq!((oom.event, oom.report.requested, report.events), (1, huge, 1), "{}", target.name());
+        assert!(oom.report.allocated >= 4096, "{}: {oom:?}", target.name());
+        // Without a capacity (a device of 1 PiB), the pool's own limit stays the error it is.
+        let err = replay_prepared(&prepared, target, ReplayOptions::default()).unwrap_err();
+        assert!(matches!(err, ReplayError::Pool { index: 1, source: PoolError::InvalidSize { .. } }), "{}: {err}", target.name());
+    }
+    // A plan made ahead whose arena is past it: out of memory at the first event.
+    let step = [AheadBuffer::new(StreamId(0), huge, 0, 1)];
+    let plan = AheadPlan::plan(&step, 512, std::time::Duration::from_millis(10)).unwrap();
+    let ahead = crate::replay_row::ahead_target("", Arc::new(plan)).unwrap();
+    let report = replay_prepared(&prepared, &ahead, limited).unwrap();
+    assert_eq!(report.out_of_memory.map(|oom| oom.event), Some(0));
+}
+
+#[test]
 fn live_bytes_past_u64_make_the_bound_the_largest_count_not_a_panic() {
     let buffers = [TraceBuffer::new(0, 0, 2, 1 << 63), TraceBuffer::new(1, 1, 3, 1 << 63), TraceBuffer::new(2, 4, 5, 1)];
     let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap();
@@ -534,4 +589,102 @@ fn a_replay_in_a_debug_build_catches_two_live_buffers_sharing_a_byte() {
     let buffers = [TraceBuffer::new(0, 0, 2, 512), TraceBuffer::new(1, 1, 3, 512)];
     let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap();
     let _ = run(&prepared, &mut Overlapping, ReplayOptions::default());
+}
+
+/// 0, 1 and 2 side by side, then 0 and 2 go and 3 comes: the most allocated (1 and 3) comes with
+/// the freed holes, where each allocator's fragmentation shows (`tests/test_figures.py` has it too).
+fn scattered() -> PreparedTrace {
+    const KIB: u64 = 1024;
+    let buffers = [
+        TraceBuffer::new(0, 0, 3, 300 * KIB),
+        TraceBuffer::new(1, 1, 9, 200 * KIB),
+        TraceBuffer::new(2, 2, 3, 300 * KIB),
+        TraceBuffer::new(3, 3, 9, 700 * KIB),
+    ];
+    PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap()
+}
+
+#[test]
+fn every_rows_figures_on_a_small_trace_are_the_ones_worked_out_by_hand() {
+    // Issue 57: the columns of the replay table a mutation could change unnoticed (a model's
+    // fragmentation returning 0 failed no test). In KiB, at the moment 1 (200) and 3 (700) are live:
+    // - best fit, PyTorch's small pool and the driver's pool (one 2 MiB segment or page, best fit
+    //   with the rest split off): 0, 1, 2 at 0, 300, 500; freed, 2 merges with the tail into
+    //   [500, 2048), 3 goes at 500: free [0, 300) and [1200, 2048): 1 - 848 / 1148.
+    // - the slab (slab, hybrid and default: the small tier): classes of four steps per power of two
+    //   (320, 224, 768) in runs carved by first fit: 3 at 544, the tail [1312, 2048) of 736 holds
+    //   the 640 class at most; 1 - 640 / (2048 - 992).
+    // - the buddy: 512, 256, 512 and 1024 blocks; 0's 512 stays apart from its buddy (1's half),
+    //   2's merges and 3 takes [1024, 2048): free 512 and 256: 1 - 512 / 768.
+    // - CuPy: exact 512 B multiples, one device allocation each, chunks never merge across them:
+    //   300 + 200 + 300 + 700; free 300 and 300: 1 - 300 / 600.
+    // - RMM (no initial pool without a capacity): growths of max(request, pool): 300, 300 (100
+    //   left), 600 (300 left), 1200 (500 left) for 3; free 300, 100, 600, 500: 1 - 600 / 1500.
+    const KIB: u64 = 1024;
+    let prepared = scattered();
+    let pool = |s| ReplayTarget::Pool(config(s));
+    let peer = |name| ReplayTarget::Peer(PeerConfig::named(name).unwrap());
+    let best_fit = (2048, 900, 1, 1.0 - 848.0 / 1148.0);
+    let slab = (2048, 992, 1, 1.0 - 640.0 / 1056.0);
+    for (target, expected) in [
+        (pool(StrategyKind::BestFit), best_fit),
+        (pool(StrategyKind::Slab), slab),
+        (pool(StrategyKind::Hybrid), slab),
+        (ReplayTarget::Pool(PoolConfig::default()), slab),
+        (pool(StrategyKind::Buddy), (2048, 1280, 1, 1.0 - 512.0 / 768.0)),
+        (peer("torch"), best_fit),
+        (peer("torch+expandable"), best_fit),
+        (peer("async"), best_fit),
+        (peer("cupy"), (1500, 900, 4, 0.5)),
+        (peer("rmm"), (2400, 900, 4, 0.6)),
+    ] {
+        let r = replay_prepared(&prepared, &target, ReplayOptions::default()).unwrap();
+        let (reserved, allocated, allocs, fragmentation) = expected;
+        let name = target.name();
+        assert_eq!(
+            (r.peak_reserved_bytes, r.peak_allocated_bytes, r.lower_bound_bytes),
+            (reserved * KIB, allocated * KIB, 900 * KIB),
+            "{name}"
+        );
+        assert_eq!((r.device_allocs, r.device_frees, r.first_pass_peak_reserved_bytes), (allocs, 0, reserved * KIB), "{name}");
+        assert!((r.fragmentation - fragmentation).abs() < 1e-12, "{name}: fragmentation {} for {fragmentation}", r.fragmentation);
+        // A second pass finds every block it needs cached: no device call.
+        let twice = replay_prepared(&prepared, &target, ReplayOptions { repeat: 2, ..ReplayOptions::default() }).unwrap();
+        assert_eq!(
+            (twice.last_pass_device_allocs, twice.last_pass_device_frees, twice.peak_reserved_bytes),
+            (0, 0, reserved * KIB),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn the_idle_bytes_of_a_serving_arena_are_no_fragmentation() {
+    // Issue 57: the default row (the pool under its planned steps) and the ahead row counted the
+    // arena's idle bytes as free memory in no free range: fragmentation 1.0 whenever the arena
+    // served the moment of most allocated. Eight buffers of k x 1.25 MiB, all live at once: 45 MiB,
+    // in 2 MiB chunks mapped as the pool grows (23 of them: 46 MiB, its one free range the last
+    // chunk's 1 MiB). The second pass is served from an arena of those 46 MiB, where that 1 MiB
+    // waits, idle, for the next step: no range of the pool is free.
+    let buffers: Vec<_> = (1..=8u64).map(|k| TraceBuffer::new(k, k, 20, (k * 1280) << 10)).collect();
+    let prepared = PreparedTrace::new(&events_from_buffers(&buffers).unwrap()).unwrap();
+    let default = ReplayTarget::Pool(PoolConfig::default());
+    let once = replay_prepared(&prepared, &default, ReplayOptions::default()).unwrap();
+    assert_eq!((once.peak_reserved_bytes, once.peak_allocated_bytes, once.device_allocs), (46 * MIB, 45 * MIB, 23));
+    assert_eq!(once.fragmentation, 0.0, "one free range");
+    let twice = replay_prepared(&prepared, &default, ReplayOptions { repeat: 2, ..ReplayOptions::default() }).unwrap();
+    // The pool's own peak counts the arena's region, one block of 46 MiB.
+    assert_eq!(
+        (twice.peak_reserved_bytes, twice.peak_allocated_bytes, twice.device_allocs, twice.device_frees),
+        (46 * MIB, 46 * MIB, 23, 0)
+    );
+    assert_eq!((twice.last_pass_device_allocs, twice.last_pass_device_frees), (0, 0));
+    assert_eq!(twice.fragmentation, 0.0, "the arena's idle bytes are not scattered memory");
+    // The ahead row on the small trace: the plan's arena (900 KiB in a 2 MiB region) serves it all.
+    let step: Vec<_> = [(0, 3, 300u64), (1, 9, 200), (2, 3, 300), (3, 9, 700)]
+        .iter()
+        .map(|&(lower, upper, kib)| AheadBuffer::new(StreamId(0), kib << 10, lower, upper))
+        .collect();
+    let ahead = replay_prepared(&scattered(), &ahead_of(&step), ReplayOptions::default()).unwrap();
+    assert_eq!((ahead.peak_reserved_bytes, ahead.device_allocs, ahead.fragmentation), (2 * MIB, 1, 0.0));
 }
