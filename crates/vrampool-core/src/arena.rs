@@ -13,11 +13,12 @@ use std::sync::atomic::{
 
 use parking_lot::Mutex;
 
+use crate::config::PoolConfig;
 use crate::device::StreamId;
 use crate::expandable::VmArena;
 use crate::kept_run::KeptRun;
 use crate::magazine::Magazines;
-use crate::strategy::Strategy;
+use crate::strategy::{BestFit, BestFitConfig, Buddy, BuddyConfig, Slab, SlabConfig, Strategy, StrategyKind};
 
 /// Blocks up to this size are cached, in every tier: a training loop asks for the same sizes each
 /// step, and a cached block comes back without the tier's lock. Larger blocks are rare enough
@@ -73,5 +74,28 @@ impl Arena {
     /// Clears the mark of `tier`; true if it was set (some large blocks may be cached).
     pub fn take_large_cached(&self, tier: u8) -> bool {
         self.large_cached[tier as usize].swap(false, AcqRel)
+    }
+}
+
+impl Arena {
+    /// A stream's arena with the tiers of `config`'s strategy.
+    pub(crate) fn for_config(config: &PoolConfig, stream: StreamId) -> Self {
+        let slab = || Box::new(Slab::new(SlabConfig { max_size: config.small_max, ..SlabConfig::default() })) as Box<dyn Strategy>;
+        let best_fit = || Box::new(BestFit::new(BestFitConfig::default())) as Box<dyn Strategy>;
+        let buddy = || Box::new(Buddy::new(BuddyConfig::default())) as Box<dyn Strategy>;
+        // The hybrid's large tier keeps buddy's halving and merging but cuts each block to the
+        // request, so a large tensor costs at most one `large_unit` more than its size.
+        let large = || {
+            let min_order = config.large_unit().trailing_zeros();
+            let trimmed = BuddyConfig { min_order, max_order: min_order + 26, min_segment_order: 21, trim: true };
+            Box::new(Buddy::new(trimmed)) as Box<dyn Strategy>
+        };
+        let tiers = match config.strategy {
+            StrategyKind::Hybrid => vec![slab(), best_fit(), large()],
+            StrategyKind::Slab => vec![slab()],
+            StrategyKind::BestFit => vec![best_fit()],
+            StrategyKind::Buddy => vec![buddy()],
+        };
+        Arena::new(stream, tiers)
     }
 }

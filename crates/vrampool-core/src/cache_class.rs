@@ -110,7 +110,7 @@ mod tests {
             },
         ];
         for config in configs {
-            let arena = crate::pool::new_arena(&config, StreamId(0));
+            let arena = crate::arena::Arena::for_config(&config, StreamId(0));
             let thread_classes = thread_classes(&config);
             let table = thread_class_table(&config, &arena, thread_classes);
             assert_eq!(table.len() as u64, class_size(thread_classes - 1) / MIN_BLOCK, "{config:?}");
@@ -137,7 +137,7 @@ mod tests {
             [(StrategyKind::Hybrid, false), (StrategyKind::Slab, false), (StrategyKind::BestFit, true), (StrategyKind::Buddy, true)]
         {
             let config = PoolConfig { strategy, ..PoolConfig::default() };
-            let arena = crate::pool::new_arena(&config, StreamId(0));
+            let arena = crate::arena::Arena::for_config(&config, StreamId(0));
             let classes = thread_classes(&config);
             let class = |size| cache_class(&config, &arena, classes, size, 0);
             assert!(class(32 * KIB).is_some_and(|i| i < classes), "{strategy:?}");
@@ -151,7 +151,7 @@ mod tests {
         }
         // The hybrid's other tiers cache as before.
         let config = PoolConfig::default();
-        let arena = crate::pool::new_arena(&config, StreamId(0));
+        let arena = crate::arena::Arena::for_config(&config, StreamId(0));
         assert!(cache_class(&config, &arena, thread_classes(&config), 4 * MIB, 1).is_some());
     }
 
@@ -164,7 +164,7 @@ mod tests {
             PoolConfig { track_leaks: true, ..PoolConfig::default() },
         ];
         for config in configs {
-            let arena = crate::pool::new_arena(&config, StreamId(0));
+            let arena = crate::arena::Arena::for_config(&config, StreamId(0));
             assert!(thread_class_table(&config, &arena, thread_classes(&config)).is_empty(), "{config:?}");
         }
     }

@@ -58,3 +58,13 @@ impl EventLog {
         std::mem::take(&mut *self.events.lock())
     }
 }
+
+/// What happened to a piece of a carved block (`MemoryResource::piece`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PieceEvent {
+    Allocated,
+    Freed,
+    /// Freed while other streams may still use it: logged, not scrubbed now (its block is, once it
+    /// goes back after those streams).
+    FreedInUse,
+}

@@ -16,8 +16,9 @@ use parking_lot::Mutex;
 use crate::config::{Limit, PoolConfig};
 use crate::device::{Device, StreamId};
 use crate::error::Result;
+use crate::event_log::PieceEvent;
 use crate::pool::{LiveBlockInfo, Pool, PoolCore};
-use crate::resource::{MemoryResource, PieceEvent, PoolId, PoolSegment};
+use crate::resource::{MemoryResource, PoolId, PoolSegment};
 use crate::stats::{CounterValues, Stats};
 
 struct Private {

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use crate::config::Limit;
 use crate::device::StreamId;
 use crate::error::Result;
+use crate::event_log::PieceEvent;
 use crate::pool::{Pool, PoolCore, SegmentSnapshot};
 use crate::stats::Stats;
 
@@ -78,16 +79,6 @@ pub trait MemoryResource: Send + Sync {
     fn piece(&self, _addr: u64, _size: u64, _stream: StreamId, _event: PieceEvent) -> Result<()> {
         Ok(())
     }
-}
-
-/// What happened to a piece of a carved block (`MemoryResource::piece`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PieceEvent {
-    Allocated,
-    Freed,
-    /// Freed while other streams may still use it: logged, not scrubbed now (its block is, once it
-    /// goes back after those streams).
-    FreedInUse,
 }
 
 impl MemoryResource for PoolCore {

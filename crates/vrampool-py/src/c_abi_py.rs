@@ -10,8 +10,8 @@ use vrampool_core::failures::Failure;
 use vrampool_core::{MemoryResource, StreamId};
 
 use crate::c_abi::{guard, vrampool_cxx_can_throw, ABI};
+use crate::figures::planned_stats_dict;
 use crate::figures::{config_dict, oom_dict, snapshot_dict, stats_dict};
-use crate::planned::planned_stats_dict;
 
 /// Sets the configuration for the pools the C ABI makes (text form, applied over
 /// `VRAMPOOL_CONF`); refused once one exists with another. Returns the text in force.

@@ -8,6 +8,7 @@ use vrampool_core::config::{AllocatorConfig, Value, KEYS};
 use vrampool_core::failures::OomRecord;
 use vrampool_core::stats::{StatValue, Stats};
 use vrampool_core::{BlockState, Limit, PoolSegment};
+use vrampool_steady::PlannedStats;
 
 /// The core's stats under their key names: counts as ints, ratios as floats, by their type.
 pub fn stats_dict<'py>(py: Python<'py>, stats: &Stats) -> PyResult<Bound<'py, PyDict>> {
@@ -151,5 +152,36 @@ pub fn config_dict<'py>(py: Python<'py>, config: &AllocatorConfig) -> PyResult<B
         };
         d.set_item(key.name, value)?;
     }
+    Ok(d)
+}
+
+/// The planned arena's figures: counts, `arena_bytes`, and `plans`, one dict per key.
+pub(crate) fn planned_stats_dict<'py>(py: Python<'py>, stats: &PlannedStats) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("planned_allocations", stats.planned_allocations)?;
+    d.set_item("dynamic_allocations", stats.dynamic_allocations)?;
+    d.set_item("idle_allocations", stats.idle_allocations)?;
+    d.set_item("fallbacks", stats.fallbacks)?;
+    d.set_item("recorded_iterations", stats.recorded_iterations)?;
+    d.set_item("replayed_iterations", stats.replayed_iterations)?;
+    d.set_item("arena_bytes", stats.arena_bytes)?;
+    d.set_item("arena_live", stats.arena_live)?;
+    d.set_item("arena_live_bytes", stats.arena_live_bytes)?;
+    d.set_item("planned_bytes", stats.planned_bytes)?;
+    d.set_item("arena_blocks_taken", stats.arena_blocks_taken)?;
+    d.set_item("arena_blocks_returned", stats.arena_blocks_returned)?;
+    let plans = PyList::empty(py);
+    for p in &stats.plans {
+        let plan = PyDict::new(py);
+        plan.set_item("key", p.key)?;
+        plan.set_item("arena_bytes", p.arena_bytes)?;
+        plan.set_item("lower_bound_bytes", p.lower_bound_bytes)?;
+        plan.set_item("arena_buffers", p.arena_buffers)?;
+        plan.set_item("dynamic_buffers", p.dynamic_buffers)?;
+        plan.set_item("events", p.events)?;
+        plan.set_item("planner", p.planner)?;
+        plans.append(plan)?;
+    }
+    d.set_item("plans", plans)?;
     Ok(d)
 }

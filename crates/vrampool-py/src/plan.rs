@@ -108,6 +108,6 @@ fn plan_to_csv(rows: Vec<(u64, u64, u64, u64)>, offsets: Vec<u64>, alignment: u6
         optimal: false,
     };
     let mut out = Vec::new();
-    vrampool_plan::write_plan_csv(&mut out, &buffers, &plan).map_err(value_error)?;
+    vrampool_plan::write_plan_csv(&mut out, &buffers, &plan.offsets).map_err(value_error)?;
     String::from_utf8(out).map_err(value_error)
 }

@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::PyDict;
 use vrampool_core::sizes::MIN_BLOCK;
 use vrampool_core::StreamId;
-use vrampool_steady::{PlannedPool, PlannedStats};
+use vrampool_steady::PlannedPool;
 
 use crate::errors::to_py;
 use crate::pool::NativePool;
@@ -68,37 +68,6 @@ impl NativePlannedPool {
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        planned_stats_dict(py, &self.inner.stats().map_err(to_py)?)
+        crate::figures::planned_stats_dict(py, &self.inner.stats().map_err(to_py)?)
     }
-}
-
-/// The planned arena's figures: counts, `arena_bytes`, and `plans`, one dict per key.
-pub(crate) fn planned_stats_dict<'py>(py: Python<'py>, stats: &PlannedStats) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("planned_allocations", stats.planned_allocations)?;
-    d.set_item("dynamic_allocations", stats.dynamic_allocations)?;
-    d.set_item("idle_allocations", stats.idle_allocations)?;
-    d.set_item("fallbacks", stats.fallbacks)?;
-    d.set_item("recorded_iterations", stats.recorded_iterations)?;
-    d.set_item("replayed_iterations", stats.replayed_iterations)?;
-    d.set_item("arena_bytes", stats.arena_bytes)?;
-    d.set_item("arena_live", stats.arena_live)?;
-    d.set_item("arena_live_bytes", stats.arena_live_bytes)?;
-    d.set_item("planned_bytes", stats.planned_bytes)?;
-    d.set_item("arena_blocks_taken", stats.arena_blocks_taken)?;
-    d.set_item("arena_blocks_returned", stats.arena_blocks_returned)?;
-    let plans = PyList::empty(py);
-    for p in &stats.plans {
-        let plan = PyDict::new(py);
-        plan.set_item("key", p.key)?;
-        plan.set_item("arena_bytes", p.arena_bytes)?;
-        plan.set_item("lower_bound_bytes", p.lower_bound_bytes)?;
-        plan.set_item("arena_buffers", p.arena_buffers)?;
-        plan.set_item("dynamic_buffers", p.dynamic_buffers)?;
-        plan.set_item("events", p.events)?;
-        plan.set_item("planner", p.planner)?;
-        plans.append(plan)?;
-    }
-    d.set_item("plans", plans)?;
-    Ok(d)
 }

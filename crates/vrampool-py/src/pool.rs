@@ -114,7 +114,7 @@ impl NativePool {
         if !planned.is_steady() && !planned.is_on() {
             return Ok(None);
         }
-        planned.planned_stats().map(|stats| crate::planned::planned_stats_dict(py, &stats)).transpose()
+        planned.planned_stats().map(|stats| crate::figures::planned_stats_dict(py, &stats)).transpose()
     }
 
     /// Takes the events recorded since the last call (pools made with `record_events:true`) as

@@ -36,17 +36,12 @@
 //! ```
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::Ordering::{Acquire, Release};
 use std::sync::Arc;
 use std::time::Duration;
 
 use foldhash::fast::FixedState;
-use vrampool_core::{MemoryResource, PieceEvent, PoolError, StreamId};
+use vrampool_core::StreamId;
 use vrampool_plan::{plan, validate, Algorithm, Buffer, PlanError, PlanOptions};
-
-use crate::cold::{not_allocated, wrong_size, Cold, Loose};
-use crate::pool::PlannedPool;
-use crate::serving::{Phase, Word};
 
 /// One buffer of the step a plan is made from, in the order of its allocations: its stream, size
 /// and lifetime `[lower, upper)` (in any unit of time, the same for every buffer).
@@ -68,13 +63,13 @@ impl AheadBuffer {
 /// validator (no two buffers live at once share a byte, every offset aligned).
 #[derive(Debug, Clone, PartialEq)]
 pub struct AheadPlan {
-    buffers: Vec<AheadBuffer>,
-    offsets: Vec<u64>,
-    alignment: u64,
+    pub(crate) buffers: Vec<AheadBuffer>,
+    pub(crate) offsets: Vec<u64>,
+    pub(crate) alignment: u64,
     /// The plan's streams, in order of first use, and the bytes each one's region needs.
-    streams: Vec<StreamId>,
-    region_bytes: Vec<u64>,
-    lower_bound_bytes: u64,
+    pub(crate) streams: Vec<StreamId>,
+    pub(crate) region_bytes: Vec<u64>,
+    pub(crate) lower_bound_bytes: u64,
 }
 
 impl AheadPlan {
@@ -155,34 +150,34 @@ fn region_of(buffers: &[AheadBuffer], stream: StreamId) -> (Vec<usize>, Vec<Buff
 
 /// A buffer the pool handed out while a plan is set.
 #[derive(Debug, Clone, Copy)]
-struct AheadLive {
-    size: u64,
-    stream: StreamId,
+pub(crate) struct AheadLive {
+    pub(crate) size: u64,
+    pub(crate) stream: StreamId,
     /// The step it was born in.
-    step: u64,
+    pub(crate) step: u64,
     /// Its plan stream's index and offset, for an arena buffer.
-    arena: Option<(usize, u64)>,
+    pub(crate) arena: Option<(usize, u64)>,
 }
 
 /// A set plan and what serving it keeps, under the cold path's lock.
 pub(crate) struct Ahead {
-    plan: Arc<AheadPlan>,
+    pub(crate) plan: Arc<AheadPlan>,
     /// Per plan stream: its region's base.
-    bases: Vec<u64>,
+    pub(crate) bases: Vec<u64>,
     /// Per plan stream: its live arena buffers' bytes, `offset -> end`.
-    taken: Vec<BTreeMap<u64, u64>>,
+    pub(crate) taken: Vec<BTreeMap<u64, u64>>,
     /// The buffers handed out while the plan is set and still live, by address.
-    live: HashMap<u64, AheadLive, FixedState>,
+    pub(crate) live: HashMap<u64, AheadLive, FixedState>,
     /// The step (a count) and its next allocation's index; `serving` false once one did not fit.
-    step: u64,
-    next: usize,
-    serving: bool,
+    pub(crate) step: u64,
+    pub(crate) next: usize,
+    pub(crate) serving: bool,
     /// Buffers of this step still live: at 0 (with automatic boundaries) the step ends.
-    step_live: usize,
+    pub(crate) step_live: usize,
 }
 
 /// Where the plan puts a step's next allocation.
-enum Place {
+pub(crate) enum Place {
     /// There: its region and offset.
     At(usize, u64),
     /// Its bytes are still in use (a buffer of the last step lives on, say): this one goes to the pool,
@@ -194,7 +189,7 @@ enum Place {
 
 impl Ahead {
     /// Where the plan puts this step's next allocation, and whether it fits there now.
-    fn place(&self, size: u64, stream: StreamId) -> Place {
+    pub(crate) fn place(&self, size: u64, stream: StreamId) -> Place {
         let plan = &self.plan;
         let Some(planned) = plan.buffers.get(self.next).filter(|b| b.stream == stream && size <= b.size) else {
             return Place::Misfit;
@@ -208,192 +203,5 @@ impl Ahead {
             return Place::Busy;
         }
         Place::At(region, offset)
-    }
-}
-
-impl<B: MemoryResource> PlannedPool<B> {
-    /// Serves every step from now on by `plan` (None: back to the steady arena): its regions are
-    /// taken now, one per stream, as one block of the pool each. Refused while arena buffers of the
-    /// steady arena live (their bytes would be taken twice), and when the pool has no memory for the
-    /// regions (then nothing changes).
-    pub fn set_ahead(&self, plan: Option<Arc<AheadPlan>>) -> Result<(), PoolError> {
-        let mut guard = self.lock()?;
-        let cold = &mut *guard;
-        if let Some(plan) = &plan {
-            let alignment = self.backing.alignment();
-            if plan.alignment % alignment != 0 {
-                return Err(PoolError::InvalidConfig(format!(
-                    "a plan ahead aligned to {} bytes, where the pool hands out blocks aligned to {alignment}",
-                    plan.alignment
-                )));
-            }
-            // Nothing of the arena may be live: its bytes would be taken twice.
-            let word = self.word.load(Acquire);
-            let serving = cold.serving.as_ref().filter(|_| Word::phase(word) == Phase::Serving);
-            let steady_live = serving.is_some_and(|s| !self.live_in_epoch(s, word, &cold.early).is_empty());
-            let ahead_live = cold.ahead.as_ref().is_some_and(|a| a.live.values().any(|l| l.arena.is_some()));
-            if steady_live || ahead_live || !cold.loose.is_empty() {
-                return Err(PoolError::InvalidConfig("a plan ahead is set between steps: buffers of the arena are still live".into()));
-            }
-        }
-        self.leave_now(cold, false);
-        if let Some(ahead) = cold.ahead.take() {
-            // Its live arena buffers stay, as loose ones, until freed.
-            for (&addr, live) in ahead.live.iter().filter(|(_, l)| l.arena.is_some()) {
-                cold.loose.insert(addr, Loose { size: live.size, stream: live.stream });
-            }
-        }
-        let Some(plan) = plan else {
-            if self.word.load(Acquire) == Word::AHEAD {
-                self.word.store(Word::COLD, Release);
-            }
-            return Ok(());
-        };
-        self.release_idle_regions(cold);
-        let mut bases = Vec::with_capacity(plan.streams.len());
-        for (&stream, &bytes) in plan.streams.iter().zip(&plan.region_bytes) {
-            let region = if bytes == 0 { Ok(None) } else { cold.regions.ensure(&self.backing, stream, bytes, bytes).map(Some) };
-            match region {
-                Ok(at) => bases.push(at.map_or(0, |at| cold.regions.list[at].base)),
-                Err(e) => {
-                    let _ = cold.regions.release_all(&self.backing);
-                    self.publish_bounds(cold);
-                    return Err(e);
-                }
-            }
-        }
-        self.publish_bounds(cold);
-        let taken = vec![BTreeMap::new(); plan.streams.len()];
-        cold.ahead = Some(Ahead { plan, bases, taken, live: HashMap::default(), step: 0, next: 0, serving: true, step_live: 0 });
-        self.word.store(Word::AHEAD, Release);
-        Ok(())
-    }
-
-    /// An allocation while a plan is set: at the plan's offset if it fits, else from the pool.
-    pub(crate) fn allocate_ahead(&self, cold: &mut Cold, size: u64, stream: StreamId) -> Result<u64, PoolError> {
-        let ahead = cold.ahead.as_mut().expect("a plan is set");
-        let mut placed = if ahead.serving { ahead.place(size, stream) } else { Place::Misfit };
-        if let Place::At(region, offset) = placed {
-            let addr = ahead.bases[region] + offset;
-            if cold.regions.find(addr).is_some_and(|at| cold.regions.list[at].retired) {
-                placed = Place::Busy;
-            }
-        }
-        let (addr, arena) = match placed {
-            Place::At(region, offset) => {
-                let addr = ahead.bases[region] + offset;
-                if self.watched {
-                    self.backing.piece(addr, size, stream, PieceEvent::Allocated)?;
-                }
-                ahead.taken[region].insert(offset, offset + size);
-                cold.figures.planned_allocations += 1;
-                cold.figures.planned_bytes += size;
-                (addr, Some((region, offset)))
-            }
-            Place::Busy | Place::Misfit => {
-                let addr = self.backing.allocate(size, stream)?;
-                if ahead.serving && matches!(placed, Place::Misfit) {
-                    ahead.serving = false;
-                    cold.figures.fallbacks += 1;
-                }
-                cold.figures.dynamic_allocations += 1;
-                (addr, None)
-            }
-        };
-        if arena.is_some() && self.watched {
-            cold.births.insert(addr, self.now_ns());
-        }
-        ahead.next += 1;
-        ahead.step_live += 1;
-        ahead.live.insert(addr, AheadLive { size, stream, step: ahead.step, arena });
-        Ok(addr)
-    }
-
-    /// A free while a plan is set: an arena buffer's bytes are free again; any other goes to the pool.
-    pub(crate) fn free_ahead(&self, cold: &mut Cold, addr: u64, size: Option<u64>, on: Option<StreamId>) -> Result<(), PoolError> {
-        let ahead = cold.ahead.as_mut().expect("a plan is set");
-        match ahead.live.get(&addr).copied() {
-            Some(live) => {
-                if let Some(given) = size.filter(|&s| s != live.size) {
-                    return Err(wrong_size(addr, live.size, given));
-                }
-                match live.arena {
-                    Some((region, offset)) => {
-                        let in_use = on.is_some_and(|s| s != live.stream);
-                        if let (true, Some(at)) = (in_use, cold.regions.find(addr)) {
-                            // Its bytes may be in use there still: the region is not served from again.
-                            cold.regions.list[at].used_on(on.expect("named"));
-                        }
-                        let retired = cold.regions.find(addr).is_some_and(|at| cold.regions.list[at].retired);
-                        if self.watched {
-                            cold.births.remove(&addr);
-                            let event = if retired { PieceEvent::FreedInUse } else { PieceEvent::Freed };
-                            let _ = self.backing.piece(addr, live.size, live.stream, event);
-                        }
-                        ahead.taken[region].remove(&offset);
-                    }
-                    None => self.backing.free(addr, size, on)?,
-                }
-                ahead.live.remove(&addr);
-                if live.step == ahead.step {
-                    ahead.step_live -= 1;
-                    if self.auto_steps && ahead.step_live == 0 {
-                        self.end_ahead_step(cold);
-                    }
-                }
-                Ok(())
-            }
-            None if cold.loose.contains_key(&addr) => {
-                let loose = cold.loose[&addr];
-                self.free_loose(cold, addr, loose, size, on)
-            }
-            None if cold.regions.find(addr).is_some() => Err(not_allocated(addr)),
-            None => self.backing.free(addr, size, on),
-        }
-    }
-
-    /// `record_stream` while a plan is set: an arena buffer used on another stream retires its region
-    /// (its bytes may be in use there after its free); a pool buffer is the pool's.
-    pub(crate) fn record_stream_ahead(&self, cold: &mut Cold, addr: u64, stream: StreamId) -> Result<(), PoolError> {
-        let ahead = cold.ahead.as_ref().expect("a plan is set");
-        match ahead.live.get(&addr) {
-            Some(live) if live.arena.is_some() => {
-                if let Some(at) = cold.regions.find(addr) {
-                    cold.regions.list[at].used_on(stream);
-                }
-                Ok(())
-            }
-            Some(_) => self.backing.record_stream(addr, stream),
-            None if cold.regions.find(addr).is_some() && !cold.loose.contains_key(&addr) => Err(not_allocated(addr)),
-            None => self.record_stream_loose_or_pool(cold, addr, stream),
-        }
-    }
-
-    /// Ends a step served by the plan: the next allocation is the plan's first again. A retired region
-    /// none of whose buffers lives goes back to the pool (after the streams that used it) and a fresh
-    /// one takes its place.
-    pub(crate) fn end_ahead_step(&self, cold: &mut Cold) {
-        let ahead = cold.ahead.as_mut().expect("a plan is set");
-        if ahead.serving && ahead.next > 0 {
-            cold.figures.replayed_iterations += 1;
-        }
-        (ahead.step, ahead.next, ahead.serving, ahead.step_live) = (ahead.step + 1, 0, true, 0);
-        for region in 0..ahead.plan.streams.len() {
-            let base = ahead.bases[region];
-            let Some(at) = cold.regions.find(base).filter(|&at| cold.regions.list[at].retired) else { continue };
-            if !ahead.taken[region].is_empty() {
-                continue;
-            }
-            let (stream, bytes) = (cold.regions.list[at].stream, ahead.plan.region_bytes[region]);
-            if let Ok(at) = cold.regions.ensure(&self.backing, stream, bytes, bytes) {
-                ahead.bases[region] = cold.regions.list[at].base;
-            }
-        }
-        self.publish_bounds(cold);
-    }
-
-    /// The live arena buffers of a set plan: (address, size, stream).
-    pub(crate) fn ahead_buffers(cold: &Cold) -> impl Iterator<Item = (u64, u64, StreamId)> + '_ {
-        cold.ahead.iter().flat_map(|a| a.live.iter().filter(|(_, l)| l.arena.is_some()).map(|(&addr, l)| (addr, l.size, l.stream)))
     }
 }

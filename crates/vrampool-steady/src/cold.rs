@@ -1,64 +1,14 @@
-//! The cold path: every call that is not the schedule's next step, under the one lock, and the
-//! state it keeps.
+//! The cold path: every call that is not the schedule's next step, under the one lock (its state:
+//! `state.rs`).
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
-use std::sync::Arc;
 
-use foldhash::fast::FixedState;
-use vrampool_core::{InvalidFreeReason, MemoryResource, PieceEvent, PoolError, StreamId};
+use vrampool_core::{MemoryResource, PieceEvent, PoolError, StreamId};
 
-use crate::ahead::Ahead;
-use crate::figures::{ArenaBuffer, Figures};
-use crate::idle::Backoff;
+use crate::figures::ArenaBuffer;
 use crate::pool::{PlannedPool, AUTO_KEY};
-use crate::record::Recorder;
-use crate::regions::Regions;
-use crate::schedule::Schedule;
 use crate::serving::{Phase, Serving, Take, Word};
-
-/// An arena buffer live outside a served iteration: its iteration left the schedule, or ended, while
-/// it lived.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Loose {
-    pub(crate) size: u64,
-    pub(crate) stream: StreamId,
-}
-
-/// Everything the cold path keeps, under the lock.
-pub(crate) struct Cold {
-    /// The iteration's key (`AUTO_KEY` until its first allocation names it).
-    pub(crate) key: u64,
-    /// The caller named the key (`step(key)`): an iteration that leaves its schedule at once is a
-    /// fallback, not another schedule's start.
-    pub(crate) named: bool,
-    pub(crate) plans: HashMap<u64, Arc<Schedule>, FixedState>,
-    /// The epoch's serving state, while serving.
-    pub(crate) serving: Option<Arc<Serving>>,
-    pub(crate) epoch: u32,
-    /// `PlannedPool::wraps` when the epoch began.
-    pub(crate) wraps_at_epoch: u64,
-    pub(crate) recorder: Recorder,
-    pub(crate) regions: Regions,
-    pub(crate) loose: HashMap<u64, Loose, FixedState>,
-    /// Birth times of live arena buffers (ns since `started`), where the pool watches its blocks.
-    pub(crate) births: HashMap<u64, u64, FixedState>,
-    pub(crate) figures: Figures,
-    pub(crate) backoff: Backoff,
-    /// A plan made ahead, where one is set (`set_ahead`).
-    pub(crate) ahead: Option<Ahead>,
-    /// Free steps of the served iteration taken ahead of their turn, in order: frees of one group
-    /// (between two allocations) may come in any order. Non-empty only while the word is held.
-    pub(crate) early: Vec<usize>,
-}
-
-pub(crate) fn not_allocated(addr: u64) -> PoolError {
-    PoolError::InvalidFree { ptr: addr, reason: InvalidFreeReason::NotAllocated }
-}
-
-pub(crate) fn wrong_size(addr: u64, expected: u64, given: u64) -> PoolError {
-    PoolError::InvalidFree { ptr: addr, reason: InvalidFreeReason::WrongSize { expected, given } }
-}
+use crate::state::{not_allocated, wrong_size, Cold, Loose};
 
 impl<B: MemoryResource> PlannedPool<B> {
     #[cold]

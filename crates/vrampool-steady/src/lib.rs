@@ -16,6 +16,7 @@
 //! backs off (`idle.rs`), so a program that never repeats pays what the pool alone costs.
 
 mod ahead;
+mod ahead_steps;
 mod cold;
 mod figures;
 mod idle;
@@ -26,6 +27,8 @@ mod record;
 mod regions;
 mod schedule;
 mod serving;
+mod state;
+mod stats;
 
 pub use ahead::{AheadBuffer, AheadPlan};
 pub use figures::{ArenaBuffer, ArenaRegion, KeyPlan, PlannedStats};

@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use vrampool_core::{MemoryResource, PoolError, StreamId};
 
-use crate::cold::{Cold, Loose};
 use crate::pool::{next_uid, signature, PlannedPool, AUTO_KEY, AUTO_PLAN_ALLOCATIONS, MAX_PLANS};
 use crate::record::Recorder;
 use crate::schedule::{plan_schedule, Planning, Schedule};
 use crate::serving::{Phase, Serving, Word, EPOCH_MASK};
+use crate::state::{Cold, Loose};
 
 impl<B: MemoryResource> PlannedPool<B> {
     // ---- phases ----

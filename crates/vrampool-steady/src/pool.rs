@@ -38,13 +38,13 @@ use foldhash::fast::FixedState;
 use parking_lot::{Mutex, MutexGuard};
 use vrampool_core::{fork, MemoryResource, PoolError, StreamId};
 
-use crate::cold::Cold;
 use crate::figures::Figures;
 use crate::idle::{Backoff, IdleCount};
 use crate::record::Recorder;
 use crate::regions::Regions;
 use crate::schedule::Planning;
 use crate::serving::{with_serving, Phase, Serving, Take, Word};
+use crate::state::Cold;
 
 /// The key of the iteration before the first `step`, and of every iteration whose caller names none.
 pub const DEFAULT_KEY: u64 = 0;

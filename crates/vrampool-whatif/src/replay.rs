@@ -24,7 +24,8 @@ use std::time::Instant;
 
 use thiserror::Error;
 
-use crate::peers::{PeerConfig, PeerModel};
+use crate::peers::PeerModel;
+pub use crate::replay_row::ReplayTarget;
 use vrampool_core::device::{SimDevice, SimMode, StreamId};
 use vrampool_core::error::{OomReport, PoolError};
 use vrampool_core::sizes::MAX_REQUEST;
@@ -72,26 +73,6 @@ pub struct TimelineSample {
     pub event: usize,
     pub allocated_bytes: u64,
     pub reserved_bytes: u64,
-}
-
-/// What a replay runs: the pool with a configuration, a model of another allocator, or the pool
-/// with the steady option served by a plan made ahead (`ahead`: see [`crate::replay_row::ahead_target`]).
-#[derive(Debug, Clone, PartialEq)]
-pub enum ReplayTarget {
-    Pool(PoolConfig),
-    Peer(PeerConfig),
-    Ahead(PoolConfig, Arc<AheadPlan>),
-}
-
-impl ReplayTarget {
-    /// The pool's strategy name, the model's name, or `ahead`.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::Pool(config) => config.strategy.name(),
-            Self::Peer(peer) => peer.name(),
-            Self::Ahead(..) => crate::replay_row::AHEAD_ROW,
-        }
-    }
 }
 
 /// How a replay runs.

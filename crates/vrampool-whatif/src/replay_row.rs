@@ -11,7 +11,6 @@
 use std::sync::Arc;
 
 use crate::peers::{PeerConfig, PEER_NAMES};
-use crate::replay::ReplayTarget;
 use vrampool_core::config::PoolConfig;
 use vrampool_core::error::PoolError;
 use vrampool_core::strategy::StrategyKind;
@@ -23,6 +22,26 @@ pub const VM_SUFFIX: &str = "+vm";
 pub const DEFAULT_ROW: &str = "default";
 /// The `default` pool served by a plan made ahead.
 pub const AHEAD_ROW: &str = "ahead";
+
+/// What a replay runs: the pool with a configuration, a model of another allocator, or the pool
+/// with the steady option served by a plan made ahead (`ahead`: see [`ahead_target`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReplayTarget {
+    Pool(PoolConfig),
+    Peer(PeerConfig),
+    Ahead(PoolConfig, Arc<AheadPlan>),
+}
+
+impl ReplayTarget {
+    /// The pool's strategy name, the model's name, or `ahead`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Pool(config) => config.strategy.name(),
+            Self::Peer(peer) => peer.name(),
+            Self::Ahead(..) => AHEAD_ROW,
+        }
+    }
+}
 
 /// The pool row `row`'s configuration text: what its name sets, then `conf`. An error for a
 /// name that is no pool row, for bad options, and for options that change what the name sets.

@@ -511,7 +511,7 @@ impl PoolCore {
         // Arenas are never removed, so the reference stays valid for the pool's life; the guard
         // keeps papaya from reclaiming it meanwhile.
         if map.get(&stream).is_none() {
-            map.get_or_insert_with(stream, || new_arena(&self.config, stream));
+            map.get_or_insert_with(stream, || Arena::for_config(&self.config, stream));
         }
         ArenaRef::Stream(map, stream)
     }

@@ -27,14 +27,13 @@ use crate::cache_class::{cache_class, class_tag, thread_class_table, thread_clas
 use crate::config::{Limit, PoolConfig, Scrub};
 use crate::device::{Device, EventId, StreamId};
 use crate::error::{DeviceError, InvalidFreeReason, OomReport, PoolError, Result};
-use crate::event_log::{EventKind, EventLog, LogEvent};
+use crate::event_log::{EventKind, EventLog, LogEvent, PieceEvent};
 use crate::expandable::{pieces, Expandable, Reservation, PIECES_PER_HIGH_WATER};
 use crate::fast_gate::FastGate;
 use crate::live_table::{LiveBlock, LiveTable, Removal};
-use crate::resource::PieceEvent;
 use crate::sizes::{class_size, round_up, MAX_REQUEST, MIN_BLOCK};
 use crate::stats::{CounterValues, Counters, Fast, Stats};
-use crate::strategy::{BestFit, BestFitConfig, Block, BlockInfo, Buddy, BuddyConfig, Segment, Slab, SlabConfig, Strategy, StrategyKind};
+use crate::strategy::{Block, BlockInfo, Segment, Strategy};
 use crate::thread_cache::{self, CacheOfThread, CacheOwner, PoolCache, PoolHandle, HOME_STREAM};
 use holding::Holding;
 
@@ -178,7 +177,7 @@ impl Pool {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let device_total = device.mem_info()?.total;
         let cap = cap_for(config.limit, device_total);
-        let default_arena = new_arena(&config, StreamId(0));
+        let default_arena = Arena::for_config(&config, StreamId(0));
         let thread_classes = thread_classes(&config);
         let thread_class_of = thread_class_table(&config, &default_arena, thread_classes);
         let vm = Expandable::new(&config, device.as_ref(), device_total);
@@ -500,24 +499,4 @@ fn cap_for(limit: Option<Limit>, device_total: u64) -> u64 {
         Some(Limit::Bytes(b)) => b.min(device_total),
         Some(Limit::Fraction(f)) => (device_total as f64 * f) as u64,
     }
-}
-
-pub(crate) fn new_arena(config: &PoolConfig, stream: StreamId) -> Arena {
-    let slab = || Box::new(Slab::new(SlabConfig { max_size: config.small_max, ..SlabConfig::default() })) as Box<dyn Strategy>;
-    let best_fit = || Box::new(BestFit::new(BestFitConfig::default())) as Box<dyn Strategy>;
-    let buddy = || Box::new(Buddy::new(BuddyConfig::default())) as Box<dyn Strategy>;
-    // The hybrid's large tier keeps buddy's halving and merging but cuts each block to the
-    // request, so a large tensor costs at most one `large_unit` more than its size.
-    let large = || {
-        let min_order = config.large_unit().trailing_zeros();
-        let trimmed = BuddyConfig { min_order, max_order: min_order + 26, min_segment_order: 21, trim: true };
-        Box::new(Buddy::new(trimmed)) as Box<dyn Strategy>
-    };
-    let tiers = match config.strategy {
-        StrategyKind::Hybrid => vec![slab(), best_fit(), large()],
-        StrategyKind::Slab => vec![slab()],
-        StrategyKind::BestFit => vec![best_fit()],
-        StrategyKind::Buddy => vec![buddy()],
-    };
-    Arena::new(stream, tiers)
 }

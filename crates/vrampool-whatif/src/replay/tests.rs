@@ -1,5 +1,5 @@
 use super::*;
-use crate::peers::PEER_NAMES;
+use crate::peers::{PeerConfig, PEER_NAMES};
 use vrampool_core::sizes::MIB;
 use vrampool_steady::AheadBuffer;
 

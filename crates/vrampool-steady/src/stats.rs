@@ -1,0 +1,118 @@
+//! The planned pool's figures and live buffers, read under its lock or from the serving word.
+
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
+
+use vrampool_core::{MemoryResource, PoolError};
+
+use crate::figures::{ArenaBuffer, ArenaRegion, KeyPlan, PlannedStats};
+use crate::pool::PlannedPool;
+use crate::serving::{Phase, Word};
+use crate::state::Cold;
+
+impl<B: MemoryResource> PlannedPool<B> {
+    /// Whether `addr` is a live arena buffer.
+    pub fn owns(&self, addr: u64) -> bool {
+        self.arena_buffers().is_ok_and(|buffers| buffers.iter().any(|b| b.addr == addr))
+    }
+
+    /// Whether `addr` lies in the arena (a free there is the planned pool's to answer, never the
+    /// pool's, where the region's own block is).
+    pub fn claims(&self, addr: u64) -> bool {
+        self.lock().is_ok_and(|cold| cold.regions.find(addr).is_some())
+    }
+
+    /// The live arena buffers, by address.
+    pub fn arena_buffers(&self) -> Result<Vec<ArenaBuffer>, PoolError> {
+        let cold = self.lock()?;
+        let mut buffers: Vec<ArenaBuffer> =
+            cold.loose.iter().map(|(&addr, l)| ArenaBuffer { addr, size: l.size, stream: l.stream, age_ns: None }).collect();
+        let word = self.word.load(Acquire);
+        if let (Phase::Serving, Some(serving)) = (Word::phase(word), &cold.serving) {
+            buffers.extend(self.live_in_epoch(serving, word, &cold.early));
+        }
+        buffers.extend(Self::ahead_buffers(&cold).map(|(addr, size, stream)| ArenaBuffer { addr, size, stream, age_ns: None }));
+        let now = self.now_ns();
+        for b in &mut buffers {
+            b.age_ns = cold.births.get(&b.addr).map(|&born| now.saturating_sub(born));
+        }
+        buffers.sort_unstable_by_key(|b| b.addr);
+        Ok(buffers)
+    }
+
+    /// The arena's regions, by address.
+    pub fn regions(&self) -> Result<Vec<ArenaRegion>, PoolError> {
+        let cold = self.lock()?;
+        let mut regions: Vec<ArenaRegion> =
+            cold.regions.list.iter().map(|r| ArenaRegion { base: r.base, bytes: r.bytes, stream: r.stream }).collect();
+        regions.sort_unstable_by_key(|r| r.base);
+        Ok(regions)
+    }
+
+    /// The pool's figures of the planned arena.
+    pub fn stats(&self) -> Result<PlannedStats, PoolError> {
+        let cold = self.lock()?;
+        let mut stats = self.figures_of(&cold);
+        stats.plans = cold
+            .plans
+            .iter()
+            .map(|(&key, s)| KeyPlan {
+                key,
+                arena_bytes: s.arena_bytes(),
+                lower_bound_bytes: s.lower_bound_bytes,
+                arena_buffers: s.arena_buffers as usize,
+                dynamic_buffers: (s.allocations - s.arena_buffers) as usize,
+                events: s.steps.len(),
+                planner: s.planner,
+            })
+            .collect();
+        stats.plans.sort_by_key(|p| p.key);
+        Ok(stats)
+    }
+
+    /// [`PlannedPool::stats`] without the plans: O(1), for a caller that reads them at every step.
+    pub fn figures(&self) -> Result<PlannedStats, PoolError> {
+        let cold = self.lock()?;
+        Ok(self.figures_of(&cold))
+    }
+
+    pub(crate) fn figures_of(&self, cold: &Cold) -> PlannedStats {
+        let mut figures = cold.figures.clone();
+        let word = self.word.load(Acquire);
+        let (mut live, mut live_bytes) = (cold.loose.len() as u64, cold.loose.values().map(|l| l.size).sum::<u64>());
+        if let (Phase::Serving, Some(serving)) = (Word::phase(word), &cold.serving) {
+            let schedule = &serving.schedule;
+            let position = Word::position(word).min(schedule.steps.len());
+            figures.add_served(schedule, self.wraps.load(Relaxed) - cold.wraps_at_epoch, position);
+            let served = schedule.served_in(position);
+            live += served.live;
+            live_bytes += served.live_bytes;
+            // Frees taken ahead of their steps.
+            for step in cold.early.iter().map(|&at| schedule.steps[at]).filter(|s| s.in_arena()) {
+                live -= 1;
+                live_bytes -= step.size();
+            }
+        }
+        for (_, size, _) in Self::ahead_buffers(cold) {
+            live += 1;
+            live_bytes += size;
+        }
+        let region = cold.regions.figures;
+        PlannedStats {
+            planned_allocations: figures.planned_allocations,
+            dynamic_allocations: figures.dynamic_allocations + self.idle.total(),
+            idle_allocations: self.idle.total(),
+            fallbacks: figures.fallbacks,
+            recorded_iterations: figures.recorded_iterations,
+            replayed_iterations: figures.replayed_iterations,
+            arena_bytes: cold.regions.bytes(),
+            arena_live: live as usize,
+            arena_live_bytes: live_bytes,
+            planned_bytes: figures.planned_bytes,
+            arena_blocks_taken: region.taken,
+            arena_bytes_taken: region.bytes_taken,
+            arena_blocks_returned: region.returned,
+            arena_bytes_returned: region.bytes_returned,
+            plans: Vec::new(),
+        }
+    }
+}
