@@ -4,8 +4,9 @@
 source "$(dirname "$0")/env.sh"
 cd "$root"
 cargo fmt --version >/dev/null 2>&1 && cargo clippy --version >/dev/null 2>&1 || rustup component add rustfmt clippy
-echo "== lint: ruff (python/, tests/, benches/), cargo fmt --check and clippy -D warnings (every crate)"
+echo "== lint: ruff (python/, tests/, benches/), no module circle (every crate, the Python package), cargo fmt --check and clippy -D warnings (every crate)"
 ruff check python tests benches
+python scripts/check-imports.py
 cargo fmt --all --check
 cargo clippy --quiet --no-deps --workspace --all-targets -- -D warnings
 echo "== cargo test --workspace"

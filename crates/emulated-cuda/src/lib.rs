@@ -23,8 +23,6 @@ mod control;
 mod driver;
 mod entry;
 mod memory;
-#[cfg(test)]
-mod module_graph;
 mod names;
 mod proc_address;
 mod race;
