@@ -21,8 +21,8 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 
-from vrampool.liveness import from_graph, trace_forward, trace_training_step
-from vrampool.models import gpt2_small, resnet50
+from vrampool.whatif.liveness import from_graph, trace_forward, trace_training_step
+from vrampool.whatif.models import gpt2_small, resnet50
 
 
 def measure(name: str, trace: Callable[[], Any], repeat: int) -> Dict[str, Any]:

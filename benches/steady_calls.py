@@ -79,7 +79,7 @@ def passes_through_pool(events: Sequence[Tuple[int, int]], passes: int) -> List[
 def model_calls(rows: Sequence[Tuple[int, ...]], passes: int) -> Dict[str, Tuple[int, int]]:
     """The PyTorch models' device calls (allocations and frees) in their first and last pass
     (simulated)."""
-    from vrampool.trace import replay_each
+    from vrampool.whatif.replay import replay_each
 
     out = {}
     for report in replay_each(list(rows), ["torch", "torch+expandable"], samples=0, repeat=passes):
@@ -94,12 +94,12 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("traces", nargs="*", help="trace files (any format vrampool replay reads)")
     parser.add_argument("--passes", type=int, default=6)
     args = parser.parse_args(argv)
-    from vrampool.trace import load
+    from vrampool.whatif.traces import load
 
     if args.traces:
         traces = [(path, load(path).rows()) for path in args.traces]
     else:
-        from vrampool.workloads import capture_workload
+        from vrampool.whatif.workloads import capture_workload
 
         traces = [(f"{m} x2", capture_workload(m, 12, 0, scale=2, fake=True).rows()) for m in ("gpt", "cnn")]
     for name, rows in traces:

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("torch")
 
 from real_models import model_graphs  # noqa: E402  (benches/ is on sys.path: pytest's rootdir-relative import)
-from vrampool.liveness import from_graph  # noqa: E402
+from vrampool.whatif.liveness import from_graph  # noqa: E402
 
 TRACE_ROUNDS = 5
 GRAPHS: List[Tuple[str, Callable[[], Any]]] = model_graphs()

@@ -1,9 +1,9 @@
 """pytest-benchmark: capture and replay from Python (BENCHMARKS.md, "Python benchmarks").
 
-- capture: two CPU training steps of the demo's `gpt` model (vrampool.workloads) recorded by
+- capture: two CPU training steps of the demo's `gpt` model (vrampool.whatif.workloads) recorded by
   `capture_training`, against the same two steps unrecorded (`training_steps`);
 - replay: that model's 4-step trace, once (a cold pool, as `vrampool replay` does) and 50 times
-  back to back (`--repeat 50`: warm), through `vrampool.trace.replay` (hybrid, on the simulated
+  back to back (`--repeat 50`: warm), through `vrampool.whatif.replay.replay` (hybrid, on the simulated
   device), against a Python loop that only walks the same events in replay order (a dict insert
   or pop each): what any Python-level replay costs before it models a pool; and against
   `Trace.rows()` alone, the conversion `replay` makes before the native replay.
@@ -17,9 +17,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from vrampool.capture import Trace, capture_training, training_steps  # noqa: E402
-from vrampool.trace import TraceRow, repeated, replay  # noqa: E402
-from vrampool.workloads import capture_workload, gpt_batches, gpt_loss, gpt_model  # noqa: E402
+from vrampool.whatif.capture import capture_training, training_steps  # noqa: E402
+from vrampool.whatif.replay import repeated, replay  # noqa: E402
+from vrampool.whatif.traces import Trace, TraceRow  # noqa: E402
+from vrampool.whatif.workloads import capture_workload, gpt_batches, gpt_loss, gpt_model  # noqa: E402
 
 STEPS = 2
 ROUNDS = 10

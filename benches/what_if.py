@@ -22,10 +22,10 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from vrampool.capture import Trace
-from vrampool.trace import repeated, replay
-from vrampool.training import memtracker_peak_bytes
-from vrampool.workloads import capture_workload, model_function
+from vrampool.whatif.replay import repeated, replay
+from vrampool.whatif.traces import Trace
+from vrampool.whatif.training import memtracker_peak_bytes
+from vrampool.whatif.workloads import capture_workload, model_function
 
 ROWS = ("default", "torch", "torch+expandable", "rmm", "cupy", "async", "hybrid", "plan")
 GIB = 1 << 30

@@ -21,7 +21,7 @@ import pytest
 import vrampool.ahead
 from vrampool import DevicePool, _native
 from vrampool.ahead import Plan, as_plan, capture, from_trace, plan_step
-from vrampool.capture import Event, Trace
+from vrampool.whatif.traces import Event, Trace
 
 MIB = 1 << 20
 
@@ -41,7 +41,7 @@ def gpt_step(seq: int, batch: int, layers: int = 2) -> Callable[[], Any]:
     def make() -> Any:
         import torch
 
-        from vrampool.models import gpt
+        from vrampool.whatif.models import gpt
 
         tokens = torch.randint(0, 512, (batch, seq))
         return gpt(layers=layers, d_model=64, heads=4, seq_len=256, vocab=512), (tokens, tokens)
@@ -54,7 +54,7 @@ def steps() -> Callable[..., List[Event]]:
     """The events of one steady training step (the second; the first also makes the weights and
     the optimizer's state) of `gpt_step(...)`, captured under fake tensors; cached per shape."""
     pytest.importorskip("torch")
-    from vrampool.training import capture_model
+    from vrampool.whatif.training import capture_model
 
     cache: Dict[Tuple[int, ...], List[Event]] = {}
 
@@ -559,7 +559,7 @@ def test_torch_plan_step_and_set_plan_on_the_simulated_device(monkeypatch: pytes
 
 
 def test_the_plan_command_saves_a_traces_largest_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from vrampool.cli import main
+    from vrampool.whatif.cli import main
 
     trace = trace_of(
         [
@@ -592,7 +592,7 @@ def test_the_plan_command_saves_a_traces_largest_step(tmp_path: Path, capsys: py
     ],
 )
 def test_the_plan_command_says_what_is_wrong_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: List[str], message: str) -> None:
-    from vrampool.cli import main
+    from vrampool.whatif.cli import main
 
     trace = tmp_path / "g.jsonl"
     trace_of([[("alloc", 1, MIB), ("free", 1, 0)]] * 2).write(trace)

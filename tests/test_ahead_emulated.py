@@ -108,8 +108,8 @@ def test_emulated_a_plan_from_a_fake_capture_serves_smaller_steps_with_no_driver
     planned; DevicePool(0) serves steps of 32, 48 and 64 tokens by it: the first pass makes only
     the arena's driver calls, the next ones none."""
     torch = pytest.importorskip("torch")
-    from vrampool.models import gpt
-    from vrampool.training import capture_model
+    from vrampool.whatif.models import gpt
+    from vrampool.whatif.training import capture_model
 
     def model(seq: int, batch: int = 4) -> Callable[[], Any]:
         def make() -> Any:

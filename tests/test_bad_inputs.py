@@ -240,7 +240,8 @@ PLAN_CASES = [
 # ---- the trace reader and replay ----
 
 TRACE_PRELUDE = PLAN_PRELUDE + """
-from vrampool.trace import read_trace, replay
+from vrampool.whatif.replay import replay
+from vrampool.whatif.traces import read_trace
 """
 
 TRACE_CASES = [
@@ -382,7 +383,7 @@ def test_cli_case(command: str, kind: str, tmp_path: Path) -> None:
         path.mkdir()
     elif contents is not None:
         path.write_bytes(contents)
-    done = subprocess.run([sys.executable, "-m", "vrampool.cli", *cli_args(command, str(path))], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "vrampool.whatif.cli", *cli_args(command, str(path))], capture_output=True, text=True, timeout=120)
     assert_no_crash(done.returncode, done.stderr, f"{command} {kind}")
     assert done.returncode != 0, f"{command} {kind}: exit 0\n{done.stdout[-2000:]}"
     assert "Traceback" not in done.stderr, f"{command} {kind}: a traceback\n{done.stderr[-3000:]}"
@@ -470,7 +471,7 @@ HOSTILE_ARGS = [
 
 
 def _run_cli(args: List[str], timeout: int = 120) -> "subprocess.CompletedProcess[str]":
-    return subprocess.run([sys.executable, "-m", "vrampool.cli", *args], capture_output=True, text=True, timeout=timeout, errors="replace")
+    return subprocess.run([sys.executable, "-m", "vrampool.whatif.cli", *args], capture_output=True, text=True, timeout=timeout, errors="replace")
 
 
 def _assert_one_line_error(done: "subprocess.CompletedProcess[str]", what: str) -> str:
@@ -527,7 +528,7 @@ def test_replay_repeat_takes_the_memory_of_one_copy(tmp_path: Path) -> None:
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
-    args = [sys.executable, "-m", "vrampool.cli", "replay", str(trace), "--strategy", "default", "--repeat", "5000000", "--json"]
+    args = [sys.executable, "-m", "vrampool.whatif.cli", "replay", str(trace), "--strategy", "default", "--repeat", "5000000", "--json"]
     done = subprocess.run(args, capture_output=True, text=True, timeout=300, preexec_fn=cap)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout)["events"] == 4 * 5_000_000

@@ -9,7 +9,8 @@ from typing import Any, Dict, List
 
 import pytest
 
-from vrampool.capture import Event, Trace, capture, from_event_log, from_snapshot, load_snapshot, read
+from vrampool.whatif.capture import capture
+from vrampool.whatif.traces import Event, Trace, from_event_log, from_snapshot, load_snapshot, read
 
 MIB = 1 << 20
 SEG = 0x7F00_0000_0000

@@ -12,8 +12,8 @@ from typing import List
 
 import pytest
 
-from vrampool.cli import DEMO_STRATEGIES, main
-from vrampool.trace import ALL, REPORT_KEYS
+from vrampool.whatif.cli import DEMO_STRATEGIES, main
+from vrampool.whatif.replay import ALL, REPORT_KEYS
 
 MIB = 1 << 20
 JSONL = "".join(
@@ -38,7 +38,7 @@ def trace_file(tmp_path: Path) -> Path:
 
 
 def run(args: List[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vrampool.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "vrampool.whatif.cli", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_replay_all_prints_every_row_and_plots(trace_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -148,12 +148,12 @@ def test_bad_input_is_one_line_and_exit_1(args: List[str], message: str, trace_f
 
 
 def test_capture_refuses_an_output_it_cannot_write_before_capturing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    import vrampool.workloads
+    import vrampool.whatif.workloads
 
     def no_capture(*_: object, **__: object) -> None:
         raise AssertionError("captured before the output path was checked")
 
-    monkeypatch.setattr(vrampool.workloads, "capture_workload", no_capture)
+    monkeypatch.setattr(vrampool.whatif.workloads, "capture_workload", no_capture)
     for output, message in [(tmp_path / "missing" / "t.jsonl", "no folder"), (tmp_path, "it is a folder")]:
         assert main(["capture", "--model", "cnn", "--output", str(output)]) == 1
         err = capsys.readouterr().err
@@ -203,7 +203,7 @@ def test_as_a_process(trace_file: Path, tmp_path: Path) -> None:
 
 def test_gpu_comparison_prints_both_allocators(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     # No GPU here: the child processes are stood in for, so only the table and the failure path are checked.
-    from vrampool import cli
+    from vrampool.whatif import cli
 
     def fake_run(argv: List[str], **_: object) -> subprocess.CompletedProcess:
         assert argv[-1].endswith("3, scale=8)))"), argv[-1]
@@ -225,7 +225,7 @@ def test_gpu_comparison_prints_both_allocators(monkeypatch: pytest.MonkeyPatch, 
 def test_progress_bars_only_on_a_terminal_and_never_with_json(monkeypatch: pytest.MonkeyPatch) -> None:
     from tqdm import tqdm
 
-    from vrampool import cli
+    from vrampool.whatif import cli
 
     items = [1, 2, 3]
     assert cli._progress(items, 3, "replay") is items  # pytest's stderr is no terminal

@@ -17,9 +17,9 @@ import pytest
 import vrampool
 import vrampool.torch as vt
 from vrampool import DevicePool, _native
-from vrampool.cli import main
 from vrampool.options import POOL_KEYS
-from vrampool.trace import check_conf, replay
+from vrampool.whatif.cli import main
+from vrampool.whatif.replay import check_conf, replay
 
 MIB = 1 << 20
 ROWS = [(0, 0, 2, MIB), (1, 1, 3, 3 * MIB), (2, 2, 4, 70 * MIB)]

@@ -1,7 +1,7 @@
 """Every figure vrampool reports to Python, against values worked out by hand on a state built
 block by block: ``DevicePool.stats()`` and ``memory_summary()`` cell by cell, every peak of
 ``vrampool.torch`` after a rise and a fall, the out-of-memory figures and message (exception and
-``last_oom``), and replay's figures (``vrampool.trace.replay`` and ``vrampool replay``).
+``last_oom``), and replay's figures (``vrampool.whatif.replay.replay`` and ``vrampool replay``).
 
 The state, on a best-fit pool with plain segments (sizes that are no size class, so that every
 free goes straight back to best fit): one 2 MiB segment holding, in address order, a free 300 KiB
@@ -21,8 +21,8 @@ import pytest
 import vrampool
 import vrampool.torch as vt
 from vrampool import DevicePool, _native
-from vrampool.cli import main
-from vrampool.trace import replay
+from vrampool.whatif.cli import main
+from vrampool.whatif.replay import replay
 
 KIB, MIB = 1 << 10, 1 << 20
 BIG = 3 * MIB + 100 * KIB  # needs a segment of its own: 8 MiB (room for two, in 2 MiB units)
@@ -328,9 +328,9 @@ def test_every_row_of_the_replay_table_prints_its_figures(tmp_path, capsys: pyte
 
 
 def test_the_fit_tables_print_each_allocators_figures() -> None:
-    from vrampool.cli import format_fewest_ranks, format_fit
-    from vrampool.cluster import RankProbe, RanksResult
-    from vrampool.fit import FitResult, Probe
+    from vrampool.whatif.cli import format_fewest_ranks, format_fit
+    from vrampool.whatif.cluster import RankProbe, RanksResult
+    from vrampool.whatif.fit import FitResult, Probe
 
     at = {4: Probe(4, 3 * MIB, {"default": True, "torch": True}, {"default": 4 * MIB, "torch": 20 * MIB}),
           8: Probe(8, 6 * MIB, {"default": True, "torch": False}, {"default": 6 * MIB, "torch": 40 * MIB})}

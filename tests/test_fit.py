@@ -9,9 +9,9 @@ from typing import Any, List
 
 import pytest
 
-from vrampool.capture import Trace
-from vrampool.cli import main
-from vrampool.fit import DoesNotFit, fit, fit_model
+from vrampool.whatif.cli import main
+from vrampool.whatif.fit import DoesNotFit, fit, fit_model
+from vrampool.whatif.traces import Trace
 
 MIB = 1 << 20
 

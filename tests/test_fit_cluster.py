@@ -12,10 +12,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from vrampool.cli import main  # noqa: E402
-from vrampool.cluster import CannotShard, fewest_ranks, fit_cluster, layout, measure_ranks, shardable_world_sizes  # noqa: E402
-from vrampool.trace import replay  # noqa: E402
-from vrampool.training import capture_model, capture_ranks  # noqa: E402
+from vrampool.whatif.cli import main  # noqa: E402
+from vrampool.whatif.cluster import CannotShard, capture_ranks, fewest_ranks, fit_cluster, layout, measure_ranks, shardable_world_sizes  # noqa: E402
+from vrampool.whatif.replay import replay  # noqa: E402
+from vrampool.whatif.training import capture_model  # noqa: E402
 
 MIB = 1 << 20
 MODELS = '''
@@ -114,7 +114,7 @@ def test_a_world_size_that_leaves_a_rank_none_of_a_layer_is_refused() -> None:
 
 
 def test_llama_sizes_have_their_published_parameter_counts() -> None:
-    from vrampool.models import LLAMA_SIZES
+    from vrampool.whatif.models import LLAMA_SIZES
 
     def count(size: str) -> int:
         with torch.device("meta"):
@@ -206,7 +206,7 @@ def test_capture_parallel_refuses_what_fit_refuses_before_any_rank(tmp_path: Pat
     # Issue 57: capture recorded FSDP on 8 ranks of a 7-row layer, which fit refuses; 4,096 ranks of
     # a 64-row model ran for minutes before writing nothing; a model that made its own process group
     # ended in torch's "initialize the default process group twice".
-    import vrampool.training
+    import vrampool.whatif.training
 
     script = tmp_path / "captured.py"
     script.write_text(CAPTURED)
@@ -219,7 +219,7 @@ def test_capture_parallel_refuses_what_fit_refuses_before_any_rank(tmp_path: Pat
     def no_capture(*_: object, **__: object) -> None:
         raise AssertionError("a rank was captured before the model was checked")
 
-    monkeypatch.setattr(vrampool.training, "capture_model", no_capture)
+    monkeypatch.setattr(vrampool.whatif.training, "capture_model", no_capture)
     for function, ranks, message in [
         ("seven_rows", 8, refusal),
         ("sixty_four_rows", 4096, "4,096 ranks: FSDP splits each layer's parameters on dim 0 in chunks of ceil(rows / ranks), and 64 rows"),

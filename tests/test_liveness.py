@@ -9,9 +9,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from vrampool.capture import capture_training  # noqa: E402
-from vrampool.liveness import Liveness, from_graph, from_trace, trace_forward, trace_training_step  # noqa: E402
-from vrampool.models import gpt, gpt2_small, resnet, resnet50  # noqa: E402
+from vrampool.whatif.capture import capture_training  # noqa: E402
+from vrampool.whatif.liveness import Liveness, from_graph, from_trace, trace_forward, trace_training_step  # noqa: E402
+from vrampool.whatif.models import gpt, gpt2_small, resnet, resnet50  # noqa: E402
 
 
 def mlp(inplace: bool = False) -> "torch.nn.Module":

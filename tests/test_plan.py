@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import vrampool
-from vrampool.cli import main
+from vrampool.whatif.cli import main
 
 # MiniMalloc's instances come with the repository; ResNet-50's only from ../shared (see tests/data/static/README.md).
 TRACES = Path(__file__).resolve().parent / "data" / "static"

@@ -17,7 +17,7 @@ from vrampool.planned import signature_key
 from vrampool.testing import native
 
 torch = pytest.importorskip("torch")
-capture = pytest.importorskip("vrampool.capture")
+capture = pytest.importorskip("vrampool.whatif.capture")
 
 CAPACITY = 1 << 30
 #: The segment size of the small tiers: what a plain pool rounds reserved memory to.

@@ -6,9 +6,9 @@ import xml.etree.ElementTree as ET
 from typing import List
 
 from vrampool import DevicePool
-from vrampool.plot import memory_timeline_svg, segment_map_svg
 from vrampool.summary import block_state
-from vrampool.trace import replay
+from vrampool.whatif.plot import memory_timeline_svg, segment_map_svg
+from vrampool.whatif.replay import replay
 
 SVG = "{http://www.w3.org/2000/svg}"
 MIB = 1 << 20

@@ -229,7 +229,7 @@ def test_snapshot_tiles_each_segment() -> None:
 
 
 def test_demo_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from vrampool.cli import main
+    from vrampool.whatif.cli import main
 
     # Into a temporary folder: the default `vrampool-demo/` in the working directory is the
     # user's (and the figures in BENCHMARKS.md are read from its x8 traces).

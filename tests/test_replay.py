@@ -1,4 +1,4 @@
-"""Trace replay: `vrampool.trace` and `vrampool replay`."""
+"""Trace replay: `vrampool.whatif.replay` and `vrampool replay`."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 
 import vrampool
-from vrampool.capture import from_snapshot
-from vrampool.cli import main
-from vrampool.trace import (
+from vrampool.whatif.cli import main
+from vrampool.whatif.replay import (
     ALL,
     COMPARE,
     PEERS,
@@ -20,11 +19,11 @@ from vrampool.trace import (
     STRATEGIES,
     live_bytes_timeline,
     peak_segments,
-    read_trace,
     recorded_reserved_timeline,
     replay,
     summary,
 )
+from vrampool.whatif.traces import from_snapshot, read_trace
 
 # MiniMalloc's instances come with the repository; ResNet-50's only from ../shared (see tests/data/static/README.md).
 TRACES = Path(__file__).resolve().parent / "data" / "static"
@@ -263,7 +262,7 @@ def test_resnet50_replays_with_every_strategy(capsys: pytest.CaptureFixture[str]
 @pytest.mark.parametrize("model", ["gpt", "cnn"])
 def test_default_reserves_no_more_than_pytorchs_allocator_on_the_demos_traces(model: str) -> None:
     pytest.importorskip("torch")
-    from vrampool.workloads import capture_workload
+    from vrampool.whatif.workloads import capture_workload
 
     trace = capture_workload(model, steps=6, scale=2, fake=True)
     default, torch, expandable = replay(trace, strategy="compare")

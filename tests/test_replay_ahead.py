@@ -11,10 +11,10 @@ from typing import Dict, List, Sequence
 
 import pytest
 
-from vrampool.capture import Event, Trace
-from vrampool.cli import main
-from vrampool.fit import ALLOCATORS, fit
-from vrampool.trace import COMPARE, ahead_plan, replay, replay_each
+from vrampool.whatif.cli import main
+from vrampool.whatif.fit import ALLOCATORS, fit
+from vrampool.whatif.replay import COMPARE, ahead_plan, replay, replay_each
+from vrampool.whatif.traces import Event, Trace
 
 MIB = 1 << 20
 UNIT = 64 << 10
@@ -134,7 +134,7 @@ def test_bad_ahead_arguments_are_one_line_and_exit_nonzero(run_file: Path, tmp_p
         (str(bad_plan), [], "not a usable vrampool plan"),
         ("largest", ["--conf", "steady:false"], "would turn that off"),
     ]:
-        done = subprocess.run([sys.executable, "-m", "vrampool.cli", "replay", str(run_file), "--ahead", ahead, *extra], capture_output=True, text=True, timeout=120)
+        done = subprocess.run([sys.executable, "-m", "vrampool.whatif.cli", "replay", str(run_file), "--ahead", ahead, *extra], capture_output=True, text=True, timeout=120)
         assert done.returncode != 0 and done.stdout == "", (ahead, done)
         assert done.stderr.count("\n") == 1 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
 

@@ -36,7 +36,7 @@ if _WHY:
 TRAIN = textwrap.dedent(
     """
     import sys, torch
-    from vrampool.workloads import gpt_batches, gpt_loss, gpt_model
+    from vrampool.whatif.workloads import gpt_batches, gpt_loss, gpt_model
     torch.manual_seed(0)
     model = gpt_model().cuda()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -53,8 +53,8 @@ TRAIN = textwrap.dedent(
 
 @pytest.mark.parametrize("expandable", [False, True])
 def test_the_torch_model_predicts_what_pytorch_reserved(expandable: bool, tmp_path: Path) -> None:
-    from vrampool.capture import read
-    from vrampool.trace import replay
+    from vrampool.whatif.replay import replay
+    from vrampool.whatif.traces import read
 
     out = Path(os.environ.get("OUT", tmp_path))
     out.mkdir(parents=True, exist_ok=True)

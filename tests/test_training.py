@@ -13,10 +13,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from vrampool.capture import Trace, storage_tracker  # noqa: E402
-from vrampool.cli import main  # noqa: E402
-from vrampool.models import gpt, llama  # noqa: E402
-from vrampool.training import ModelFunctionError, capture_model, capture_ranks, load_model_function, memtracker_peak_bytes  # noqa: E402
+from vrampool.whatif.capture import storage_tracker  # noqa: E402
+from vrampool.whatif.cli import main  # noqa: E402
+from vrampool.whatif.cluster import capture_ranks  # noqa: E402
+from vrampool.whatif.models import gpt, llama  # noqa: E402
+from vrampool.whatif.traces import Trace  # noqa: E402
+from vrampool.whatif.training import ModelFunctionError, capture_model, load_model_function, memtracker_peak_bytes  # noqa: E402
 
 
 def small_gpt() -> Tuple[Any, Tuple[Any, Any]]:
@@ -224,7 +226,7 @@ def test_operands_of_different_dtypes_fail_under_fake_tensors_as_for_real(fn: An
 
 
 def test_model_functions_are_found_by_module_or_path(tmp_path: Path) -> None:
-    assert load_model_function("vrampool.models:gpt2_small").__name__ == "gpt2_small"
+    assert load_model_function("vrampool.whatif.models:gpt2_small").__name__ == "gpt2_small"
     script = tmp_path / "mymodel.py"
     script.write_text("import torch\ndef build():\n    return torch.nn.Linear(8, 8), torch.randn(4, 8)\n")
     assert capture_model(load_model_function(f"{script}:build")).peak_allocated_bytes() > 0
@@ -275,12 +277,15 @@ def test_capture_command_fake_real_ranks_and_bad_functions(tmp_path: Path, capsy
 def test_the_docstrings_examples_run() -> None:
     import doctest
 
-    import vrampool.capture
-    import vrampool.models
-    import vrampool.trace
-    import vrampool.training
-    import vrampool.workloads
+    import vrampool.whatif.ahead
+    import vrampool.whatif.capture
+    import vrampool.whatif.models
+    import vrampool.whatif.replay
+    import vrampool.whatif.traces
+    import vrampool.whatif.training
+    import vrampool.whatif.workloads
 
-    for module in (vrampool.training, vrampool.workloads, vrampool.models, vrampool.trace, vrampool.capture):
+    modules = (vrampool.whatif.training, vrampool.whatif.workloads, vrampool.whatif.models, vrampool.whatif.replay, vrampool.whatif.traces, vrampool.whatif.capture, vrampool.whatif.ahead)
+    for module in modules:
         result = doctest.testmod(module)
         assert result.failed == 0 and result.attempted > 0, module.__name__

@@ -2,7 +2,7 @@
 //! PyTorch's caching allocator:
 //! `cargo run --release -p vrampool-benches --example replay_calls -- TRACE.csv... [--repeat N] [--trim-each-pass] [--conf TEXT]`.
 //! A trace is the `id,lower,upper,size[,stream]` CSV (`vrampool capture --output t.csv`, or
-//! `vrampool.capture.read(path).write("t.csv")`). Prints each row's peak reserved over the lower
+//! `vrampool.whatif.traces.read(path).write("t.csv")`). Prints each row's peak reserved over the lower
 //! bound, device allocations (segments, or map calls) and device frees (frees, or unmaps);
 //! `--repeat` replays the trace that many times back to back on one pool; `--trim-each-pass`
 //! gives every cached byte back between them (`empty_cache` at each step's end); `--conf` applies

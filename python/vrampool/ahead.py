@@ -11,10 +11,11 @@ set. A step ends once everything it allocated is freed (or, under
 :func:`vrampool.torch.install`, at each optimizer step).
 
 A :class:`Plan` comes from rows (:func:`plan_step`), from a captured trace (:func:`from_trace`),
-or from a training step run under fake tensors (:func:`capture`: no GPU, no memory). It is saved
-and loaded as a checked file (:meth:`Plan.save`, :meth:`Plan.load`), and set with
-``DevicePool(plan=...)``, :meth:`vrampool.DevicePool.set_plan` or
-``vrampool.torch.install(plan=...)``.
+or from a training step run under fake tensors (:func:`capture`: no GPU, no memory); those two
+read the trace and run the capture through the what-if (:mod:`vrampool.whatif.ahead`), imported
+when they are called. It is saved and loaded as a checked file (:meth:`Plan.save`,
+:meth:`Plan.load`), and set with ``DevicePool(plan=...)``, :meth:`vrampool.DevicePool.set_plan`
+or ``vrampool.torch.install(plan=...)``.
 
 >>> import os, tempfile
 >>> import vrampool
@@ -62,20 +63,16 @@ offsets, two buffers live at once sharing a byte) or whose figures are not its o
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple, Union
 
 from vrampool._native import ALIGNMENT, check_ahead, plan_ahead
 from vrampool.inputs import quote, read_text
 from vrampool.streams import as_int
-
-if TYPE_CHECKING:
-    from vrampool.capture import Trace
 
 __all__ = ["ALIGNMENT", "BUDGET_MS", "FORMAT", "VERSION", "Plan", "StepRow", "as_plan", "capture", "from_trace", "plan_step"]
 
@@ -250,55 +247,15 @@ def plan_step(
     return Plan(checked, tuple(offsets), alignment, source, step)
 
 
-def _steps(trace: "Trace") -> List[Tuple[List[StepRow], int]]:
-    """Each step's rows in allocation order, times being event indices within the step, and how
-    many of its buffers it leaves live. Such a buffer is live for the whole step: its bytes stay
-    taken into the next step, so none of this step's buffers may share them either."""
-    steps: List[Tuple[List[StepRow], int]] = []
-    rows: List[List[int]] = []
-    born: Dict[int, int] = {}
-    time = 0
-
-    def close() -> None:
-        for index in born.values():
-            rows[index][2:4] = [0, time]
-        if rows:
-            steps.append(([(r[0], r[1], r[2], r[3]) for r in rows], len(born)))
-
-    for e in trace.events:
-        if e.op == "step":
-            close()
-            rows, born, time = [], {}, 0
-            continue
-        if e.op == "alloc":
-            born[e.id] = len(rows)
-            rows.append([e.stream, e.size, time, time + 1])
-        elif e.id in born:  # a free of this step's buffer (others were born before it)
-            rows[born.pop(e.id)][3] = time
-        time += 1
-    close()
-    return steps
-
-
-def _peak(rows: Sequence[StepRow]) -> int:
-    """The most bytes of ``rows`` live at once (frees before allocations at the same time)."""
-    events = sorted([(lo, size) for _, size, lo, _ in rows] + [(up, -size) for _, size, _, up in rows])
-    live = peak = 0
-    for _, delta in events:
-        live += delta
-        peak = max(peak, live)
-    return peak
-
-
 def from_trace(
-    trace: Union[str, Path, "Trace", Iterable[Sequence[int]]],
+    trace: Any,
     step: Optional[int] = None,
     alignment: int = ALIGNMENT,
     budget_ms: int = BUDGET_MS,
     *,
     source: Optional[str] = None,
 ) -> Plan:
-    """Plans one step of a captured trace (a file :func:`vrampool.capture.read` reads, a
+    """Plans one step of a captured trace (a file :func:`vrampool.whatif.traces.read` reads, a
     ``Trace``, or ``(id, lower, upper, size[, stream])`` rows): the steps lie between its
     ``step`` events (a trace without one is one step); those that allocate are counted from 0.
 
@@ -306,20 +263,12 @@ def from_trace(
     buffers live at their end (none, where a step frees everything it allocates): a capture's
     first step also makes what lives across steps (the parameters, the optimizer's state), and a
     plan holding those would find their bytes taken in every later step. A buffer the step does
-    not free is planned as live for the whole step."""
-    from vrampool.trace import load
+    not free is planned as live for the whole step (:func:`vrampool.whatif.ahead.step_rows`)."""
+    from vrampool.whatif.ahead import step_rows
 
-    loaded = load(trace)
-    steps = _steps(loaded)
-    if not steps:
-        raise ValueError("the trace holds no allocations")
-    if step is None:
-        fewest = min(left for _, left in steps)
-        step = max((i for i, (_, left) in enumerate(steps) if left == fewest), key=lambda i: (_peak(steps[i][0]), -i))
-    elif isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < len(steps):
-        raise ValueError(f"step {quote(step)} is not a step of the trace: it has {len(steps)} steps with allocations (0 to {len(steps) - 1})")
+    rows, step = step_rows(trace, step)
     name = source if source is not None else str(trace) if isinstance(trace, (str, Path)) else "trace"
-    return plan_step(steps[step][0], alignment, budget_ms, source=name, step=step)
+    return plan_step(rows, alignment, budget_ms, source=name, step=step)
 
 
 def capture(
@@ -340,74 +289,15 @@ def capture(
     left as they were: ops on their tensors run on fake copies, an optimizer that steps gets its
     state back afterwards, and the fake gradients the capture leaves on its parameters are dropped.
     Without ``example_inputs``, ``fn`` is a model function as ``vrampool capture --model`` takes
-    (:mod:`vrampool.training`: it returns ``(model, batch)``, ``(model, batch, loss_fn)`` or a
-    training step). Raises ``ValueError`` (one line) when ``fn`` fails under fake tensors."""
-    from vrampool.training import capture_model
+    (:mod:`vrampool.whatif.training`: it returns ``(model, batch)``, ``(model, batch, loss_fn)``
+    or a training step). The capture is the what-if's (:func:`vrampool.whatif.ahead.capture_steps`).
+    Raises ``ValueError`` (one line) when ``fn`` fails under fake tensors."""
+    from vrampool.whatif.ahead import capture_steps
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {quote(steps)}")
     if not callable(fn):
         raise TypeError(f"fn must be callable, not {type(fn).__name__}")
     name = getattr(fn, "__qualname__", type(fn).__name__)
-    if example_inputs:
-        trace = _capture_step(fn, example_inputs, steps, name)
-    else:
-        trace = capture_model(fn, steps, name=name)
+    trace = capture_steps(fn, example_inputs, steps, name)
     return from_trace(trace, None, alignment, budget_ms, source=f"capture of {name}")
-
-
-def _capture_step(fn: Callable[..., Any], inputs: Sequence[Any], steps: int, name: str) -> "Trace":
-    """The trace of ``steps`` calls of ``fn`` on fresh fake copies of ``inputs``, a step each."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from vrampool.capture import Recorder
-    from vrampool.training import ModelFunctionError, _failure, _quiet_fake_tensor_log
-
-    def fresh(value: Any) -> Any:
-        if not isinstance(value, torch.Tensor):
-            return value
-        device = "cpu" if value.device.type == "meta" else value.device
-        return torch.empty(value.shape, dtype=value.dtype, device=device)
-
-    recorder = Recorder()
-    with _optimizers_kept(), _quiet_fake_tensor_log(), FakeTensorMode(allow_non_fake_inputs=True), recorder.tracker():
-        for _ in range(steps):
-            batch = [fresh(v) for v in inputs]
-            try:
-                fn(*batch)
-            except (ModelFunctionError, KeyboardInterrupt):
-                raise
-            except BaseException as e:  # the user's code: one line, whatever it raised
-                raise ModelFunctionError(_failure(name, e, True)) from None
-            del batch
-            recorder.step()
-    return recorder.trace
-
-
-@contextlib.contextmanager
-def _optimizers_kept() -> Iterator[None]:
-    """Every optimizer that steps inside gets back the state it had before (the capture's is
-    fake tensors), and its parameters lose the fake gradients the capture left them, so that the
-    model and optimizer ``fn`` closes over train for real afterwards."""
-    from torch._subclasses.fake_tensor import FakeTensor
-    from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-    kept: Dict[int, Tuple[Any, Dict[Any, Dict[str, Any]]]] = {}
-
-    def remember(optimizer: Any, args: Any, kwargs: Any) -> None:
-        if id(optimizer) not in kept:
-            kept[id(optimizer)] = (optimizer, {p: dict(state) for p, state in optimizer.state.items()})
-
-    handle = register_optimizer_step_pre_hook(remember)
-    try:
-        yield
-    finally:
-        handle.remove()
-        for optimizer, state in kept.values():
-            optimizer.state.clear()
-            optimizer.state.update(state)
-            for group in optimizer.param_groups:
-                for p in group["params"]:
-                    if isinstance(p.grad, FakeTensor):
-                        p.grad = None

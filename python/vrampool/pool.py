@@ -322,7 +322,7 @@ class DevicePool:
         """The allocations, frees and segment calls recorded since the last call, for a pool
         made with ``record_events=True``, as ``(time_ns, kind, addr, size, stream)`` tuples
         (``kind``: ``alloc``, ``free``, ``segment_alloc``, ``segment_free``);
-        :func:`vrampool.capture.from_event_log` turns them into a trace."""
+        :func:`vrampool.whatif.traces.from_event_log` turns them into a trace."""
         return self._native.take_events()
 
     def leak_report(self) -> List[Dict[str, Any]]:

@@ -119,7 +119,7 @@ impl NativePool {
 
     /// Takes the events recorded since the last call (pools made with `record_events:true`) as
     /// (time_ns, kind, addr, size, stream) tuples, kind one of alloc, free, segment_alloc,
-    /// segment_free: what `vrampool.capture.from_event_log` reads.
+    /// segment_free: what `vrampool.whatif.traces.from_event_log` reads.
     fn take_events(&self) -> PyResult<Vec<EventTuple>> {
         let pool = self.resource.pool();
         pool.check_process().map_err(to_py)?;

@@ -5,7 +5,7 @@ size each step, the two ways real training loops make an allocator's life hard; 
 scale, GPT-2 medium and a Llama-style 1.1 B model, captured under fake tensors (GBs live, no
 memory needed) at a batch and sequence length of your choice.
 
->>> from vrampool.workloads import capture_workload
+>>> from vrampool.whatif.workloads import capture_workload
 >>> trace = capture_workload("cnn", steps=2)
 >>> [e.op for e in trace.events].count("step"), trace.peak_allocated_bytes() > 0
 (2, True)
@@ -17,7 +17,7 @@ import itertools
 import random
 from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Sequence, Tuple
 
-from vrampool.capture import Trace
+from vrampool.whatif.traces import Trace
 
 #: The built-in workloads, for ``--model``.
 MODELS = ("gpt", "cnn", "gpt2-medium", "llama")
@@ -127,7 +127,7 @@ def _gpu_scale(name: str, longest: int, size: Optional[str]) -> Tuple[Callable[[
     """The model's builder and vocabulary; GPT-2's learned positions (1,024 of them) are made as
     many as the longest sequence needs; Llama's ``size`` is one of :data:`LLAMA_SIZES` (1b unless
     told)."""
-    from vrampool.models import LLAMA_SIZES, gpt
+    from vrampool.whatif.models import LLAMA_SIZES, gpt
 
     if name == "gpt2-medium":
         if size is not None:
@@ -147,9 +147,9 @@ def model_function(
     lengths: Optional[Sequence[int]] = None,
     size: Optional[str] = None,
 ) -> Callable[[], Any]:
-    """The model function (see :mod:`vrampool.training`) of workload ``name`` (:data:`MODELS`):
+    """The model function (see :mod:`vrampool.whatif.training`) of workload ``name`` (:data:`MODELS`):
     the demo's models with their batches (``scale`` times the usual) for ``steps`` steps, or a
-    GPU-scale model (llama of ``size``, :data:`vrampool.models.LLAMA_SIZES`) with ``batch``
+    GPU-scale model (llama of ``size``, :data:`vrampool.whatif.models.LLAMA_SIZES`) with ``batch``
     sequences of each of ``lengths`` in turn."""
     if name in DEMO_MODELS:
         if batch is not None or lengths is not None or size is not None:
@@ -200,7 +200,7 @@ def capture_workload(
     the steps (e.g. in ``tqdm``)."""
     import torch
 
-    from vrampool.training import adamw, capture_model
+    from vrampool.whatif.training import adamw, capture_model
 
     if steps < 1 or scale < 1:
         raise ValueError(f"steps and scale must be at least 1, got {steps} and {scale}")

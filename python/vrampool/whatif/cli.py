@@ -91,10 +91,10 @@ def _mib(n: float) -> str:
 
 def _size(text: str) -> int:
     """Bytes from a size such as ``80GB`` (binary units, as PyTorch's are)."""
-    from vrampool import _native
+    from vrampool._native import parse_size
 
     try:
-        size = _native.parse_size(text)
+        size = parse_size(text)
     except ValueError as e:
         raise CommandError(f"--memory: {e}") from None
     if size == 0:
@@ -174,8 +174,9 @@ def replay_command(args: argparse.Namespace) -> int:
     allocator, or JSON (without the timelines, which ``--plot`` draws). On a PyTorch snapshot, the
     model of PyTorch's allocator (with or without expandable segments, as the snapshot was made)
     is always a row, so its prediction stands beside what PyTorch reserved."""
-    from vrampool.plot import memory_timeline_svg
-    from vrampool.trace import AHEAD, LARGEST, ahead_plan, load, recorded_reserved_timeline, replay_each, strategy_names
+    from vrampool.whatif.plot import memory_timeline_svg
+    from vrampool.whatif.replay import AHEAD, LARGEST, ahead_plan, recorded_reserved_timeline, replay_each, strategy_names
+    from vrampool.whatif.traces import load
 
     capacity = _size(args.memory) if args.memory else None
     ahead = args.ahead
@@ -253,8 +254,8 @@ def _check_writable(paths: List[Path]) -> None:
 def capture_command(args: argparse.Namespace) -> int:
     """`vrampool capture`: records a model's training steps as a trace file (one per rank with
     ``--ranks``), under fake tensors unless ``--real``."""
-    from vrampool.training import ModelFunctionError
-    from vrampool.workloads import DEMO_MODELS, MODELS
+    from vrampool.whatif.training import ModelFunctionError
+    from vrampool.whatif.workloads import DEMO_MODELS, MODELS
 
     lengths = _lengths(args.seq)
     steps = args.steps or (12 if args.model in DEMO_MODELS else len(lengths or [1]))
@@ -297,8 +298,9 @@ def capture_command(args: argparse.Namespace) -> int:
 
 def _capture_traces(args: argparse.Namespace, steps: int, lengths: Optional[List[int]], builtin: bool, bar: Any) -> List[Any]:
     """The traces ``capture`` writes: one, or one per rank with ``--parallel``."""
-    from vrampool.training import capture_model, capture_ranks, load_model_function
-    from vrampool.workloads import capture_workload, model_function
+    from vrampool.whatif.cluster import capture_ranks
+    from vrampool.whatif.training import capture_model, load_model_function
+    from vrampool.whatif.workloads import capture_workload, model_function
 
     if builtin and not args.parallel:
         return [capture_workload(args.model, steps, args.seed, bar, args.scale, fake=args.fake, batch=args.batch, lengths=lengths)]
@@ -330,9 +332,9 @@ def fit_command(args: argparse.Namespace) -> int:
     """`vrampool fit`: the largest batch size (or sequence length) whose training steps fit in
     ``--memory`` under each allocator, on the simulated device; with ``--parallel``, on every
     rank of ``--ranks``; with ``--over ranks``, the fewest FSDP ranks at which ``--batch`` fits."""
-    from vrampool.cluster import CannotShard
-    from vrampool.fit import DoesNotFit
-    from vrampool.training import ModelFunctionError
+    from vrampool.whatif.cluster import CannotShard
+    from vrampool.whatif.fit import DoesNotFit
+    from vrampool.whatif.training import ModelFunctionError
 
     memory = _size(args.memory)
     _check_fit_options(args)
@@ -354,7 +356,7 @@ def fit_command(args: argparse.Namespace) -> int:
 
 def _check_fit_options(args: argparse.Namespace) -> None:
     """The combinations of ``fit``'s options that make no question."""
-    from vrampool.workloads import DEMO_MODELS, MODELS
+    from vrampool.whatif.workloads import DEMO_MODELS, MODELS
 
     if args.model in DEMO_MODELS:
         raise CommandError(f"--model {args.model}: fit takes a GPU-scale built-in ({', '.join(m for m in MODELS if m not in DEMO_MODELS)}) or module:function")
@@ -378,8 +380,8 @@ def _check_fit_options(args: argparse.Namespace) -> None:
 def _fit_function(args: argparse.Namespace) -> Tuple[Callable[[int], Any], str]:
     """The model function of ``fit``'s search, taking the size searched (the batch with ``--over
     ranks``), and the words for what stays fixed."""
-    from vrampool.training import ModelFunctionError, load_model_function
-    from vrampool.workloads import MODELS, model_function
+    from vrampool.whatif.training import ModelFunctionError, load_model_function
+    from vrampool.whatif.workloads import MODELS, model_function
 
     if args.model in MODELS:
         model = lambda batch, seq: model_function(args.model, batch=batch, lengths=[seq], size=args.size)()  # noqa: E731
@@ -419,9 +421,9 @@ def _probe_bar(desc: str, quiet: bool) -> Tuple[Callable[[Iterable[int]], Iterab
 
 
 def _fit(args: argparse.Namespace, fn: Callable[[int], Any], memory: int, label: str, setting: str, progress: Any, note: Any) -> int:
-    from vrampool.cluster import fit_cluster
-    from vrampool.fit import fit_model
-    from vrampool.plot import fit_svg
+    from vrampool.whatif.cluster import fit_cluster
+    from vrampool.whatif.fit import fit_model
+    from vrampool.whatif.plot import fit_svg
 
     what = _FIT_WHAT[args.over]
     with _model_prints_to_stderr():
@@ -456,8 +458,8 @@ def _ranks_captured(probes: Sequence[Any], world_size: int) -> str:
 
 
 def _fewest_ranks(args: argparse.Namespace, fn: Callable[[int], Any], memory: int, label: str, setting: str, progress: Any, note: Any) -> int:
-    from vrampool.cluster import MAX_RANKS, fewest_ranks
-    from vrampool.plot import fit_svg
+    from vrampool.whatif.cluster import MAX_RANKS, fewest_ranks
+    from vrampool.whatif.plot import fit_svg
 
     with _model_prints_to_stderr():
         result = fewest_ranks(fn, memory, args.batch, args.strategy.split(","), steps=args.steps, max_ranks=min(args.max, MAX_RANKS), name=label, progress=progress, note=note)
@@ -513,7 +515,8 @@ def format_fit(result: Any, what: str) -> str:
 
 def summary_command(args: argparse.Namespace) -> int:
     """`vrampool summary`: what a trace holds, before replaying it."""
-    from vrampool.trace import load, summary
+    from vrampool.whatif.replay import summary
+    from vrampool.whatif.traces import load
 
     try:
         s = summary(_nonempty(load(args.trace)))
@@ -637,9 +640,9 @@ def demo_command(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> None:
-    from vrampool.plot import memory_timeline_svg, segment_map_svg
-    from vrampool.trace import check_conf, peak_segments, replay_each, split_conf
-    from vrampool.workloads import capture_workload
+    from vrampool.whatif.plot import memory_timeline_svg, segment_map_svg
+    from vrampool.whatif.replay import check_conf, peak_segments, replay_each, split_conf
+    from vrampool.whatif.workloads import capture_workload
 
     check_conf(args.conf, DEMO_STRATEGIES)
     out = Path(args.out)
@@ -670,7 +673,7 @@ def gpu_comparison(steps: int, scale: int = 1) -> None:
     print(f"{'model':<6} {'allocator':<10} {'peak reserved':>14} {'peak allocated':>15} {'seconds':>8}")
     for model in ("gpt", "cnn"):
         for allocator in ("pytorch", "vrampool"):
-            code = f"import json, vrampool.workloads as w; print(json.dumps(w.measure_cuda({model!r}, {allocator!r}, {steps}, scale={scale})))"
+            code = f"import json, vrampool.whatif.workloads as w; print(json.dumps(w.measure_cuda({model!r}, {allocator!r}, {steps}, scale={scale})))"
             done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
             if done.returncode != 0:
                 last = (done.stderr.strip().splitlines() or ["no message"])[-1]
@@ -681,8 +684,8 @@ def gpu_comparison(steps: int, scale: int = 1) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from vrampool.trace import ALL, COMPARE, DEFAULT, PEERS, STRATEGIES, VM_SUFFIX
-    from vrampool.workloads import MODELS
+    from vrampool.whatif.replay import ALL, COMPARE, DEFAULT, PEERS, STRATEGIES, VM_SUFFIX
+    from vrampool.whatif.workloads import MODELS
 
     parser = _Parser(prog="vrampool", description="GPU memory pool tools.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -731,8 +734,8 @@ def _parser() -> argparse.ArgumentParser:
         help="add the row ahead: default served by a plan made ahead of STEP's largest step (a trace, or a plan saved by vrampool plan --save, .json), or of this trace's own largest step (largest)",
     )
 
-    from vrampool.fit import ALLOCATORS, MAX_SIZE
-    from vrampool.models import LLAMA_SIZES
+    from vrampool.whatif.fit import ALLOCATORS, MAX_SIZE
+    from vrampool.whatif.models import LLAMA_SIZES
 
     p = sub.add_parser("fit", help="the largest batch (or sequence length) whose training steps fit in --memory, under each allocator (simulated); on every rank with --parallel; the fewest ranks with --over ranks")
     p.add_argument("--model", required=True, help="a built-in (gpt2-medium, llama) or module:function taking the batch size (or sequence length)")

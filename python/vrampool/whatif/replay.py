@@ -1,12 +1,13 @@
-"""Allocation traces and their replay through each strategy and the static plan.
+"""The replay of allocation traces through each strategy, the models of other allocators and the
+static plan.
 
 A trace is a file (JSON lines, the ``id,lower,upper,size[,stream]`` CSV, or a PyTorch memory
-snapshot pickle: see :mod:`vrampool.capture`), a :class:`~vrampool.capture.Trace`, or rows
-``(id, lower, upper, size[, stream])``: one buffer a row, live on ``[lower, upper)``. Replaying
-turns the rows into events (at each time, frees before allocations, ties broken by id) and feeds
-them to a pool on the address-only simulated device, or hands them to the static planner.
+snapshot pickle: see :mod:`vrampool.whatif.traces`), a :class:`~vrampool.whatif.traces.Trace`, or
+rows ``(id, lower, upper, size[, stream])``: one buffer a row, live on ``[lower, upper)``.
+Replaying turns the rows into events (at each time, frees before allocations, ties broken by id)
+and feeds them to a pool on the address-only simulated device, or hands them to the static planner.
 
->>> from vrampool.trace import replay
+>>> from vrampool.whatif.replay import replay
 >>> r = replay([(0, 0, 2, 1 << 20), (1, 1, 3, 1 << 20), (2, 2, 4, 1 << 20)])
 >>> r["strategy"], r["lower_bound_bytes"]
 ('default', 2097152)
@@ -28,23 +29,18 @@ from vrampool._native import (
     allocator_options,
     conf_pairs,
     live_bytes,
-    read_trace_csv,
     replay_trace,
     row_conf,
 )
 from vrampool._native import STRATEGIES as _STRATEGIES
 from vrampool._native import peak_segments as _peak_segments
-from vrampool.capture import Trace, read
-from vrampool.inputs import read_text
+from vrampool.whatif.traces import Trace, TraceLike, TraceRow, load
 
 if TYPE_CHECKING:
     from vrampool.ahead import Plan
 
-#: One buffer: (id, lower, upper, size, stream).
-TraceRow = Tuple[int, int, int, int, int]
 #: The figures of one replay.
 Report = Dict[str, Any]
-TraceLike = Union[str, Path, Trace, Iterable[Sequence[int]]]
 
 #: The pool's strategies. A name ending in ``+vm`` grows by mapping virtual memory (the
 #: ``expandable`` option); plain names use plain segments, as on a device without it.
@@ -76,42 +72,6 @@ REPORT_KEYS = ("strategy", "peak_reserved_bytes", "peak_allocated_bytes", "lower
 SAMPLES = 1000
 #: The planner's time for its exact search, per trace: replays should take seconds, not minutes.
 PLAN_BUDGET_MS = 500
-
-
-def read_trace(path: Union[str, Path]) -> List[TraceRow]:
-    """The buffers of a trace file (any format :func:`vrampool.capture.read` takes), as
-    ``(id, lower, upper, size, stream)`` rows (a CSV's as written; other formats' times are event
-    indices). Raises ``ValueError`` naming the line of bad input."""
-    if Path(path).suffix == ".csv":
-        return read_trace_csv(read_text(path))
-    return read(path).rows()
-
-
-def load(trace: TraceLike) -> Trace:
-    """A ``Trace`` from a file, a ``Trace`` or rows."""
-    if isinstance(trace, Trace):
-        return trace
-    if isinstance(trace, (str, Path)):
-        return read(trace)
-    return Trace.from_rows(_rows(trace))
-
-
-def _rows(trace: Iterable[Sequence[int]]) -> List[TraceRow]:
-    rows = []
-    for number, row in enumerate(trace):
-        row = tuple(int(v) for v in row)
-        if len(row) == 4:
-            row = row + (0,)
-        elif len(row) != 5:
-            raise ValueError(f"row {number}: expected (id, lower, upper, size[, stream]), got {len(row)} values")
-        if min(row) < 0:
-            raise ValueError(f"row {number}: negative value in {row}")
-        if max(row) >= 1 << 64:
-            raise ValueError(f"row {number}: value above 2**64 - 1 in {row}")
-        if row[2] <= row[1]:
-            raise ValueError(f"row {number}: upper ({row[2]}) must exceed lower ({row[1]})")
-        rows.append(row)
-    return rows
 
 
 def repeated(rows: Sequence[TraceRow], times: int) -> List[TraceRow]:

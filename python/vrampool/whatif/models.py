@@ -5,7 +5,7 @@ Llama-style decoder and a ResNet with bottleneck blocks. ``gpt2_small()``, ``gpt
 scaled-down versions of the same graphs.
 
 >>> import torch
->>> from vrampool.models import gpt, resnet
+>>> from vrampool.whatif.models import gpt, resnet
 >>> gpt(layers=1, d_model=32, heads=2, seq_len=8, vocab=50)(torch.zeros(2, 8, dtype=torch.long)).shape
 torch.Size([2, 8, 50])
 >>> resnet([1, 1], num_classes=10, width=8)(torch.zeros(2, 3, 32, 32)).shape

@@ -4,10 +4,11 @@ and replayed on a simulated device of ``memory`` bytes per rank.
 
 Ranks are symmetric when FSDP2 gives each the same parameter shard shapes: that is decided per
 probe from the model built on the meta device, before any capture (:func:`layout`). One rank of
-each group of alike ranks is captured, and the rank that fits least decides.
+each group of alike ranks is captured, and the rank that fits least decides. The same check
+comes before :func:`capture_ranks`, which captures every rank (``vrampool capture --parallel``).
 
 >>> import torch
->>> from vrampool.cluster import layout
+>>> from vrampool.whatif.cluster import layout
 >>> def stack(batch):
 ...     layers = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(2)])
 ...     return layers, torch.randn(batch, 64)
@@ -22,8 +23,9 @@ import dataclasses
 import math
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from vrampool.fit import ALLOCATORS, MAX_SIZE, DoesNotFit, FitResult, Probe, replay_into, search_largest
-from vrampool.training import ModelFunctionError
+from vrampool.whatif.fit import ALLOCATORS, MAX_SIZE, DoesNotFit, FitResult, Probe, replay_into, search_largest
+from vrampool.whatif.traces import Trace
+from vrampool.whatif.training import ModelFunctionError, Optimizer, adamw
 
 #: The most ranks ``--over ranks`` tries.
 MAX_RANKS = 4096
@@ -92,7 +94,7 @@ def _meta_model(fn: Callable[[], Any], name: str) -> Any:
     """The model of ``fn()``, built on the meta device."""
     import torch
 
-    from vrampool.training import _call, _is_step, _unpack
+    from vrampool.whatif.training import _call, _is_step, _unpack
 
     with torch.device("meta"), _no_own_process_group(name):
         built = _call(fn, name, True)
@@ -110,7 +112,7 @@ def _rows(n: int, world_size: int) -> List[int]:
 
 def _layer_rows(model: Any) -> List[int]:
     """The rows of dim 0 of each parameter of the model's layer stack: what FSDP2 shards."""
-    from vrampool.training import _layer_stack
+    from vrampool.whatif.training import _layer_stack
 
     return [p.shape[0] for layer in _layer_stack(model) for p in layer.parameters() if p.dim() > 0]
 
@@ -131,7 +133,7 @@ def layout(fn: Callable[[int], Any], parallel: str, world_size: int, size: int =
     """How ``world_size`` ranks of ``parallel`` (``"fsdp"`` or ``"ddp"``) training share the
     model of ``fn(size)``, from its parameters' shapes alone. Raises ``CannotShard`` when some
     rank would hold none of a layer's parameter."""
-    from vrampool.training import PARALLEL
+    from vrampool.whatif.training import PARALLEL
 
     if parallel not in PARALLEL:
         raise ValueError(f"parallel must be one of {', '.join(PARALLEL)}, got {parallel!r}")
@@ -157,6 +159,33 @@ def layout(fn: Callable[[int], Any], parallel: str, world_size: int, size: int =
     return Layout(world_size, list(groups.values()), max(held))
 
 
+def capture_ranks(
+    fn: Callable[[], Any],
+    world_size: int,
+    parallel: str,
+    steps: int = 1,
+    *,
+    fake: bool = True,
+    optimizer: Optimizer = adamw,
+    name: Optional[str] = None,
+    progress: Callable[[Iterable[int]], Iterable[int]] = lambda ranks: ranks,
+) -> List[Trace]:
+    """One trace per rank of ``world_size`` (see :func:`vrampool.whatif.training.capture_model`).
+    The model is checked first, by the rule ``vrampool fit --parallel`` follows (:func:`layout`):
+    one that makes its own process group, or FSDP over more ranks than a layer has rows (the last
+    ranks would hold none of it), is refused before any rank is captured (``ModelFunctionError``,
+    :class:`CannotShard`)."""
+    from vrampool.whatif.training import capture_model
+
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    layout(lambda _size: fn(), parallel, world_size, name=name or getattr(fn, "__qualname__", "the model function"))
+    return [
+        capture_model(fn, steps, fake=fake, parallel=parallel, world_size=world_size, rank=r, optimizer=optimizer, name=name)
+        for r in progress(range(world_size))
+    ]
+
+
 def measure_ranks(
     fn: Callable[[int], Any],
     parallel: str,
@@ -172,7 +201,7 @@ def measure_ranks(
     """A probe of ``fn(size)`` on ``world_size`` ranks: one rank of each group of alike ranks
     captured and replayed under ``allocators``; for each allocator the verdict of the rank that
     fits least (one that runs out, else the one that reserves the most)."""
-    from vrampool.training import capture_model
+    from vrampool.whatif.training import capture_model
 
     ranks = layout(fn, parallel, world_size, size, name)
     probe = RankProbe(size, 0, world_size=world_size, captured=ranks.captured)
@@ -209,7 +238,7 @@ def fit_cluster(
     progress: Callable[[Iterable[int]], Iterable[int]] = lambda sizes: sizes,
     note: Callable[[str], None] = lambda text: None,
 ) -> FitResult:
-    """:func:`vrampool.fit.fit_model` on every rank of ``world_size``: the largest size whose
+    """:func:`vrampool.whatif.fit.fit_model` on every rank of ``world_size``: the largest size whose
     steps fit in ``memory`` on every rank, per allocator (probes are :class:`RankProbe`). Raises
     ``CannotShard`` or ``DoesNotFit`` before any search."""
     _check_parameters(layout(fn, parallel, world_size, 1, name), memory)
@@ -270,7 +299,7 @@ def fewest_ranks(
     to ``max_ranks``, those over which every rank holds part of every layer; they are bisected, each
     capture shared by every allocator still searching, a world size that fits taken to mean every
     larger one does (sharding shrinks parameters, gradients and optimizer state; activations stay)."""
-    from vrampool.trace import strategy_names
+    from vrampool.whatif.replay import strategy_names
 
     allocators = strategy_names(list(allocators))
     if memory < 1 or batch < 1 or max_ranks < 1:

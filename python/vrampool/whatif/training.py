@@ -27,7 +27,7 @@ rank with ``fully_shard`` over a ``(world, 1)`` mesh (FSDP2's data-parallel layo
 trace per rank.
 
 >>> import torch
->>> from vrampool.training import capture_model
+>>> from vrampool.whatif.training import capture_model
 >>> def tiny():
 ...     return torch.nn.Linear(256, 256), torch.randn(64, 256)
 >>> trace = capture_model(tiny)   # fake tensors: no memory behind them
@@ -45,7 +45,8 @@ import logging
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple
 
-from vrampool.capture import Recorder, Trace
+from vrampool.whatif.capture import Recorder
+from vrampool.whatif.traces import Trace
 
 #: What ``parallel`` takes.
 PARALLEL = ("ddp", "fsdp")
@@ -426,33 +427,6 @@ def _same_dtypes() -> Any:
             return func(*args, **(kwargs or {}))
 
     return SameDtypes()
-
-
-def capture_ranks(
-    fn: Callable[[], Any],
-    world_size: int,
-    parallel: str,
-    steps: int = 1,
-    *,
-    fake: bool = True,
-    optimizer: Optimizer = adamw,
-    name: Optional[str] = None,
-    progress: Callable[[Iterable[int]], Iterable[int]] = lambda ranks: ranks,
-) -> List[Trace]:
-    """One trace per rank of ``world_size`` (see :func:`capture_model`). The model is checked
-    first, by the rule ``vrampool fit --parallel`` follows (:func:`vrampool.cluster.layout`): one
-    that makes its own process group, or FSDP over more ranks than a layer has rows (the last ranks
-    would hold none of it), is refused before any rank is captured (``ModelFunctionError``,
-    ``vrampool.cluster.CannotShard``)."""
-    from vrampool.cluster import layout
-
-    if world_size < 1:
-        raise ValueError(f"world_size must be at least 1, got {world_size}")
-    layout(lambda _size: fn(), parallel, world_size, name=name or getattr(fn, "__qualname__", "the model function"))
-    return [
-        capture_model(fn, steps, fake=fake, parallel=parallel, world_size=world_size, rank=r, optimizer=optimizer, name=name)
-        for r in progress(range(world_size))
-    ]
 
 
 def memtracker_peak_bytes(fn: Callable[[], Any], optimizer: Optimizer = adamw, name: Optional[str] = None) -> int:

@@ -4,7 +4,7 @@ on a simulated device of that memory, running out of memory (after the allocator
 and retry) being the verdict. All figures are simulated.
 
 >>> import torch
->>> from vrampool.fit import fit_model
+>>> from vrampool.whatif.fit import fit_model
 >>> def mlp(batch):
 ...     return torch.nn.Linear(1024, 1024), torch.randn(batch, 1024)
 >>> result = fit_model(mlp, memory=64 << 20, allocators=["default", "torch"])
@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
-from vrampool.capture import Trace
+from vrampool.whatif.traces import Trace
 
 #: The rows of ``vrampool fit``, in order. ``ahead`` is ``default`` served by a plan made ahead of
 #: each size's own largest step (as ``vrampool plan --trace`` would make it for that size).
@@ -74,7 +74,7 @@ def parameter_bytes(fn: Callable[[int], Any]) -> int:
     """The bytes of the parameters and buffers of ``fn(1)``'s model, built on the meta device."""
     import torch
 
-    from vrampool.training import _call, _is_step, _unpack
+    from vrampool.whatif.training import _call, _is_step, _unpack
 
     with torch.device("meta"):
         built = _call(lambda: fn(1), "the model function", True)
@@ -94,9 +94,9 @@ def fit_model(
     progress: Callable[[Iterable[int]], Iterable[int]] = lambda probes: probes,
 ) -> FitResult:
     """:func:`fit` over ``steps`` fake-tensor training steps of ``fn(size)`` (a model function of
-    :mod:`vrampool.training` that takes the size). Raises ``DoesNotFit`` when the parameters
+    :mod:`vrampool.whatif.training` that takes the size). Raises ``DoesNotFit`` when the parameters
     alone exceed the memory, before any search."""
-    from vrampool.training import capture_model
+    from vrampool.whatif.training import capture_model
 
     params = parameter_bytes(fn)
     if params > memory:
@@ -134,7 +134,7 @@ def replay_into(probe: Probe, trace: Trace, allocators: List[str], memory: int) 
     """Replays ``trace`` on a simulated device of ``memory`` bytes under each allocator and
     records in ``probe`` whether it fit and what it reserved (``ahead``: served by the plan of the
     trace's largest step, its arena taken before the first allocation)."""
-    from vrampool.trace import replay_each
+    from vrampool.whatif.replay import replay_each
 
     for report in replay_each(trace, allocators, samples=0, capacity=memory):
         name = report["strategy"]
@@ -152,7 +152,7 @@ def search_largest(
 ) -> FitResult:
     """The search of :func:`fit` over any ``measure(size, allocators) -> Probe``, which fills in
     the probe's verdict for each allocator it is given (those still searching at that size)."""
-    from vrampool.trace import strategy_names
+    from vrampool.whatif.replay import strategy_names
 
     allocators = strategy_names(list(allocators))
     if memory < 1 or max_size < 1:

@@ -1,7 +1,7 @@
 """Hand-made SVG plots (no plotting library): memory over a replay, a pool's segment map, and
 what each allocator reserves as a training step grows (``vrampool fit``).
 
->>> from vrampool.plot import memory_timeline_svg
+>>> from vrampool.whatif.plot import memory_timeline_svg
 >>> report = {"strategy": "hybrid", "lower_bound_bytes": 3 << 20, "timeline": {
 ...     "event": [1, 2], "allocated_bytes": [2 << 20, 3 << 20], "reserved_bytes": [4 << 20, 4 << 20]}}
 >>> memory_timeline_svg([report]).startswith("<svg")
@@ -165,8 +165,8 @@ def fit_svg(
     width: int = 1000,
     height: int = 440,
 ) -> str:
-    """Peak reserved against the size probed (``vrampool.fit.FitResult``, or the world size of
-    ``vrampool.cluster.RanksResult``), one line per allocator through the sizes that fit and a
+    """Peak reserved against the size probed (``vrampool.whatif.fit.FitResult``, or the world size of
+    ``vrampool.whatif.cluster.RanksResult``), one line per allocator through the sizes that fit and a
     cross where it ran out, with the live bytes (the lower bound) dashed and the device's memory
     as a line. Sizes are on a log scale. The legend gives each allocator's answer: ``answers``,
     or its largest size.

@@ -1,10 +1,5 @@
-"""Allocation traces of real PyTorch workloads, captured on the CPU.
-
-A ``TorchDispatchMode`` sees every op's outputs; each output whose storage is new (not one of
-the op's inputs' storages: views and in-place ops allocate nothing) is an allocation, and a weak
-reference to the storage reports its free when PyTorch drops it. So a training step on the CPU
-gives the same sequence of allocation sizes and lifetimes that it would give on a GPU, without
-one.
+"""Allocation traces: the trace model (:class:`Trace`, a list of :class:`Event`) and the readers
+of trace files. :mod:`vrampool.whatif.capture` records traces of PyTorch code.
 
 The trace format is JSON lines, one event a line, in order (the line's index is its time)::
 
@@ -18,15 +13,17 @@ rows (a buffer never freed lives to the end of the trace).
 Converters build the same ``Trace`` from a PyTorch GPU memory snapshot
 (``torch.cuda.memory._snapshot()``, or its pickle: :func:`from_snapshot`) and from vrampool's own
 event log (:func:`from_event_log`); :func:`read` takes any of JSON lines, the CSV and a snapshot
-pickle. The profiler's memory events convert through the snapshot torch builds from them:
+pickle, and :func:`load` a file, a ``Trace`` or rows. The profiler's memory events convert
+through the snapshot torch builds from them:
 ``from_snapshot(torch.cuda._memory_viz._profile_to_snapshot(prof))`` (a private torch function)
 for a ``torch.profiler.profile(profile_memory=True, record_shapes=True, with_stack=True)``.
 
->>> import torch
->>> from vrampool.capture import capture
->>> trace = capture(lambda: torch.ones(256) * 2)    # ones, then the product; both die
->>> [(e.op, e.size) for e in trace.events]
-[('alloc', 1024), ('alloc', 1024), ('free', 1024), ('free', 1024)]
+>>> from vrampool.whatif.traces import Trace
+>>> trace = Trace.from_rows([(7, 0, 2, 1024), (8, 1, 3, 512)])   # (id, lower, upper, size)
+>>> [(e.op, e.id) for e in trace.events]
+[('alloc', 7), ('alloc', 8), ('free', 7), ('free', 8)]
+>>> trace.peak_allocated_bytes(), trace.rows()
+(1536, [(7, 0, 2, 1024, 0), (8, 1, 3, 512, 0)])
 """
 
 from __future__ import annotations
@@ -35,10 +32,10 @@ import dataclasses
 import io
 import json
 import pickle
-import weakref
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
+from vrampool._native import read_trace_csv
 from vrampool.inputs import quote, read_text
 
 #: One buffer of a trace: (id, lower, upper, size, stream), live on [lower, upper).
@@ -201,9 +198,7 @@ def read(path: Union[str, Path]) -> Trace:
     text = read_text(path)
     first = next((line.strip() for line in text.splitlines() if line.strip()), "")
     if path.suffix == ".csv" or (first and not first.startswith("{")):
-        from vrampool import _native
-
-        return Trace.from_rows(_native.read_trace_csv(text))
+        return Trace.from_rows(read_trace_csv(text))
     return Trace.from_jsonl(text)
 
 
@@ -434,209 +429,42 @@ def from_event_log(events: Iterable[Union[Sequence[Any], Dict[str, Any]]]) -> Tr
     return trace
 
 
-def _storage_tracker_class() -> type:
-    """Built on first use so that importing this module doesn't import torch."""
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # a build without torch.distributed
-        DTensor = None
-    wait_tensor = getattr(getattr(torch.ops, "_c10d_functional", None), "wait_tensor", None)
-    # Tensors made from Python data (`torch.tensor(0.0)`, as optimizers make their step counts)
-    # are host memory until moved; under fake tensors lifting them looks like an allocation.
-    lifted = {torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default}
-    try:
-        from torch.distributed.tensor._sharding_prop import ShardingPropagator
-    except ImportError:
-        ShardingPropagator = None
-
-    class StorageTracker(TorchDispatchMode):
-        """Reports every new storage an op creates to ``on_alloc(id, size)`` and its death to
-        ``on_free(id, size)``. A storage resized in place (``UntypedStorage.resize_``, as FSDP2
-        frees and re-allocates its unsharded parameters) dies and is born again at its new size."""
-
-        def __init__(self, on_alloc: Callable[[int, int], None], on_free: Callable[[int, int], None]) -> None:
-            super().__init__()
-            self._on_alloc, self._on_free = on_alloc, on_free
-            # storage address (_cdata) -> (id, size, weak reference)
-            self._live: Dict[int, Tuple[int, int, Any]] = {}
-            self._next_id = 0
-            self._resize: Any = None
-            self._fake_mode: Any = None
-            self._propagate: Any = None
-            self._closed = False
-            # Inside DTensor's sharding propagation, which runs the op on stand-ins of the global
-            # shapes in the current fake mode to learn the output's shape: nothing is kept.
-            self._propagating = 0
-
-        def __enter__(self) -> Any:
-            original = torch.UntypedStorage.resize_
-
-            def resize_(storage: Any, size: int) -> Any:
-                out = original(storage, size)
-                self._resized(storage)
-                return out
-
-            self._resize = original
-            torch.UntypedStorage.resize_ = resize_
-            self._fake_mode = _active_fake_mode()
-            propagate = getattr(ShardingPropagator, "_propagate_tensor_meta_non_cached", None)
-            if propagate is not None:
-
-                def propagating(*args: Any, **kwargs: Any) -> Any:
-                    self._propagating += 1
-                    try:
-                        return propagate(*args, **kwargs)
-                    finally:
-                        self._propagating -= 1
-
-                self._propagate = propagate
-                ShardingPropagator._propagate_tensor_meta_non_cached = propagating
-            return super().__enter__()
-
-        def __exit__(self, *exc: Any) -> Any:
-            # Storages that die later (the model, as the caller lets go of it) die after the
-            # trace: they live to its end.
-            self._closed = True
-            torch.UntypedStorage.resize_ = self._resize
-            if self._propagate is not None:
-                ShardingPropagator._propagate_tensor_meta_non_cached = self._propagate
-            return super().__exit__(*exc)
-
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            # DTensor turns its ops into ops on local tensors, which come back here (as torch's
-            # MemTracker lets them).
-            if DTensor is not None and any(t is DTensor for t in types):
-                return NotImplemented
-            # Under fake tensors a collective's wait returns a new tensor, which eager mode does
-            # not (torch's MemTracker does the same).
-            if func is getattr(wait_tensor, "default", None) and _active_fake_mode() is not None:
-                return args[0]
-            out = func(*args, **(kwargs or {}))
-            # DTensor's sharding propagation runs ops under a fake mode (its own, or the one in
-            # force): they compute shapes, not tensors anyone keeps.
-            if self._propagating or func in lifted or _active_fake_mode() is not self._fake_mode:
-                return out
-            inputs = {t.untyped_storage()._cdata for t in _tensors((args, kwargs), torch.Tensor)}
-            for t in _tensors(out, torch.Tensor):
-                if t.device.type != "meta":
-                    storage = t.untyped_storage()
-                    key = storage._cdata
-                    if key not in inputs and key not in self._live and storage.nbytes() > 0:
-                        self._track(storage, key)
-            return out
-
-        def _resized(self, storage: Any) -> None:
-            key = storage._cdata
-            entry = self._live.pop(key, None)
-            if entry is not None:
-                self._on_free(entry[0], entry[1])
-            if storage.nbytes() > 0:
-                self._track(storage, key)
-
-        def _track(self, storage: Any, key: int) -> None:
-            self._next_id += 1
-            ident, size = self._next_id, storage.nbytes()
-
-            def died(ref: Any) -> None:
-                entry = self._live.get(key)
-                if entry is not None and entry[2] is ref and not self._closed:
-                    del self._live[key]
-                    self._on_free(ident, size)
-
-            self._live[key] = (ident, size, weakref.ref(storage, died))
-            self._on_alloc(ident, size)
-
-    return StorageTracker
+#: What the readers take: a trace file (any format :func:`read` reads), a ``Trace``, or
+#: ``(id, lower, upper, size[, stream])`` rows.
+TraceLike = Union[str, Path, Trace, Iterable[Sequence[int]]]
 
 
-def _active_fake_mode() -> Any:
-    from torch._guards import active_fake_mode
-
-    return active_fake_mode()
-
-
-def _tensors(value: Any, tensor_type: type) -> List[Any]:
-    """The tensors in an op's arguments or results (nested tuples, lists and dicts). Written
-    out rather than pytree's flatten, which costs as much as the small ops it would watch."""
-    if isinstance(value, tensor_type):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors(v, tensor_type)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v, tensor_type)]
-    return []
+def load(trace: TraceLike) -> Trace:
+    """A ``Trace`` from a file, a ``Trace`` or rows."""
+    if isinstance(trace, Trace):
+        return trace
+    if isinstance(trace, (str, Path)):
+        return read(trace)
+    return Trace.from_rows(_rows(trace))
 
 
-def storage_tracker(on_alloc: Callable[[int, int], None], on_free: Callable[[int, int], None]) -> Any:
-    """A ``TorchDispatchMode`` (use it in a ``with``) that calls ``on_alloc(id, size)`` for each
-    storage created inside it and ``on_free(id, size)`` when that storage dies."""
-    return _storage_tracker_class()(on_alloc, on_free)
+def _rows(trace: Iterable[Sequence[int]]) -> List[TraceRow]:
+    rows = []
+    for number, row in enumerate(trace):
+        row = tuple(int(v) for v in row)
+        if len(row) == 4:
+            row = row + (0,)
+        elif len(row) != 5:
+            raise ValueError(f"row {number}: expected (id, lower, upper, size[, stream]), got {len(row)} values")
+        if min(row) < 0:
+            raise ValueError(f"row {number}: negative value in {row}")
+        if max(row) >= 1 << 64:
+            raise ValueError(f"row {number}: value above 2**64 - 1 in {row}")
+        if row[2] <= row[1]:
+            raise ValueError(f"row {number}: upper ({row[2]}) must exceed lower ({row[1]})")
+        rows.append(row)
+    return rows
 
 
-class Recorder:
-    """Collects a ``Trace`` from a ``storage_tracker``; ``step()`` marks iteration boundaries."""
-
-    def __init__(self) -> None:
-        self.trace = Trace()
-
-    def on_alloc(self, ident: int, size: int) -> None:
-        self.trace.events.append(Event("alloc", ident, size))
-
-    def on_free(self, ident: int, size: int) -> None:
-        self.trace.events.append(Event("free", ident, size))
-
-    def step(self) -> None:
-        self.trace.events.append(Event("step"))
-
-    def tracker(self) -> Any:
-        return storage_tracker(self.on_alloc, self.on_free)
-
-
-def capture(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Trace:
-    """Runs ``fn(*args, **kwargs)`` and returns the allocations it made (its result is dropped
-    before the capture ends, so what it returned is freed in the trace too)."""
-    recorder = Recorder()
-    with recorder.tracker():
-        fn(*args, **kwargs)
-    return recorder.trace
-
-
-def training_steps(
-    model: Any,
-    batches: Iterable[Tuple[Any, Any]],
-    loss_fn: Callable[[Any, Any], Any],
-    optimizer: Any,
-) -> Iterator[None]:
-    """Runs one training step (forward, loss, backward, optimizer step, zero_grad) per
-    ``(input, target)`` batch, yielding after each: the loop that ``capture_training`` and the
-    planned arena's tests drive under a ``storage_tracker``."""
-    for inputs, target in batches:
-        loss = loss_fn(model(inputs), target)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        del loss
-        yield
-
-
-def capture_training(
-    model: Any,
-    batches: Iterable[Tuple[Any, Any]],
-    loss_fn: Optional[Callable[[Any, Any], Any]] = None,
-    optimizer: Any = None,
-) -> Trace:
-    """The trace of training ``model`` on the CPU over ``batches`` (pairs of input and target),
-    with a ``step`` event after each iteration. ``loss_fn`` defaults to cross-entropy and
-    ``optimizer`` to Adam (whose state is allocated in the first step, as on a GPU)."""
-    import torch
-
-    loss_fn = loss_fn or torch.nn.functional.cross_entropy
-    optimizer = optimizer or torch.optim.Adam(model.parameters(), lr=1e-3)
-    recorder = Recorder()
-    with recorder.tracker():
-        for _ in training_steps(model, batches, loss_fn, optimizer):
-            recorder.step()
-    return recorder.trace
+def read_trace(path: Union[str, Path]) -> List[TraceRow]:
+    """The buffers of a trace file (any format :func:`read` takes), as ``(id, lower, upper, size,
+    stream)`` rows (a CSV's as written; other formats' times are event indices). Raises
+    ``ValueError`` naming the line of bad input."""
+    if Path(path).suffix == ".csv":
+        return read_trace_csv(read_text(path))
+    return read(path).rows()

@@ -6,10 +6,10 @@ recorded allocation traces.
 on a ``torch.export.ExportedProgram``, so no real memory or GPU is needed. Views and aliases
 share their base's storage and extend its life; in-place ops allocate nothing; inputs
 (parameters, buffers, user inputs) and outputs are reported apart. ``from_trace`` takes a trace
-that ``vrampool.capture`` recorded (or its rows).
+that :mod:`vrampool.whatif.capture` recorded (or its rows).
 
 >>> import torch
->>> from vrampool.liveness import from_graph, trace_training_step
+>>> from vrampool.whatif.liveness import from_graph, trace_training_step
 >>> model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
 >>> live = from_graph(trace_training_step(model, (torch.randn(2, 8),)))
 >>> live.plan().arena_bytes >= live.lower_bound_bytes()
@@ -168,7 +168,7 @@ def from_graph(graph: Any, *, inputs: str = "exclude", outputs: str = "pin") -> 
 
 def from_trace(trace: Union[str, Path, Any]) -> Liveness:
     """Lifetimes from a recorded allocation trace, so a captured run plans like a graph: a
-    ``vrampool.capture.Trace``, its rows ``(id, lower, upper, size[, stream])``, or a trace file
+    ``vrampool.whatif.traces.Trace``, its rows ``(id, lower, upper, size[, stream])``, or a trace file
     (JSON lines, or the ``id,lower,upper,size[,stream]`` CSV, MiniMalloc's format, times kept).
 
     Every buffer is an ``intermediate`` interval named after its trace id; interval ids are the
@@ -178,7 +178,7 @@ def from_trace(trace: Union[str, Path, Any]) -> Liveness:
     ``Trace.steps()`` cuts it into iterations.
     """
     if isinstance(trace, (str, Path)):
-        from vrampool.trace import read_trace
+        from vrampool.whatif.traces import read_trace
 
         trace = read_trace(trace)
     rows = trace.rows() if hasattr(trace, "rows") else list(trace)

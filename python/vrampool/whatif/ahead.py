@@ -1,0 +1,147 @@
+"""The what-if's half of :mod:`vrampool.ahead`: the steps of a captured trace, and the capture of a
+training step under fake tensors. :func:`vrampool.ahead.from_trace` and
+:func:`vrampool.ahead.capture` plan what these give (this module does not import
+:mod:`vrampool.ahead`, which imports it when those are called).
+
+>>> from vrampool.whatif.ahead import step_rows
+>>> rows = [(1, 0, 4, 4096), (2, 1, 2, 512)]     # (id, lower, upper, size): one step
+>>> step_rows(rows)                               # (stream, size, lower, upper) rows, and the step
+([(0, 4096, 0, 3), (0, 512, 1, 2)], 0)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from vrampool.inputs import quote
+from vrampool.whatif.capture import Recorder
+from vrampool.whatif.traces import Trace, TraceLike, load
+from vrampool.whatif.training import ModelFunctionError, _failure, _quiet_fake_tensor_log, capture_model
+
+#: One buffer of a step, as :data:`vrampool.ahead.StepRow`: (stream, size, lower, upper).
+Row = Tuple[int, int, int, int]
+
+
+def step_rows(trace: TraceLike, step: Optional[int] = None) -> Tuple[List[Row], int]:
+    """The rows of one step of ``trace`` (a file :func:`vrampool.whatif.traces.read` reads, a
+    ``Trace``, or ``(id, lower, upper, size[, stream])`` rows), in allocation order, times being
+    event indices within the step, and the step's index: the steps lie between its ``step``
+    events (a trace without one is one step); those that allocate are counted from 0.
+
+    ``step`` None takes the largest step by peak live bytes among those that leave the fewest
+    buffers live at their end (see :func:`vrampool.ahead.from_trace`). A buffer the step does not
+    free is live for the whole step."""
+    steps = _steps(load(trace))
+    if not steps:
+        raise ValueError("the trace holds no allocations")
+    if step is None:
+        fewest = min(left for _, left in steps)
+        step = max((i for i, (_, left) in enumerate(steps) if left == fewest), key=lambda i: (_peak(steps[i][0]), -i))
+    elif isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < len(steps):
+        raise ValueError(f"step {quote(step)} is not a step of the trace: it has {len(steps)} steps with allocations (0 to {len(steps) - 1})")
+    return steps[step][0], step
+
+
+def _steps(trace: Trace) -> List[Tuple[List[Row], int]]:
+    """Each step's rows in allocation order, times being event indices within the step, and how
+    many of its buffers it leaves live. Such a buffer is live for the whole step: its bytes stay
+    taken into the next step, so none of this step's buffers may share them either."""
+    steps: List[Tuple[List[Row], int]] = []
+    rows: List[List[int]] = []
+    born: Dict[int, int] = {}
+    time = 0
+
+    def close() -> None:
+        for index in born.values():
+            rows[index][2:4] = [0, time]
+        if rows:
+            steps.append(([(r[0], r[1], r[2], r[3]) for r in rows], len(born)))
+
+    for e in trace.events:
+        if e.op == "step":
+            close()
+            rows, born, time = [], {}, 0
+            continue
+        if e.op == "alloc":
+            born[e.id] = len(rows)
+            rows.append([e.stream, e.size, time, time + 1])
+        elif e.id in born:  # a free of this step's buffer (others were born before it)
+            rows[born.pop(e.id)][3] = time
+        time += 1
+    close()
+    return steps
+
+
+def _peak(rows: Sequence[Row]) -> int:
+    """The most bytes of ``rows`` live at once (frees before allocations at the same time)."""
+    events = sorted([(lo, size) for _, size, lo, _ in rows] + [(up, -size) for _, size, _, up in rows])
+    live = peak = 0
+    for _, delta in events:
+        live += delta
+        peak = max(peak, live)
+    return peak
+
+
+def capture_steps(fn: Callable[..., Any], example_inputs: Sequence[Any], steps: int, name: str) -> Trace:
+    """The trace of ``steps`` training steps under fake tensors, a ``step`` event after each
+    (see :func:`vrampool.ahead.capture`): with ``example_inputs``, ``fn(*inputs)`` on fresh fake
+    copies of them per step, the model and optimizer ``fn`` closes over left as they were;
+    without, ``fn`` is a model function (:func:`vrampool.whatif.training.capture_model`)."""
+    if example_inputs:
+        return _capture_step(fn, example_inputs, steps, name)
+    return capture_model(fn, steps, name=name)
+
+
+def _capture_step(fn: Callable[..., Any], inputs: Sequence[Any], steps: int, name: str) -> Trace:
+    """The trace of ``steps`` calls of ``fn`` on fresh fake copies of ``inputs``, a step each."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def fresh(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        device = "cpu" if value.device.type == "meta" else value.device
+        return torch.empty(value.shape, dtype=value.dtype, device=device)
+
+    recorder = Recorder()
+    with _optimizers_kept(), _quiet_fake_tensor_log(), FakeTensorMode(allow_non_fake_inputs=True), recorder.tracker():
+        for _ in range(steps):
+            batch = [fresh(v) for v in inputs]
+            try:
+                fn(*batch)
+            except (ModelFunctionError, KeyboardInterrupt):
+                raise
+            except BaseException as e:  # the user's code: one line, whatever it raised
+                raise ModelFunctionError(_failure(name, e, True)) from None
+            del batch
+            recorder.step()
+    return recorder.trace
+
+
+@contextlib.contextmanager
+def _optimizers_kept() -> Iterator[None]:
+    """Every optimizer that steps inside gets back the state it had before (the capture's is
+    fake tensors), and its parameters lose the fake gradients the capture left them, so that the
+    model and optimizer ``fn`` closes over train for real afterwards."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    kept: Dict[int, Tuple[Any, Dict[Any, Dict[str, Any]]]] = {}
+
+    def remember(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if id(optimizer) not in kept:
+            kept[id(optimizer)] = (optimizer, {p: dict(state) for p, state in optimizer.state.items()})
+
+    handle = register_optimizer_step_pre_hook(remember)
+    try:
+        yield
+    finally:
+        handle.remove()
+        for optimizer, state in kept.values():
+            optimizer.state.clear()
+            optimizer.state.update(state)
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if isinstance(p.grad, FakeTensor):
+                        p.grad = None
