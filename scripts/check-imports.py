@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Fails if any module of the house uses another in a circle: the modules of each crate under
-`crates/` (a file of `src/`, or a folder of them), and the modules of the Python package.
+`crates/` (a file of `src/`, or a folder of them), and the modules of the Python package; or if the
+library (`vrampool.*`) uses the what-if application built on it (`vrampool.whatif`), an arrow back up.
 
 A Rust module uses another when it writes a path `crate::name` (`$crate::name`, `crate::{name, ...}`);
 a path to an item the crate root re-exports (`pub use module::Item`) is a use of that module, one to
@@ -10,7 +11,7 @@ module. A Python module uses another when it imports it (or a name from it) anyw
 or under `TYPE_CHECKING` too; `from package import module` is a use of that module, and a name
 imported from a package a use of the package's `__init__`.
 
-    python3 scripts/check-imports.py            # prints each circle, exits 1 if there is one
+    python3 scripts/check-imports.py            # prints each circle and arrow up, exits 1 if there is one
     python3 scripts/check-imports.py --graph    # prints every module's uses
 """
 
@@ -23,6 +24,9 @@ from pathlib import Path
 from typing import Dict, List, Set
 
 Graph = Dict[str, Set[str]]
+
+#: The Python package's layers, lowest first: a module may use its own layer's and those below.
+LAYERS = ("vrampool", "vrampool.whatif")
 
 ROOT = Path(__file__).resolve().parent.parent
 PATH = re.compile(r"(?<![\w:])\$?crate::(\{[^}]*\}|\w+)")
@@ -77,6 +81,16 @@ def python_graph(package: Path) -> Graph:
     return graph
 
 
+def layer(module: str) -> int:
+    """The index in `LAYERS` of the longest prefix naming `module`'s layer."""
+    return max(i for i, prefix in enumerate(LAYERS) if module == prefix or module.startswith(prefix + "."))
+
+
+def arrows_up(graph: Graph) -> List[str]:
+    """Each use of a module of a higher layer, as `module -> used`."""
+    return [f"{m} -> {u}" for m in sorted(graph) for u in sorted(graph[m]) if layer(u) > layer(m)]
+
+
 def circles(graph: Graph) -> List[List[str]]:
     """The strongly connected components of more than one module (Tarjan's algorithm)."""
     index: Dict[str, int] = {}
@@ -113,6 +127,9 @@ def main() -> int:
     graphs = {f"crates/{src.parent.name}": rust_graph(src) for src in sorted(ROOT.glob("crates/*/src"))}
     graphs["python/vrampool"] = python_graph(ROOT / "python" / "vrampool")
     failed = False
+    for arrow in arrows_up(graphs["python/vrampool"]):
+        failed = True
+        print(f"python/vrampool: the library uses the what-if ({arrow})")
     for where, graph in graphs.items():
         if "--graph" in sys.argv:
             for module in sorted(graph):

@@ -20,7 +20,8 @@ import pytest
 
 import vrampool.ahead
 from vrampool import DevicePool, _native
-from vrampool.ahead import Plan, as_plan, capture, from_trace, plan_step
+from vrampool.ahead import Plan, as_plan, plan_step
+from vrampool.whatif.ahead import capture, from_trace
 from vrampool.whatif.traces import Event, Trace
 
 MIB = 1 << 20
@@ -534,9 +535,9 @@ def test_torch_install_waits_for_the_steady_arenas_buffers_before_setting_the_pl
     assert (waited, planned, fallbacks, apart) == (8, 2, 0, 1 << 20), out
 
 
-def test_torch_plan_step_and_set_plan_on_the_simulated_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`vrampool.torch.plan_step` plans at the pools' alignment; `set_plan` sets a plan on the C
-    ABI's pool at once, refuses one aligned below the pools' blocks and a bad file."""
+def test_a_captured_plan_set_on_the_c_abis_pool_on_the_simulated_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan captured at the C ABI's alignment; `set_plan` sets it on the C ABI's pool at once,
+    refuses one aligned below the pools' blocks and a bad file."""
     torch = pytest.importorskip("torch")
     import vrampool.torch as vt
 
@@ -545,7 +546,8 @@ def test_torch_plan_step_and_set_plan_on_the_simulated_device(monkeypatch: pytes
     try:
         vt.configure(device="sim", sim_capacity="256MB", alignment=1024)
         layer = torch.nn.Linear(16, 16)
-        plan = vt.plan_step(lambda x: layer(x).sum().backward(), torch.empty(8, 16, device="meta"), steps=1)
+        alignment = int(vt.configuration()["alignment"])
+        plan = capture(lambda x: layer(x).sum().backward(), torch.empty(8, 16, device="meta"), steps=1, alignment=alignment)
         assert plan.alignment == 1024 and all(o % 1024 == 0 for o in plan.offsets)
         vt.set_plan(plan)
         assert vt.planned_stats(0)["arena_bytes"] >= plan.arena_bytes

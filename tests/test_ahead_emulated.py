@@ -18,7 +18,8 @@ import pytest
 
 from _emulated import DRIVER, MIB, STEP_COSTS, Copies, assert_no_races, no_races, streams_fixture  # noqa: F401 (fixtures)
 from vrampool import DeviceBuffer, DevicePool
-from vrampool.ahead import Plan, capture, plan_step
+from vrampool.ahead import Plan, plan_step
+from vrampool.whatif.ahead import capture
 
 #: A kernel's delay: long enough that it has not run when its buffer is freed a moment later.
 SLOW_US = 5_000

@@ -163,12 +163,12 @@ def test_capture_refuses_an_output_it_cannot_write_before_capturing(tmp_path: Pa
 
 def test_plan_refuses_a_save_it_cannot_write_before_planning(trace_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     # Issue 57: the plan was made, then saving it failed, in a line that named the trace.
-    import vrampool.ahead
+    import vrampool.whatif.ahead
 
     def no_plan(*_: object, **__: object) -> None:
         raise AssertionError("planned before the output path was checked")
 
-    monkeypatch.setattr(vrampool.ahead, "from_trace", no_plan)
+    monkeypatch.setattr(vrampool.whatif.ahead, "from_trace", no_plan)
     for save, message in [(tmp_path / "missing" / "p.json", "no folder"), (tmp_path, "it is a folder")]:
         assert main(["plan", "--trace", str(trace_file), "--save", str(save)]) == 1
         err = capsys.readouterr().err

@@ -46,6 +46,12 @@ def test_a_circle_of_python_modules_is_found_in_functions_and_relative_imports(t
     assert check().circles(graph) == [["pkg.a", "pkg.sub.b"]]
 
 
-def test_the_house_has_no_circle() -> None:
+def test_a_library_module_using_the_what_if_is_an_arrow_up() -> None:
+    graph = {"vrampool.pool": {"vrampool.whatif.replay"}, "vrampool.whatif.replay": {"vrampool.pool"}, "vrampool": set()}
+    assert check().arrows_up(graph) == ["vrampool.pool -> vrampool.whatif.replay"]
+    assert check().arrows_up({"vrampool.whatif.cli": {"vrampool.pool", "vrampool"}}) == []
+
+
+def test_the_house_has_no_circle_and_no_arrow_up() -> None:
     done = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stdout

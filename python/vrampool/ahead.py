@@ -10,10 +10,9 @@ plan's part in that step and the rest of the step goes to the pool (counted in
 set. A step ends once everything it allocated is freed (or, under
 :func:`vrampool.torch.install`, at each optimizer step).
 
-A :class:`Plan` comes from rows (:func:`plan_step`), from a captured trace (:func:`from_trace`),
-or from a training step run under fake tensors (:func:`capture`: no GPU, no memory); those two
-read the trace and run the capture through the what-if (:mod:`vrampool.whatif.ahead`), imported
-when they are called. It is saved and loaded as a checked file (:meth:`Plan.save`,
+A :class:`Plan` comes from rows (:func:`plan_step`); the what-if makes one from a captured trace
+(:func:`vrampool.whatif.ahead.from_trace`) or from a training step run under fake tensors
+(:func:`vrampool.whatif.ahead.capture`: no GPU, no memory). It is saved and loaded as a checked file (:meth:`Plan.save`,
 :meth:`Plan.load`), and set with ``DevicePool(plan=...)``, :meth:`vrampool.DevicePool.set_plan`
 or ``vrampool.torch.install(plan=...)``.
 
@@ -68,13 +67,13 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Optional, Sequence, Tuple, Union
 
 from vrampool._native import ALIGNMENT, check_ahead, plan_ahead
 from vrampool.inputs import quote, read_text
 from vrampool.streams import as_int
 
-__all__ = ["ALIGNMENT", "BUDGET_MS", "FORMAT", "VERSION", "Plan", "StepRow", "as_plan", "capture", "from_trace", "plan_step"]
+__all__ = ["ALIGNMENT", "BUDGET_MS", "FORMAT", "VERSION", "Plan", "StepRow", "as_plan", "plan_step"]
 
 #: One buffer of a step: (stream, size, lower, upper), live on ``[lower, upper)``.
 StepRow = Tuple[int, int, int, int]
@@ -245,59 +244,3 @@ def plan_step(
     budget = _natural(budget_ms, "budget_ms")
     offsets = plan_ahead(list(checked), _alignment(alignment), budget)
     return Plan(checked, tuple(offsets), alignment, source, step)
-
-
-def from_trace(
-    trace: Any,
-    step: Optional[int] = None,
-    alignment: int = ALIGNMENT,
-    budget_ms: int = BUDGET_MS,
-    *,
-    source: Optional[str] = None,
-) -> Plan:
-    """Plans one step of a captured trace (a file :func:`vrampool.whatif.traces.read` reads, a
-    ``Trace``, or ``(id, lower, upper, size[, stream])`` rows): the steps lie between its
-    ``step`` events (a trace without one is one step); those that allocate are counted from 0.
-
-    ``step`` None takes the largest step by peak live bytes among those that leave the fewest
-    buffers live at their end (none, where a step frees everything it allocates): a capture's
-    first step also makes what lives across steps (the parameters, the optimizer's state), and a
-    plan holding those would find their bytes taken in every later step. A buffer the step does
-    not free is planned as live for the whole step (:func:`vrampool.whatif.ahead.step_rows`)."""
-    from vrampool.whatif.ahead import step_rows
-
-    rows, step = step_rows(trace, step)
-    name = source if source is not None else str(trace) if isinstance(trace, (str, Path)) else "trace"
-    return plan_step(rows, alignment, budget_ms, source=name, step=step)
-
-
-def capture(
-    fn: Callable[..., Any],
-    *example_inputs: Any,
-    steps: int = 2,
-    alignment: int = ALIGNMENT,
-    budget_ms: int = BUDGET_MS,
-) -> Plan:
-    """Plans a training step at the shape of ``example_inputs``, captured under fake tensors (no
-    GPU and no memory: only shapes and lifetimes), ``steps`` times over; the plan is of the step
-    :func:`from_trace` picks (the first step also makes what lives across steps, such as the
-    optimizer's state, hence two by default).
-
-    With ``example_inputs``, ``fn(*inputs)`` runs one step; each step takes fresh copies of the
-    example tensors (as a loop copies its batch to the device), of their shapes and dtypes (meta
-    tensors will do), and drops them at its end. The model and optimizer ``fn`` closes over are
-    left as they were: ops on their tensors run on fake copies, an optimizer that steps gets its
-    state back afterwards, and the fake gradients the capture leaves on its parameters are dropped.
-    Without ``example_inputs``, ``fn`` is a model function as ``vrampool capture --model`` takes
-    (:mod:`vrampool.whatif.training`: it returns ``(model, batch)``, ``(model, batch, loss_fn)``
-    or a training step). The capture is the what-if's (:func:`vrampool.whatif.ahead.capture_steps`).
-    Raises ``ValueError`` (one line) when ``fn`` fails under fake tensors."""
-    from vrampool.whatif.ahead import capture_steps
-
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive int, got {quote(steps)}")
-    if not callable(fn):
-        raise TypeError(f"fn must be callable, not {type(fn).__name__}")
-    name = getattr(fn, "__qualname__", type(fn).__name__)
-    trace = capture_steps(fn, example_inputs, steps, name)
-    return from_trace(trace, None, alignment, budget_ms, source=f"capture of {name}")

@@ -67,7 +67,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Mapping, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterator, Mapping, Optional, Tuple, Union
 
 from vrampool._native import (
     ABI_SYMBOLS,
@@ -111,7 +111,6 @@ __all__ = [
     "memory_snapshot",
     "memory_stats",
     "memory_summary",
-    "plan_step",
     "planned",
     "planned_stats",
     "pool",
@@ -208,7 +207,7 @@ def install(*, plan: Optional[Union["Plan", str, Path]] = None, **conf: Any) -> 
     """Makes vrampool PyTorch's CUDA allocator for the rest of the process; returns the
     ``CUDAPluggableAllocator``. Keyword arguments configure it (see the module's doc).
 
-    ``plan`` (a :class:`vrampool.ahead.Plan`, such as :func:`plan_step` makes, or the path of a
+    ``plan`` (a :class:`vrampool.ahead.Plan`, such as :func:`vrampool.whatif.ahead.capture` makes, or the path of a
     saved one) serves every training step by a plan made ahead at the largest shape. It is checked
     now and set on the current device at the end of the next optimizer step, once the model's
     weights and the optimizer's state exist: those live across steps, and in the plan's bytes they
@@ -396,22 +395,6 @@ def set_plan(plan: Optional[Union["Plan", str, Path]], device: Device = None) ->
         return
     checked = _checked_plan(plan)
     abi_set_ahead(index, list(checked.rows), list(checked.offsets), checked.alignment)
-
-
-def plan_step(fn: Callable[..., Any], *example_inputs: Any, steps: int = 2, budget_ms: Optional[int] = None) -> "Plan":
-    """Plans a training step at the shape of ``example_inputs`` (the largest your loop will
-    see), captured under fake tensors: no GPU, no memory. ``fn(*example_inputs)`` runs one step,
-    or, without inputs, ``fn`` is a model function returning ``(model, batch)``; see
-    :func:`vrampool.ahead.capture`. The offsets are aligned as the pools' blocks are. Give the
-    plan to :func:`install`, or save it (``plan.save(path)``)::
-
-        plan = vrampool.torch.plan_step(train_step, torch.empty(8, 1024, dtype=torch.long, device="meta"))
-        vrampool.torch.install(plan=plan)
-    """
-    from vrampool.ahead import BUDGET_MS, capture
-
-    alignment = int(_configuration()["alignment"])
-    return capture(fn, *example_inputs, steps=steps, alignment=alignment, budget_ms=BUDGET_MS if budget_ms is None else budget_ms)
 
 
 # ---- statistics, mirrored under PyTorch's names ----

@@ -15,13 +15,11 @@ command (:mod:`vrampool.whatif.cli`) is its front end.
 - :mod:`~vrampool.whatif.replay`: the replay of a trace through each allocator.
 - :mod:`~vrampool.whatif.fit` and :mod:`~vrampool.whatif.cluster`: what fits on one device and
   on every rank of a cluster (and one trace per rank).
-- :mod:`~vrampool.whatif.ahead`: the traces that :func:`vrampool.ahead.from_trace` and
-  :func:`vrampool.ahead.capture` plan.
+- :mod:`~vrampool.whatif.ahead`: plans made ahead (:mod:`vrampool.ahead`) from a captured trace or
+  from a training step run under fake tensors.
 - :mod:`~vrampool.whatif.liveness`: tensor lifetimes from PyTorch graphs or traces.
 - :mod:`~vrampool.whatif.plot`: the SVG plots.
 
-The library never imports this package at import time: only :mod:`vrampool.ahead`'s
-``from_trace`` and ``capture``, whose job is to read a trace or run the capture, import it when
-called. Modules here import the library's by their own paths (``from vrampool.pool import
+The library never imports this package. Modules here import the library's by their own paths (``from vrampool.pool import
 DevicePool``), never through ``vrampool``'s ``__init__``.
 """

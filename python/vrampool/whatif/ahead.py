@@ -1,7 +1,7 @@
-"""The what-if's half of :mod:`vrampool.ahead`: the steps of a captured trace, and the capture of a
-training step under fake tensors. :func:`vrampool.ahead.from_trace` and
-:func:`vrampool.ahead.capture` plan what these give (this module does not import
-:mod:`vrampool.ahead`, which imports it when those are called).
+"""Plans made ahead (:mod:`vrampool.ahead`) from what the what-if reads and captures: one step of a
+captured trace (:func:`from_trace`), or a training step run under fake tensors (:func:`capture`:
+no GPU, no memory). Give the plan to ``vrampool.torch.install(plan=...)``, ``DevicePool(plan=...)``,
+or save it (``plan.save(path)``).
 
 >>> from vrampool.whatif.ahead import step_rows
 >>> rows = [(1, 0, 4, 4096), (2, 1, 2, 512)]     # (id, lower, upper, size): one step
@@ -12,8 +12,10 @@ training step under fake tensors. :func:`vrampool.ahead.from_trace` and
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from vrampool.ahead import ALIGNMENT, BUDGET_MS, Plan, plan_step
 from vrampool.inputs import quote
 from vrampool.whatif.capture import Recorder
 from vrampool.whatif.traces import Trace, TraceLike, load
@@ -30,7 +32,7 @@ def step_rows(trace: TraceLike, step: Optional[int] = None) -> Tuple[List[Row], 
     events (a trace without one is one step); those that allocate are counted from 0.
 
     ``step`` None takes the largest step by peak live bytes among those that leave the fewest
-    buffers live at their end (see :func:`vrampool.ahead.from_trace`). A buffer the step does not
+    buffers live at their end (see :func:`from_trace`). A buffer the step does not
     free is live for the whole step."""
     steps = _steps(load(trace))
     if not steps:
@@ -85,7 +87,7 @@ def _peak(rows: Sequence[Row]) -> int:
 
 def capture_steps(fn: Callable[..., Any], example_inputs: Sequence[Any], steps: int, name: str) -> Trace:
     """The trace of ``steps`` training steps under fake tensors, a ``step`` event after each
-    (see :func:`vrampool.ahead.capture`): with ``example_inputs``, ``fn(*inputs)`` on fresh fake
+    (see :func:`capture`): with ``example_inputs``, ``fn(*inputs)`` on fresh fake
     copies of them per step, the model and optimizer ``fn`` closes over left as they were;
     without, ``fn`` is a model function (:func:`vrampool.whatif.training.capture_model`)."""
     if example_inputs:
@@ -145,3 +147,56 @@ def _optimizers_kept() -> Iterator[None]:
                 for p in group["params"]:
                     if isinstance(p.grad, FakeTensor):
                         p.grad = None
+
+
+def from_trace(
+    trace: Any,
+    step: Optional[int] = None,
+    alignment: int = ALIGNMENT,
+    budget_ms: int = BUDGET_MS,
+    *,
+    source: Optional[str] = None,
+) -> Plan:
+    """Plans one step of a captured trace (a file :func:`vrampool.whatif.traces.read` reads, a
+    ``Trace``, or ``(id, lower, upper, size[, stream])`` rows): the steps lie between its
+    ``step`` events (a trace without one is one step); those that allocate are counted from 0.
+
+    ``step`` None takes the largest step by peak live bytes among those that leave the fewest
+    buffers live at their end (none, where a step frees everything it allocates): a capture's
+    first step also makes what lives across steps (the parameters, the optimizer's state), and a
+    plan holding those would find their bytes taken in every later step. A buffer the step does
+    not free is planned as live for the whole step (:func:`step_rows`)."""
+    rows, step = step_rows(trace, step)
+    name = source if source is not None else str(trace) if isinstance(trace, (str, Path)) else "trace"
+    return plan_step(rows, alignment, budget_ms, source=name, step=step)
+
+
+def capture(
+    fn: Callable[..., Any],
+    *example_inputs: Any,
+    steps: int = 2,
+    alignment: int = ALIGNMENT,
+    budget_ms: int = BUDGET_MS,
+) -> Plan:
+    """Plans a training step at the shape of ``example_inputs``, captured under fake tensors (no
+    GPU and no memory: only shapes and lifetimes), ``steps`` times over; the plan is of the step
+    :func:`from_trace` picks (the first step also makes what lives across steps, such as the
+    optimizer's state, hence two by default).
+
+    With ``example_inputs``, ``fn(*inputs)`` runs one step; each step takes fresh copies of the
+    example tensors (as a loop copies its batch to the device), of their shapes and dtypes (meta
+    tensors will do), and drops them at its end. The model and optimizer ``fn`` closes over are
+    left as they were: ops on their tensors run on fake copies, an optimizer that steps gets its
+    state back afterwards, and the fake gradients the capture leaves on its parameters are dropped.
+    Without ``example_inputs``, ``fn`` is a model function as ``vrampool capture --model`` takes
+    (:mod:`vrampool.whatif.training`: it returns ``(model, batch)``, ``(model, batch, loss_fn)``
+    or a training step). The offsets are aligned to ``alignment``, by default a pool's (a pool
+    whose blocks are aligned more refuses the plan, saying at which alignment to plan). Raises
+    ``ValueError`` (one line) when ``fn`` fails under fake tensors."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {quote(steps)}")
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, not {type(fn).__name__}")
+    name = getattr(fn, "__qualname__", type(fn).__name__)
+    trace = capture_steps(fn, example_inputs, steps, name)
+    return from_trace(trace, None, alignment, budget_ms, source=f"capture of {name}")

@@ -590,8 +590,9 @@ def plan_command(args: argparse.Namespace) -> int:
 
 def plan_ahead_command(args: argparse.Namespace) -> int:
     """`vrampool plan --trace T [--step N] [--save PLAN.json]`: plans one step of the trace ahead
-    (:func:`vrampool.ahead.from_trace`), prints its figures (or JSON) and saves it if asked."""
-    from vrampool.ahead import ALIGNMENT, from_trace
+    (:func:`vrampool.whatif.ahead.from_trace`), prints its figures (or JSON) and saves it if asked."""
+    from vrampool.ahead import ALIGNMENT
+    from vrampool.whatif.ahead import from_trace
 
     for option in ("capacity", "output"):
         if getattr(args, option) is not None:

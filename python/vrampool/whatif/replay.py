@@ -140,10 +140,11 @@ def ahead_plan(step: Union[str, Path, "Plan", TraceLike], trace: Optional[TraceL
     """The plan of the ``ahead`` row: for ``"largest"``, of ``trace``'s own largest step; a plan
     (a :class:`vrampool.ahead.Plan`, or one saved by ``vrampool plan --trace --save``: a ``.json``
     file) as it is; else of the largest step of the trace ``step``. The step is the one
-    :func:`vrampool.ahead.from_trace` picks: the largest by peak live bytes among those that leave
+    :func:`vrampool.whatif.ahead.from_trace` picks: the largest by peak live bytes among those that leave
     the fewest buffers live (a capture's first step also makes the parameters and the optimizer's
     state, which a plan must not hold)."""
-    from vrampool.ahead import Plan, from_trace
+    from vrampool.ahead import Plan
+    from vrampool.whatif.ahead import from_trace
 
     if isinstance(step, Plan):
         return step
