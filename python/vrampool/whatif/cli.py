@@ -122,40 +122,34 @@ def format_reports(reports: Sequence[Mapping[str, Any]], repeat: int = 1) -> str
     bound = reports[0]["lower_bound_bytes"]
     recorded = reports[0].get("recorded_reserved_bytes")
     torch = next((r for r in reports if r["strategy"] == "torch"), None)
-    columns = f"{'strategy':<18} {'peak reserved':>14} {'reserved/bound':>15}"
-    if torch:
-        columns += f" {'vs torch':>9}"
-    if repeat > 1:
-        columns += f" {'pass 1/bound':>13}"
-    columns += f" {'device allocs':>14}"
-    if torch:
-        columns += f" {'vs torch':>9}"
-    if repeat > 1:
-        columns += f" {'last pass calls':>16}"
-    columns += f" {'peak allocated':>15} {'frag':>5} {'events/s':>12}"
-    if recorded:
-        columns += f" {'vs recorded':>12}"
-    lines = [columns, "-" * len(columns)]
+
+    def over(value: float, base: float) -> str:
+        return f"{value / base if base else 1.0:.3f}x"
+
+    # (title, width: negative to the left, the cell of a row), the optional columns where they apply.
+    columns: List[Tuple[str, int, Callable[[Mapping[str, Any]], str]]] = [
+        ("strategy", -18, lambda r: r["strategy"]),
+        ("peak reserved", 14, lambda r: _mib(r["peak_reserved_bytes"])),
+        ("reserved/bound", 15, lambda r: over(r["peak_reserved_bytes"], bound)),
+        *([("vs torch", 9, lambda r: _ratio(r["peak_reserved_bytes"], torch["peak_reserved_bytes"]))] if torch else []),
+        *([("pass 1/bound", 13, lambda r: over(r["first_pass_peak_reserved_bytes"], bound))] if repeat > 1 else []),
+        ("device allocs", 14, lambda r: f"{r['device_allocs']:,}"),
+        *([("vs torch", 9, lambda r: _ratio(r["device_allocs"], torch["device_allocs"]))] if torch else []),
+        *([("last pass calls", 16, lambda r: f"{r['last_pass_device_allocs'] + r['last_pass_device_frees']:,}")] if repeat > 1 else []),
+        ("peak allocated", 15, lambda r: _mib(r["peak_allocated_bytes"])),
+        ("frag", 5, lambda r: "-" if r.get("fragmentation") is None else f"{r['fragmentation']:.2f}"),
+        ("events/s", 12, lambda r: f"{r['events_per_s']:,.0f}"),
+        *([("vs recorded", 12, lambda r: over(r["peak_reserved_bytes"], recorded))] if recorded else []),
+    ]
+
+    def aligned(cells: Sequence[str]) -> str:
+        return " ".join(c.ljust(-w) if w < 0 else c.rjust(w) for c, (_, w, _) in zip(cells, columns))
+
+    header = aligned([title for title, _, _ in columns])
+    lines = [header, "-" * len(header)]
     for r in reports:
-        frag = "-" if r.get("fragmentation") is None else f"{r['fragmentation']:.2f}"
-        line = f"{r['strategy']:<18} {_mib(r['peak_reserved_bytes']):>14} {r['peak_reserved_bytes'] / bound if bound else 1.0:>14.3f}x"
-        if torch:
-            line += f" {_ratio(r['peak_reserved_bytes'], torch['peak_reserved_bytes']):>9}"
-        if repeat > 1:
-            line += f" {r['first_pass_peak_reserved_bytes'] / bound if bound else 1.0:>12.3f}x"
-        line += f" {r['device_allocs']:>14,}"
-        if torch:
-            line += f" {_ratio(r['device_allocs'], torch['device_allocs']):>9}"
-        if repeat > 1:
-            line += f" {r['last_pass_device_allocs'] + r['last_pass_device_frees']:>16,}"
-        line += f" {_mib(r['peak_allocated_bytes']):>15} {frag:>5} {r['events_per_s']:>12,.0f}"
-        if recorded:
-            line += f" {r['peak_reserved_bytes'] / recorded:>11.3f}x"
-        if r.get("approximate"):
-            line += "  approximate"
-        if r.get("out_of_memory"):
-            line += "  OOM"
-        lines.append(line)
+        notes = ("  approximate" if r.get("approximate") else "") + ("  OOM" if r.get("out_of_memory") else "")
+        lines.append(aligned([cell(r) for _, _, cell in columns]) + notes)
     if recorded:
         lines.append(f"{'recorded':<18} {_mib(recorded):>14} {recorded / bound if bound else 1.0:>14.3f}x   (what the recording allocator reserved)")
     return "\n".join(lines)

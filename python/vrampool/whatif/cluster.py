@@ -23,7 +23,7 @@ import dataclasses
 import math
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from vrampool.whatif.fit import ALLOCATORS, MAX_SIZE, DoesNotFit, FitResult, Probe, replay_into, search_largest
+from vrampool.whatif.fit import ALLOCATORS, MAX_SIZE, DoesNotFit, FitResult, Probe, answer_rows, replay_into, search_largest
 from vrampool.whatif.traces import Trace
 from vrampool.whatif.training import ModelFunctionError, Optimizer, adamw
 
@@ -266,18 +266,7 @@ class RanksResult:
         return next((p for p in self.probes if p.world_size == world_size), None)
 
     def to_json(self) -> Dict[str, Any]:
-        rows = []
-        for name in self.allocators:
-            at = self.probe(self.fewest[name])
-            rows.append(
-                {
-                    "allocator": name,
-                    "fewest_ranks": self.fewest[name],
-                    "peak_reserved_bytes": at.peak_reserved_bytes[name] if at else None,
-                    "lower_bound_bytes": at.lower_bound_bytes if at else None,
-                    "deciding_rank": at.deciding_rank[name] if at else None,
-                }
-            )
+        rows = answer_rows({name: self.fewest[name] for name in self.allocators}, "fewest_ranks", self.probe, "deciding_rank")
         probes = [dataclasses.asdict(p) for p in sorted(self.probes, key=lambda p: p.world_size)]
         return {"memory_bytes": self.memory, "batch": self.batch, "max_ranks": self.bound, "rows": rows, "probes": probes}
 

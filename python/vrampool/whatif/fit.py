@@ -15,7 +15,7 @@ True
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from vrampool.whatif.traces import Trace
 
@@ -51,19 +51,22 @@ class FitResult:
         return next((p for p in self.probes if p.size == size), None)
 
     def to_json(self) -> Dict[str, Any]:
-        rows = []
-        for name in self.allocators:
-            at = self.probe(self.largest[name])
-            rows.append(
-                {
-                    "allocator": name,
-                    "largest": self.largest[name],
-                    "peak_reserved_bytes": at.peak_reserved_bytes[name] if at else None,
-                    "lower_bound_bytes": at.lower_bound_bytes if at else None,
-                }
-            )
+        rows = answer_rows({name: self.largest[name] for name in self.allocators}, "largest", self.probe)
         probes = [dataclasses.asdict(p) for p in sorted(self.probes, key=lambda p: p.size)]
         return {"memory_bytes": self.memory, "rows": rows, "probes": probes}
+
+
+def answer_rows(answers: Mapping[str, Any], key: str, probe_at: Callable[[Any], Any], *per_allocator: str) -> List[Dict[str, Any]]:
+    """The JSON rows of a search's answers, one per allocator: its answer under ``key``, and the
+    figures of the probe at that answer (``probe_at``): peak reserved, the lower bound, and each
+    figure of ``per_allocator`` the probe keeps per allocator; None where no probe fits."""
+    rows = []
+    for name, answer in answers.items():
+        at = probe_at(answer)
+        row = {"allocator": name, key: answer, "peak_reserved_bytes": at.peak_reserved_bytes[name] if at else None, "lower_bound_bytes": at.lower_bound_bytes if at else None}
+        row.update({figure: getattr(at, figure)[name] if at else None for figure in per_allocator})
+        rows.append(row)
+    return rows
 
 
 class DoesNotFit(ValueError):
