@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
 import textwrap
 import threading
-from typing import Callable, List
+from typing import Callable, Iterator, List
 
 import pytest
 
@@ -19,6 +20,15 @@ from vrampool._native import STRATEGIES
 def pool(request: pytest.FixtureRequest) -> DevicePool:
     """A simulated pool of 1 GiB, once per strategy (test files on a device define their own)."""
     return DevicePool("sim", capacity=1 << 30, strategy=request.param)
+
+
+@pytest.fixture
+def device_pool() -> Iterator[DevicePool]:
+    """A pool on device 0 (a GPU, or the emulated driver's), closed once its buffers are collected."""
+    pool = DevicePool(0)
+    yield pool
+    gc.collect()
+    pool.close()
 
 
 def _run_in_threads(work: Callable[[int], None], threads: int) -> None:

@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
-from typing import Any, Callable, Dict, Iterator
+from typing import Any, Callable, Dict
 
 import pytest
 
@@ -79,11 +79,8 @@ def driver() -> Driver:
 
 
 @pytest.fixture
-def pool() -> Iterator[DevicePool]:
-    pool = DevicePool(0)
-    yield pool
-    gc.collect()
-    pool.close()
+def pool(device_pool: DevicePool) -> DevicePool:
+    return device_pool
 
 
 def test_gpu_buffers_hold_their_own_bytes(pool: DevicePool, driver: Driver) -> None:

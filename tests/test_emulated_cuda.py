@@ -43,11 +43,8 @@ def no_races(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 @pytest.fixture
-def pool() -> Iterator[DevicePool]:
-    pool = DevicePool(0)
-    yield pool
-    gc.collect()
-    pool.close()
+def pool(device_pool: DevicePool) -> DevicePool:
+    return device_pool
 
 
 def pattern(n: int, seed: int) -> bytes:
