@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
 import traceback
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from vrampool._native import InvalidFreeError, NativeBuffer, NativePool, PoolClosedError, WrongDeviceError, conf_pairs, parse_size
 from vrampool.options import POOL_KEYS, conf_text, pool_pairs
 from vrampool.planned import PlannedPool
 from vrampool.streams import as_int, stream_handle
 from vrampool.summary import format_summary
+from vrampool.tags import PauseReport, TagInfo, tag_infos
 
 if TYPE_CHECKING:
     from vrampool.ahead import Plan
@@ -317,6 +319,51 @@ class DevicePool:
         return self._native.trim()
 
     empty_cache = trim
+
+    @contextlib.contextmanager
+    def region(self, tag: str) -> Iterator[None]:
+        """Allocations made inside the ``with`` block belong to ``tag``, whose memory
+        :meth:`pause` and :meth:`resume` give back and take again (as ``torch_memory_saver``'s
+        ``region``). Regions nest; the rest of the pool's memory belongs to no tag. A tag's
+        memory is best-fit over virtual-memory mappings whatever the pool's strategy; a device
+        without virtual-memory management, or a pool made with ``ipc=True``, raises
+        :class:`vrampool.PauseError`.
+
+        >>> pool = DevicePool("sim", capacity=1 << 30)
+        >>> with pool.region("kv"):
+        ...     kv = pool.allocate(1 << 20)
+        >>> pool.pause("kv").released
+        2097152
+        >>> pool.resume("kv")
+        2097152
+        """
+        self._native.region_begin(tag)
+        try:
+            yield
+        finally:
+            self._native.region_end(tag)
+
+    def pause(self, tag: Optional[str] = None, *, backup: bool = False) -> PauseReport:
+        """Gives ``tag``'s physical memory back to the device (every tag's for None), keeping
+        every address. Waits first for the streams that used it (each alone, no device-wide
+        sync); with ``backup``, copies its live buffers to host memory for :meth:`resume` to
+        write back. Meanwhile allocations in the tag raise :class:`vrampool.PausedError`, its
+        buffers must not be touched, and frees of them are honoured (the memory comes back
+        free); other tags and untagged memory work as usual. If the device refuses an unmap,
+        the tag stays paused with what was given back, and pausing again finishes."""
+        return PauseReport(*self._native.pause(tag, backup))
+
+    def resume(self, tag: Optional[str] = None, *, cached: bool = True) -> int:
+        """Maps memory again at ``tag``'s addresses (every tag's for None) and writes back the
+        backup if the pause kept one; returns the bytes mapped. With ``cached=False``, memory
+        that held no live buffer stays with the device until the tag needs it. If the device
+        cannot give the memory (it is full), :class:`vrampool.PausedError`: nothing stays
+        mapped, the tag stays paused, and a later resume can succeed."""
+        return self._native.resume(tag, cached)
+
+    def tags(self) -> List[TagInfo]:
+        """Every tag, in the order its region was first opened."""
+        return tag_infos(self._native.tags())
 
     def take_events(self) -> List[Tuple[int, str, int, int, int]]:
         """The allocations, frees and segment calls recorded since the last call, for a pool

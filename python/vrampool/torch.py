@@ -67,18 +67,22 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Iterator, Mapping, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 from vrampool._native import (
     ABI_SYMBOLS,
+    abi_pause,
     abi_planned,
     abi_planned_stats,
     abi_planned_step,
     abi_raise_on_failure,
+    abi_region,
     abi_reset_peak_stats,
+    abi_resume,
     abi_set_ahead,
     abi_snapshot,
     abi_stats,
+    abi_tags,
     abi_trim,
 )
 from vrampool._native import configuration as _configuration
@@ -88,6 +92,7 @@ from vrampool._native import last_oom as _last_oom
 from vrampool.options import ALLOCATOR_KEYS, conf_text
 from vrampool.streams import as_int
 from vrampool.summary import format_size, format_summary
+from vrampool.tags import PauseReport, TagInfo, tag_infos
 
 if TYPE_CHECKING:
     from vrampool.ahead import Plan
@@ -111,12 +116,16 @@ __all__ = [
     "memory_snapshot",
     "memory_stats",
     "memory_summary",
+    "pause",
     "planned",
     "planned_stats",
     "pool",
+    "region",
     "reset_peak_memory_stats",
+    "resume",
     "set_plan",
     "step",
+    "tags",
 ]
 
 Device = Union[int, str, Any, None]  # an ordinal, "cuda:1", a torch.device, or None (current)
@@ -366,6 +375,41 @@ def planned_stats(device: Device = None) -> Optional[Dict[str, Any]]:
     """The planned arena's figures on ``device`` (as :meth:`vrampool.PlannedPool.stats` gives
     them), or None before its first planned allocation."""
     return abi_planned_stats(_device_index(device))
+
+
+# ---- tagged regions, paused and resumed (RL post-training: vLLM's sleep mode, torch_memory_saver) ----
+
+
+@contextlib.contextmanager
+def region(tag: str, device: Device = None) -> Iterator[None]:
+    """Under :func:`install`, the tensors allocated inside the ``with`` block belong to ``tag``
+    on ``device``, whose memory :func:`pause` gives back and :func:`resume` takes again at the same
+    addresses (``torch_memory_saver.region``). Regions nest; other tensors belong to no tag."""
+    index = _device_index(device)
+    abi_region(index, tag, True)
+    try:
+        yield
+    finally:
+        abi_region(index, tag, False)
+
+
+def pause(tag: Optional[str] = None, *, backup: bool = False, device: Device = None) -> PauseReport:
+    """Gives ``tag``'s GPU memory back (every tag's for None), keeping every tensor's address and
+    the CUDA graphs that use them; with ``backup``, their bytes go to host memory first and come
+    back on :func:`resume`. Tensors of a paused tag must not be used until then (see
+    :meth:`vrampool.DevicePool.pause`)."""
+    return PauseReport(*abi_pause(_device_index(device), tag, backup))
+
+
+def resume(tag: Optional[str] = None, *, cached: bool = True, device: Device = None) -> int:
+    """Maps memory again under ``tag``'s tensors (every tag's for None) and restores the backup
+    if one was kept; returns the bytes mapped (see :meth:`vrampool.DevicePool.resume`)."""
+    return abi_resume(_device_index(device), tag, cached)
+
+
+def tags(device: Device = None) -> List[TagInfo]:
+    """``device``'s tags and their memory now."""
+    return tag_infos(abi_tags(_device_index(device)))
 
 
 # ---- plans made ahead at the largest shape ----

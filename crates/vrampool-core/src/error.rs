@@ -87,6 +87,13 @@ pub enum PoolError {
     Forked,
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
+    /// An allocation from memory that is paused (`PoolCore::pause`), or a pause or resume that
+    /// could not finish: the message says which, and what state the memory is in.
+    #[error("{0}")]
+    Paused(String),
+    /// Memory that cannot be paused, and why (plain segments, no virtual-memory mapping).
+    #[error("cannot pause: {0}")]
+    CannotPause(String),
     #[error(transparent)]
     Device(#[from] DeviceError),
 }

@@ -18,8 +18,10 @@ impl FastGate {
     /// An option wants to see every call (scrubbing, the event log, leak tracking); for the
     /// pool's life.
     pub const WATCHED: u32 = 16;
+    /// The pool's memory is paused: every allocation fails (frees go on, in the books alone).
+    pub const PAUSED: u32 = 32;
     /// The reasons that turn the fastest allocation off, and the fastest free.
-    pub const ALLOC: u32 = Self::CLOSED | Self::DEFERRED | Self::SMALL_CAP | Self::WATCHED;
+    pub const ALLOC: u32 = Self::CLOSED | Self::DEFERRED | Self::SMALL_CAP | Self::WATCHED | Self::PAUSED;
     pub const FREE: u32 = Self::CLOSED | Self::RECORDED | Self::WATCHED;
 
     /// Sets or clears `bit`; returns whether it was set before.

@@ -15,16 +15,22 @@ use parking_lot::Mutex;
 
 use crate::config::{Limit, PoolConfig};
 use crate::device::{Device, StreamId};
-use crate::error::Result;
+use crate::error::{PoolError, Result};
 use crate::event_log::PieceEvent;
 use crate::pool::{LiveBlockInfo, Pool, PoolCore};
 use crate::resource::{MemoryResource, PoolId, PoolSegment};
 use crate::stats::{CounterValues, Stats};
 
+mod tags;
+
+pub use tags::TagInfo;
+
 struct Private {
     id: PoolId,
     pool: Arc<Pool>,
     released: bool,
+    /// The tag of a tagged region's pool (`tags.rs`), which pauses and resumes.
+    tag: Option<String>,
 }
 
 #[derive(Default)]
@@ -83,7 +89,7 @@ impl<U: MemoryResource> PrivatePools<U> {
                 if let Some(limit) = *self.limit.lock() {
                     pool.set_limit(Some(limit))?;
                 }
-                pools.pools.push(Private { id, pool: Arc::new(pool), released: false });
+                pools.pools.push(Private { id, pool: Arc::new(pool), released: false, tag: None });
             }
         }
         pools.open.push(id);
@@ -125,6 +131,11 @@ impl<U: MemoryResource> PrivatePools<U> {
     /// The limit `set_limit` set, if it did.
     pub fn limit(&self) -> Option<Limit> {
         *self.limit.lock()
+    }
+
+    /// The private pools' live blocks.
+    pub fn live_blocks(&self) -> Vec<LiveBlockInfo> {
+        self.private_pools().iter().flat_map(|(_, p)| p.live_blocks()).collect()
     }
 
     /// Closes every private pool (they refuse later calls); returns their live blocks.
@@ -176,10 +187,15 @@ impl<U: MemoryResource> PrivatePools<U> {
     fn allocate_private(&self, size: u64, stream: StreamId) -> Result<u64> {
         let target = {
             let pools = self.pools.lock();
-            pools.open.last().and_then(|id| pools.pools.iter().find(|p| p.id == *id)).map(|p| Arc::clone(&p.pool))
+            pools.open.last().and_then(|id| pools.pools.iter().find(|p| p.id == *id)).map(|p| (Arc::clone(&p.pool), p.tag.clone()))
         };
-        let Some(pool) = target else { return self.upstream.allocate(size, stream) };
-        let addr = pool.allocate(size, stream)?;
+        let Some((pool, tag)) = target else { return self.upstream.allocate(size, stream) };
+        let addr = pool.allocate(size, stream).map_err(|e| match (e, tag) {
+            (PoolError::Paused(_), Some(tag)) => {
+                PoolError::Paused(format!("the memory of tag {tag:?} is paused: resume it before allocating in its region"))
+            }
+            (e, _) => e,
+        })?;
         self.owners.lock().insert(addr, pool);
         Ok(addr)
     }
@@ -318,6 +334,7 @@ fn add_stats(a: &mut Stats, b: &Stats) {
     a.deferred_frees += b.deferred_frees;
     a.largest_free_bytes = a.largest_free_bytes.max(b.largest_free_bytes);
     a.cached_bytes += b.cached_bytes;
+    a.paused_bytes += b.paused_bytes;
 }
 
 #[cfg(test)]

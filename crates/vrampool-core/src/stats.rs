@@ -259,6 +259,7 @@ impl Counters {
             deferred_frees: get(&self.deferred_frees),
             largest_free_bytes: largest_free,
             cached_bytes: unallocated.saturating_sub(free_range_bytes),
+            paused_bytes: 0,
         }
     }
 }
@@ -285,6 +286,9 @@ pub struct Stats {
     /// again at their own size, and merged back into the free ranges before the pool grows) or
     /// waiting for other streams' work.
     pub cached_bytes: u64,
+    /// Bytes a pause gave back to the device, mapped again at the same addresses on resume (not
+    /// in `reserved_bytes` meanwhile).
+    pub paused_bytes: u64,
 }
 
 /// One figure of [`Stats::to_pairs`], typed so that a binding need not guess it from the value.
@@ -351,6 +355,7 @@ impl Stats {
             ("largest_free_bytes", self.largest_free_bytes),
             ("cached_bytes", self.cached_bytes),
             ("free_bytes", self.free_bytes()),
+            ("paused_bytes", self.paused_bytes),
         ] {
             pairs.push((name.to_string(), StatValue::Count(v)));
         }

@@ -238,24 +238,6 @@ impl CudaDevice {
         unsafe { calls::stream_synchronize(stream.0) }
     }
 
-    /// Copies `source` to device memory at `address`, which must lie inside one live segment or
-    /// in mapped memory of this device. Synchronous.
-    pub fn copy_to_device(&self, address: u64, source: &[u8]) -> DeviceResult<()> {
-        self.check_owned(address, source.len() as u64)?;
-        let _current = self.enter()?;
-        // SAFETY: `check_owned` found the range in memory this device allocated and holds.
-        unsafe { calls::copy_to_device(address, source) }
-    }
-
-    /// Copies device memory at `address` (inside one live segment or mapped memory of this
-    /// device) into `target`. Synchronous.
-    pub fn copy_to_host(&self, address: u64, target: &mut [u8]) -> DeviceResult<()> {
-        self.check_owned(address, target.len() as u64)?;
-        let _current = self.enter()?;
-        // SAFETY: as in `copy_to_device`.
-        unsafe { calls::copy_to_host(target, address) }
-    }
-
     /// Fails unless `[address, address + len)` lies inside one live segment or is wholly mapped.
     fn check_owned(&self, address: u64, len: u64) -> DeviceResult<()> {
         if inside_one(&self.segments.lock(), |s| s.size, address, len) {
@@ -472,6 +454,24 @@ impl Device for CudaDevice {
         // SAFETY: `check_owned` found the range in memory this device holds; the stream handle is
         // the caller's (see the type's documentation).
         unsafe { calls::memset_zero_async(addr, size as usize, stream.0) }
+    }
+
+    /// Copies `source` to device memory at `address`, which must lie inside one live segment or
+    /// in mapped memory of this device. Synchronous.
+    fn copy_to_device(&self, address: u64, source: &[u8]) -> DeviceResult<()> {
+        self.check_owned(address, source.len() as u64)?;
+        let _current = self.enter()?;
+        // SAFETY: `check_owned` found the range in memory this device allocated and holds.
+        unsafe { calls::copy_to_device(address, source) }
+    }
+
+    /// Copies device memory at `address` (inside one live segment or mapped memory of this
+    /// device) into `target`. Synchronous.
+    fn copy_to_host(&self, address: u64, target: &mut [u8]) -> DeviceResult<()> {
+        self.check_owned(address, target.len() as u64)?;
+        let _current = self.enter()?;
+        // SAFETY: as in `copy_to_device`.
+        unsafe { calls::copy_to_host(target, address) }
     }
 }
 

@@ -10,6 +10,7 @@ use vrampool_core::failures::Failure;
 use vrampool_core::{MemoryResource, StreamId};
 
 use crate::c_abi::{guard, vrampool_cxx_can_throw, ABI};
+use crate::errors::to_py;
 use crate::figures::planned_stats_dict;
 use crate::figures::{config_dict, oom_dict, snapshot_dict, stats_dict};
 
@@ -162,6 +163,43 @@ fn abi_planned_stats(py: Python<'_>, device: i32) -> PyResult<Option<Bound<'_, P
     planned_stats_dict(py, &stats).map(Some)
 }
 
+/// Opens (`open`) or closes `tag`'s region on `device`'s pool: the allocations PyTorch makes
+/// meanwhile belong to the tag. Closing one that is not open is a `ValueError`.
+#[pyfunction]
+fn abi_region(device: i32, tag: &str, open: bool) -> PyResult<()> {
+    let resource = ABI.device(device).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+    match open {
+        true => resource.stack().begin_tag(tag).map_err(to_py),
+        false if resource.stack().end_tag(tag) => Ok(()),
+        false => Err(PyValueError::new_err(format!("no region of tag {tag:?} is open on device {device}"))),
+    }
+}
+
+/// Pauses `tag`'s memory on `device` (every tag's for None); returns (bytes given back, bytes
+/// backed up). Without the GIL, as `NativePool.pause`.
+#[pyfunction]
+#[pyo3(signature = (device, tag = None, backup = false))]
+fn abi_pause(py: Python<'_>, device: i32, tag: Option<&str>, backup: bool) -> PyResult<(u64, u64)> {
+    let resource = ABI.devices.get(device).ok_or_else(|| PyValueError::new_err(format!("device {device} has no pool")))?;
+    let report = crate::exit::detach(py, || resource.stack().pause(tag, backup)).map_err(to_py)?;
+    Ok((report.released, report.backed_up))
+}
+
+/// Resumes `tag`'s memory on `device` (every tag's for None); returns the bytes mapped again.
+#[pyfunction]
+#[pyo3(signature = (device, tag = None, cached = true))]
+fn abi_resume(py: Python<'_>, device: i32, tag: Option<&str>, cached: bool) -> PyResult<u64> {
+    let resource = ABI.devices.get(device).ok_or_else(|| PyValueError::new_err(format!("device {device} has no pool")))?;
+    crate::exit::detach(py, || resource.stack().resume(tag, cached)).map_err(to_py)
+}
+
+/// `device`'s tags as (name, paused, allocated, reserved, paused_bytes); none where it has no pool.
+#[pyfunction]
+fn abi_tags(device: i32) -> Vec<(String, bool, u64, u64, u64)> {
+    let tags = ABI.devices.get(device).map(|r| r.stack().tags()).unwrap_or_default();
+    tags.into_iter().map(|t| (t.name, t.paused, t.allocated, t.reserved, t.paused_bytes)).collect()
+}
+
 /// For tests: closes and unhooks every pool (their memory stays reserved: blocks may be live),
 /// forgets the configuration, the errors and the counters, and turns `raise_on_failure` off.
 #[pyfunction]
@@ -193,6 +231,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(abi_planned, m)?)?;
     m.add_function(wrap_pyfunction!(abi_planned_step, m)?)?;
     m.add_function(wrap_pyfunction!(abi_planned_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(abi_region, m)?)?;
+    m.add_function(wrap_pyfunction!(abi_pause, m)?)?;
+    m.add_function(wrap_pyfunction!(abi_resume, m)?)?;
+    m.add_function(wrap_pyfunction!(abi_tags, m)?)?;
     m.add_function(wrap_pyfunction!(_abi_reset, m)?)?;
     m.add_function(wrap_pyfunction!(_abi_guard_selftest, m)?)?;
     let symbols: HashMap<&str, &str> = HashMap::from([

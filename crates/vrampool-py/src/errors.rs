@@ -21,6 +21,18 @@ create_exception!(
 create_exception!(vrampool, WrongDeviceError, PyValueError, "A call that names another device than the pool's.");
 create_exception!(vrampool, PoolClosedError, PyRuntimeError, "A call on a pool that was closed.");
 create_exception!(vrampool, DeviceError, PyRuntimeError, "The device (driver or simulator) failed.");
+create_exception!(
+    vrampool,
+    PauseError,
+    PyRuntimeError,
+    "Memory that cannot be paused (no virtual-memory mapping, a pool shared with other processes, an unknown tag)."
+);
+create_exception!(
+    vrampool,
+    PausedError,
+    PauseError,
+    "An allocation in a paused tag, or a pause or resume that could not finish (the message says what state the memory is in)."
+);
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -30,6 +42,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("WrongDeviceError", py.get_type::<WrongDeviceError>())?;
     m.add("PoolClosedError", py.get_type::<PoolClosedError>())?;
     m.add("DeviceError", py.get_type::<DeviceError>())?;
+    m.add("PauseError", py.get_type::<PauseError>())?;
+    m.add("PausedError", py.get_type::<PausedError>())?;
     Ok(())
 }
 
@@ -44,5 +58,7 @@ pub fn to_py(err: PoolError) -> PyErr {
         PoolError::Closed | PoolError::Forked => PoolClosedError::new_err(msg),
         PoolError::InvalidConfig(_) => PyValueError::new_err(msg),
         PoolError::Device(_) => DeviceError::new_err(msg),
+        PoolError::Paused(_) => PausedError::new_err(msg),
+        PoolError::CannotPause(_) => PauseError::new_err(msg),
     }
 }

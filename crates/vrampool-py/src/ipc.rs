@@ -7,7 +7,7 @@ use std::os::fd::IntoRawFd;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use vrampool_core::PoolError;
+use vrampool_core::{Device, PoolError};
 use vrampool_cuda::{CudaDevice, Handle};
 
 use crate::errors::{to_py, InvalidFreeError};

@@ -95,6 +95,36 @@ impl NativePool {
         Ok(self.resource.live_blocks().iter().map(live_tuple).collect())
     }
 
+    /// Opens `tag`'s region: allocations go to the tag's memory until `region_end(tag)`.
+    fn region_begin(&self, tag: &str) -> PyResult<()> {
+        self.resource.stack().begin_tag(tag).map_err(to_py)
+    }
+
+    /// Closes the innermost open region of `tag`; False when none is open.
+    fn region_end(&self, tag: &str) -> bool {
+        self.resource.stack().end_tag(tag)
+    }
+
+    /// Pauses `tag`'s memory (every tag's for None): returns (bytes given back, bytes backed up).
+    /// Without the GIL: a backup of gigabytes takes seconds.
+    #[pyo3(signature = (tag = None, backup = false))]
+    fn pause(&self, py: Python<'_>, tag: Option<&str>, backup: bool) -> PyResult<(u64, u64)> {
+        let report = crate::exit::detach(py, || self.resource.stack().pause(tag, backup)).map_err(to_py)?;
+        Ok((report.released, report.backed_up))
+    }
+
+    /// Resumes `tag`'s memory (every tag's for None); returns the bytes mapped again.
+    #[pyo3(signature = (tag = None, cached = true))]
+    fn resume(&self, py: Python<'_>, tag: Option<&str>, cached: bool) -> PyResult<u64> {
+        crate::exit::detach(py, || self.resource.stack().resume(tag, cached)).map_err(to_py)
+    }
+
+    /// Every tag as (name, paused, allocated, reserved, paused_bytes).
+    fn tags(&self) -> PyResult<Vec<(String, bool, u64, u64, u64)>> {
+        self.resource.pool().check_process().map_err(to_py)?;
+        Ok(self.resource.stack().tags().into_iter().map(|t| (t.name, t.paused, t.allocated, t.reserved, t.paused_bytes)).collect())
+    }
+
     /// Serves every step from now on by a plan made ahead (rows `(stream, size, lower, upper)` in the
     /// order of the step's allocations, and their offsets), or by the steady arena again (None).
     #[pyo3(signature = (rows, offsets, alignment = 512))]

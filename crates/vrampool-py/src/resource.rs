@@ -117,9 +117,11 @@ impl DeviceResource {
     }
 
     /// The live blocks (for leak reports): the pool's, with each live arena buffer a block of its
-    /// own and the arena's regions none.
+    /// own and the arena's regions none, and the private pools' and tags'.
     pub fn live_blocks(&self) -> Vec<LiveBlockInfo> {
-        self.planned().live_blocks(self.pool().live_blocks())
+        let mut live = self.planned().live_blocks(self.pool().live_blocks());
+        live.extend(self.stack.live_blocks());
+        live
     }
 
     /// Closes the pool and the private pools (later calls are refused); returns the live blocks,

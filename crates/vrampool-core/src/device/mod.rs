@@ -101,6 +101,17 @@ pub trait Device: Send + Sync {
 
     /// Fills `[addr, addr + size)` with zeros, ordered on `stream` (for scrubbing).
     fn fill_zero(&self, addr: u64, size: u64, stream: StreamId) -> DeviceResult<()>;
+
+    /// Copies device memory at `addr` into `target`, after all work queued before it (a pause's
+    /// backup). Synchronous.
+    fn copy_to_host(&self, _addr: u64, _target: &mut [u8]) -> DeviceResult<()> {
+        Err(DeviceError::Unsupported("copies to the host"))
+    }
+
+    /// Copies `source` into device memory at `addr` (a resume's restore). Synchronous.
+    fn copy_to_device(&self, _addr: u64, _source: &[u8]) -> DeviceResult<()> {
+        Err(DeviceError::Unsupported("copies from the host"))
+    }
 }
 
 #[cfg(test)]

@@ -74,6 +74,7 @@ struct Faults {
     free_at: Option<u64>,
     sync_at: Option<u64>,
     map_at: Option<u64>,
+    unmap_at: Option<u64>,
     record_at: Option<u64>,
 }
 
@@ -192,6 +193,12 @@ impl SimDevice {
         state.faults.map_at = Some(state.counters.map_calls + n);
     }
 
+    /// Makes the `n`-th unmap from now fail with an injected fault (the range stays mapped).
+    pub fn fail_unmap_in(&self, n: u64) {
+        let mut state = self.state.lock();
+        state.faults.unmap_at = Some(state.counters.unmap_calls + n);
+    }
+
     /// Makes the `n`-th event recording from now fail with an injected fault.
     pub fn fail_record_in(&self, n: u64) {
         let mut state = self.state.lock();
@@ -222,6 +229,11 @@ impl SimDevice {
     /// Whether `stream` was made to wait for `event`.
     pub fn waited(&self, stream: StreamId, event: EventId) -> bool {
         self.state.lock().waits.contains(&(stream, event))
+    }
+
+    /// Address ranges reserved and not yet released.
+    pub fn reservations(&self) -> usize {
+        self.state.lock().reservations.len()
     }
 
     /// Events recorded and not yet released.
@@ -412,6 +424,9 @@ impl Device for SimDevice {
     fn unmap(&self, addr: u64, size: u64) -> DeviceResult<()> {
         let mut state = self.state.lock();
         state.counters.unmap_calls += 1;
+        if state.faults.unmap_at == Some(state.counters.unmap_calls) {
+            return Err(DeviceError::InjectedFault("unmap"));
+        }
         if state.mappings.get(&addr) != Some(&size) {
             return Err(DeviceError::Driver(format!("unmap of {addr:#x}+{size} that was not mapped")));
         }
@@ -462,6 +477,20 @@ impl Device for SimDevice {
             unsafe { std::ptr::write_bytes(ptr, 0, size as usize) };
         }
         Ok(())
+    }
+
+    fn copy_to_host(&self, addr: u64, target: &mut [u8]) -> DeviceResult<()> {
+        if self.mode == SimMode::HostBacked {
+            target.copy_from_slice(&self.read(addr, target.len() as u64)?);
+        }
+        Ok(())
+    }
+
+    fn copy_to_device(&self, addr: u64, source: &[u8]) -> DeviceResult<()> {
+        match self.mode {
+            SimMode::HostBacked => self.write(addr, source),
+            SimMode::AddressOnly => Ok(()),
+        }
     }
 }
 

@@ -15,6 +15,9 @@ impl PoolCore {
     #[inline(always)]
     pub(super) fn allocate_block(&self, size: u64, stream: StreamId) -> Result<u64> {
         self.ensure_open()?;
+        if self.gate.any(FastGate::PAUSED) {
+            return Err(PoolError::Paused("this memory is paused: resume it before allocating from it".into()));
+        }
         let rounded = self.round_request(size)?;
         self.complete_deferred_frees();
         // Fast path: a cached block of the size the strategy would hand out, from this thread's
@@ -297,7 +300,9 @@ impl PoolCore {
             (Fast::BlocksOut, u64::from(just_freed)),
             (Fast::PendingOut, block.size * u64::from(!just_freed)),
         ];
-        if self.config.scrub == Scrub::OnFree && self.device.fill_zero(addr, block.size, StreamId(block.stream)).is_err() {
+        // Paused memory is unmapped: the resume zero-fills all of it instead.
+        let scrub = self.config.scrub == Scrub::OnFree && !self.gate.any(FastGate::PAUSED);
+        if scrub && self.device.fill_zero(addr, block.size, StreamId(block.stream)).is_err() {
             self.count(&counts, 0);
             return;
         }

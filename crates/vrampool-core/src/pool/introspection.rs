@@ -5,7 +5,9 @@ use super::*;
 impl PoolCore {
     pub fn stats(&self) -> Stats {
         let (largest, free_ranges) = self.free_ranges();
-        self.counters.read(largest, free_ranges)
+        let mut stats = self.counters.read(largest, free_ranges);
+        stats.paused_bytes = self.paused_bytes.load(Relaxed);
+        stats
     }
 
     /// Allocated bytes, from the counters alone: unlike `stats`, no strategy is visited, so the

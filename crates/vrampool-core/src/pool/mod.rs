@@ -36,6 +36,7 @@ use crate::stats::{CounterValues, Counters, Fast, Stats};
 use crate::strategy::{Block, BlockInfo, Segment, Strategy};
 use crate::thread_cache::{self, CacheOfThread, CacheOwner, PoolCache, PoolHandle, HOME_STREAM};
 use holding::Holding;
+pub use pause::PauseReport;
 
 type FastMap<K, V> = papaya::HashMap<K, V, FixedState>;
 
@@ -43,6 +44,7 @@ mod general;
 mod growth;
 mod holding;
 mod introspection;
+mod pause;
 mod stream_order;
 mod vm;
 
@@ -68,6 +70,8 @@ struct DeferredFree {
     addr: u64,
     block: LiveBlock,
     events: Vec<EventId>,
+    /// The streams the events were recorded on (a pause waits for them).
+    streams: Vec<StreamId>,
 }
 
 /// A live block at the time of a call to `Pool::live_blocks` (for leak reports).
@@ -166,6 +170,10 @@ pub struct PoolCore {
     /// Closed, deferred frees, recorded streams, a small cap: what the fastest paths must not miss.
     gate: FastGate,
     log: Option<EventLog>,
+    /// What a pause took away, to give back on resume (`pause.rs`); None while not paused.
+    paused: Mutex<Option<pause::Paused>>,
+    /// Bytes unmapped by a pause and not yet mapped again.
+    paused_bytes: AtomicU64,
     /// Allocation times of live blocks (ns since `started`), when `track_leaks` is on.
     births: Option<FastMap<u64, u64>>,
     started: Instant,
@@ -214,6 +222,8 @@ impl Pool {
             counters: Counters::default(),
             gate,
             log,
+            paused: Mutex::default(),
+            paused_bytes: AtomicU64::new(0),
             births,
             started: Instant::now(),
         });

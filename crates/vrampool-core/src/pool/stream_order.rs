@@ -31,7 +31,7 @@ impl PoolCore {
         let counts =
             [(Fast::AllocatedOut, block.size), (Fast::RequestedOut, block.requested), (Fast::BlocksOut, 1), (Fast::PendingIn, block.size)];
         self.count(&counts, 0);
-        self.defer_free(addr, block, events);
+        self.defer_free(addr, block, events, users);
         Ok(())
     }
 
@@ -80,10 +80,10 @@ impl PoolCore {
         }
     }
 
-    pub(super) fn defer_free(&self, addr: u64, block: LiveBlock, events: Vec<EventId>) {
+    pub(super) fn defer_free(&self, addr: u64, block: LiveBlock, events: Vec<EventId>, streams: Vec<StreamId>) {
         self.counters.deferred_frees.fetch_add(1, Relaxed);
         let mut deferred = self.deferred.lock();
-        deferred.push(DeferredFree { addr, block, events });
+        deferred.push(DeferredFree { addr, block, events, streams });
         self.gate.set(FastGate::DEFERRED, true);
     }
 
