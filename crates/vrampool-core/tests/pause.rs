@@ -3,9 +3,7 @@
 
 use std::sync::Arc;
 
-use vrampool_core::{
-    Device, MemoryResource, Pool, PoolConfig, PoolError, PrivatePools, Scrub, SimDevice, SimMode, StrategyKind, StreamId,
-};
+use vrampool_core::{Device, MemoryResource, Pool, PoolConfig, PoolError, PrivatePools, Scrub, SimDevice, SimMode, StrategyKind, StreamId};
 
 const MIB: u64 = 1 << 20;
 const S0: StreamId = StreamId(0);

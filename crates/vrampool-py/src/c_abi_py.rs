@@ -13,6 +13,7 @@ use crate::c_abi::{guard, vrampool_cxx_can_throw, ABI};
 use crate::errors::to_py;
 use crate::figures::planned_stats_dict;
 use crate::figures::{config_dict, oom_dict, snapshot_dict, stats_dict};
+use crate::pool::{tag_row, TagRow};
 
 /// Sets the configuration for the pools the C ABI makes (text form, applied over
 /// `VRAMPOOL_CONF`); refused once one exists with another. Returns the text in force.
@@ -195,9 +196,9 @@ fn abi_resume(py: Python<'_>, device: i32, tag: Option<&str>, cached: bool) -> P
 
 /// `device`'s tags as (name, paused, allocated, reserved, paused_bytes); none where it has no pool.
 #[pyfunction]
-fn abi_tags(device: i32) -> Vec<(String, bool, u64, u64, u64)> {
+fn abi_tags(device: i32) -> Vec<TagRow> {
     let tags = ABI.devices.get(device).map(|r| r.stack().tags()).unwrap_or_default();
-    tags.into_iter().map(|t| (t.name, t.paused, t.allocated, t.reserved, t.paused_bytes)).collect()
+    tags.into_iter().map(tag_row).collect()
 }
 
 /// For tests: closes and unhooks every pool (their memory stays reserved: blocks may be live),

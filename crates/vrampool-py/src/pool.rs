@@ -120,9 +120,9 @@ impl NativePool {
     }
 
     /// Every tag as (name, paused, allocated, reserved, paused_bytes).
-    fn tags(&self) -> PyResult<Vec<(String, bool, u64, u64, u64)>> {
+    fn tags(&self) -> PyResult<Vec<TagRow>> {
         self.resource.pool().check_process().map_err(to_py)?;
-        Ok(self.resource.stack().tags().into_iter().map(|t| (t.name, t.paused, t.allocated, t.reserved, t.paused_bytes)).collect())
+        Ok(self.resource.stack().tags().into_iter().map(tag_row).collect())
     }
 
     /// Serves every step from now on by a plan made ahead (rows `(stream, size, lower, upper)` in the
@@ -274,6 +274,13 @@ type EventTuple = (u64, &'static str, u64, u64, u64);
 
 /// (addr, size, requested, stream, age_ns) of a live block.
 type LiveTuple = (u64, u64, u64, u64, Option<u64>);
+
+/// A tag as Python sees it: (name, paused, allocated, reserved, paused_bytes).
+pub(crate) type TagRow = (String, bool, u64, u64, u64);
+
+pub(crate) fn tag_row(t: vrampool_core::TagInfo) -> TagRow {
+    (t.name, t.paused, t.allocated, t.reserved, t.paused_bytes)
+}
 
 fn live_tuple(b: &vrampool_core::LiveBlockInfo) -> LiveTuple {
     (b.addr, b.size, b.requested, b.stream.0, b.age_ns)

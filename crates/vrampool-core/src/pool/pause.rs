@@ -172,7 +172,8 @@ impl PoolCore {
         let blocks = self.live_blocks();
         let mut backup = Vec::with_capacity(blocks.len());
         for block in blocks {
-            let len = usize::try_from(block.size).map_err(|_| PoolError::InvalidSize { size: block.size, reason: "too large to back up" })?;
+            let len =
+                usize::try_from(block.size).map_err(|_| PoolError::InvalidSize { size: block.size, reason: "too large to back up" })?;
             let mut bytes = Vec::new();
             bytes.try_reserve_exact(len).map_err(|_| {
                 PoolError::Paused(format!("no host memory for the backup of a {} byte block: nothing was paused", block.size))
