@@ -41,7 +41,7 @@ mod sync;
 mod thread_cache;
 
 pub use config::{AllocatorConfig, DeviceKind, IpcHandles, Limit, PoolConfig, Scrub};
-pub use device::{Device, EventId, MemInfo, SimDevice, SimMode, StreamId};
+pub use device::{Device, EventId, HostBuffer, MemInfo, SimDevice, SimMode, StreamId};
 pub use error::{DeviceError, InvalidFreeReason, OomReport, PoolError};
 pub use event_log::PieceEvent;
 pub use event_log::{EventKind, LogEvent};

@@ -128,6 +128,21 @@ pub(crate) unsafe fn copy_to_host(target: &mut [u8], address: u64) -> DeviceResu
     check(unsafe { sys::cuMemcpyDtoH_v2(target.as_mut_ptr() as *mut c_void, address, target.len()) }, "cuMemcpyDtoH")
 }
 
+/// `bytes` of page-locked host memory in the current context.
+pub(crate) fn mem_host_alloc(bytes: usize) -> DeviceResult<*mut u8> {
+    let mut host: *mut c_void = null_mut();
+    // SAFETY: writes one pointer into `host`; flags 0 (page-locked, this context's).
+    check(unsafe { sys::cuMemHostAlloc(&mut host, bytes, 0) }, "cuMemHostAlloc")?;
+    Ok(host.cast())
+}
+
+/// # Safety
+/// `host` came from `mem_host_alloc` and is freed once.
+pub(crate) unsafe fn mem_free_host(host: *mut u8) -> DeviceResult<()> {
+    // SAFETY: as the caller guarantees.
+    check(unsafe { sys::cuMemFreeHost(host.cast()) }, "cuMemFreeHost")
+}
+
 pub(crate) fn event_create() -> DeviceResult<u64> {
     let mut event: sys::CUevent = null_mut();
     let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;

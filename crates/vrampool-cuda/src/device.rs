@@ -10,6 +10,7 @@ use vrampool_core::{Device, DeviceError, EventId, MemInfo, StreamId};
 use crate::calls;
 use crate::driver::{self, CurrentContext};
 
+mod pinned;
 mod sharing;
 
 pub use sharing::{Export, Handle, Sharing};
@@ -454,6 +455,10 @@ impl Device for CudaDevice {
         // SAFETY: `check_owned` found the range in memory this device holds; the stream handle is
         // the caller's (see the type's documentation).
         unsafe { calls::memset_zero_async(addr, size as usize, stream.0) }
+    }
+
+    fn host_buffer(&self, len: usize) -> DeviceResult<Box<dyn vrampool_core::HostBuffer>> {
+        pinned::host_buffer(self.context_handle(), len)
     }
 
     /// Copies `source` to device memory at `address`, which must lie inside one live segment or

@@ -35,6 +35,8 @@ const REQUIRED: &[&str] = &[
     "cuMemsetD8Async",
     "cuMemcpyHtoD_v2",
     "cuMemcpyDtoH_v2",
+    "cuMemHostAlloc",
+    "cuMemFreeHost",
     "cuEventCreate",
     "cuEventRecord",
     "cuEventQuery",

@@ -39,6 +39,30 @@ pub struct MemInfo {
 
 pub type DeviceResult<T> = Result<T, DeviceError>;
 
+/// Host memory that device copies read and write (a pause's backup): page-locked where the device
+/// can give it, so that copies run at the bus's full speed.
+pub trait HostBuffer: Send {
+    fn bytes(&self) -> &[u8];
+    fn bytes_mut(&mut self) -> &mut [u8];
+}
+
+impl HostBuffer for Vec<u8> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self
+    }
+}
+
+/// `len` bytes of ordinary (pageable) host memory; an error, not an abort, when there is none.
+pub fn pageable_host_buffer(len: usize) -> DeviceResult<Box<dyn HostBuffer>> {
+    let mut bytes = Vec::new();
+    bytes.try_reserve_exact(len).map_err(|_| DeviceError::Driver(format!("no host memory for {len} bytes")))?;
+    bytes.resize(len, 0);
+    Ok(Box::new(bytes))
+}
+
 pub trait Device: Send + Sync {
     /// Device ordinal (0-based); the simulated device reports the one it was made with.
     fn ordinal(&self) -> i32;
@@ -101,6 +125,11 @@ pub trait Device: Send + Sync {
 
     /// Fills `[addr, addr + size)` with zeros, ordered on `stream` (for scrubbing).
     fn fill_zero(&self, addr: u64, size: u64, stream: StreamId) -> DeviceResult<()>;
+
+    /// `len` bytes of host memory for copies to and from the device.
+    fn host_buffer(&self, len: usize) -> DeviceResult<Box<dyn HostBuffer>> {
+        pageable_host_buffer(len)
+    }
 
     /// Copies device memory at `addr` into `target`, after all work queued before it (a pause's
     /// backup). Synchronous.

@@ -476,6 +476,8 @@ impl Drop for PoolCore {
         if self.check_process().is_err() {
             return;
         }
+        // A pause's backup may be the device's (page-locked memory): it goes while the device is here.
+        drop(self.paused.lock().take());
         let (mut segments, mut reservations) = (Vec::new(), Vec::new());
         self.for_each_arena(|arena| {
             for tier in arena.tiers.iter() {

@@ -23,8 +23,15 @@ use super::*;
 pub(super) struct Paused {
     /// The mappings unmapped, with their arena's stream: mapped again on resume.
     unmapped: Vec<(StreamId, Segment)>,
-    /// The live blocks' bytes at the pause (address, bytes), when backed up.
-    backup: Vec<(u64, Vec<u8>)>,
+    /// The live blocks' bytes at the pause, when backed up.
+    backup: Option<Backup>,
+}
+
+/// Live blocks' bytes in one host buffer.
+struct Backup {
+    bytes: Box<dyn crate::device::HostBuffer>,
+    /// Each block's address, and its bytes' offset and length in `bytes`.
+    blocks: Vec<(u64, usize, usize)>,
 }
 
 /// What a pause did.
@@ -46,7 +53,7 @@ impl PoolCore {
         if paused.is_none() {
             self.check_pausable()?;
             self.gate.set(FastGate::PAUSED, true);
-            let started = self.wait_for_users().and_then(|()| if backup { self.back_up() } else { Ok(Vec::new()) });
+            let started = self.wait_for_users().and_then(|()| backup.then(|| self.back_up()).transpose());
             match started {
                 Ok(backup) => *paused = Some(Paused { unmapped: Vec::new(), backup }),
                 Err(e) => {
@@ -58,7 +65,7 @@ impl PoolCore {
         let state = paused.as_mut().expect("set just above");
         let (released, error) = self.unmap_everything(&mut state.unmapped);
         self.paused_bytes.store(state.unmapped.iter().map(|(_, m)| m.size).sum(), Relaxed);
-        let backed_up = state.backup.iter().map(|(_, bytes)| bytes.len() as u64).sum();
+        let backed_up = state.backup.as_ref().map_or(0, |b| b.bytes.bytes().len() as u64);
         match error {
             None => Ok(PauseReport { released, backed_up }),
             Some(e) => Err(PoolError::Paused(format!(
@@ -86,7 +93,7 @@ impl PoolCore {
             state.unmapped.iter().copied().partition(|&(stream, m)| cached || self.holds_blocks(stream, m));
         let mut mapped = Vec::new();
         let mut failure = None;
-        for &(stream, m) in &to_map {
+        for (stream, m) in self.runs(to_map) {
             match self.map_again(vm, stream, m) {
                 Ok(()) => mapped.push((stream, m)),
                 Err(e) => {
@@ -167,22 +174,20 @@ impl PoolCore {
         Ok(())
     }
 
-    /// The live blocks' bytes, copied to the host.
-    fn back_up(&self) -> Result<Vec<(u64, Vec<u8>)>> {
-        let blocks = self.live_blocks();
-        let mut backup = Vec::with_capacity(blocks.len());
-        for block in blocks {
-            let len =
-                usize::try_from(block.size).map_err(|_| PoolError::InvalidSize { size: block.size, reason: "too large to back up" })?;
-            let mut bytes = Vec::new();
-            bytes.try_reserve_exact(len).map_err(|_| {
-                PoolError::Paused(format!("no host memory for the backup of a {} byte block: nothing was paused", block.size))
-            })?;
-            bytes.resize(len, 0);
-            self.device.copy_to_host(block.addr, &mut bytes)?;
-            backup.push((block.addr, bytes));
+    /// The live blocks' bytes, copied into one host buffer (page-locked where the device can).
+    fn back_up(&self) -> Result<Backup> {
+        let mut blocks = Vec::new();
+        let mut total = 0usize;
+        for block in self.live_blocks() {
+            let len = usize::try_from(block.size).map_err(|_| PoolError::InvalidSize { size: block.size, reason: "too large to back up" })?;
+            blocks.push((block.addr, total, len));
+            total = total.checked_add(len).ok_or(PoolError::InvalidSize { size: block.size, reason: "too large to back up" })?;
         }
-        Ok(backup)
+        let mut bytes = self.device.host_buffer(total)?;
+        for &(addr, offset, len) in &blocks {
+            self.device.copy_to_host(addr, &mut bytes.bytes_mut()[offset..offset + len])?;
+        }
+        Ok(Backup { bytes, blocks })
     }
 
     /// Unmaps every mapping of every arena, noting each in `unmapped`; returns the bytes given
@@ -218,7 +223,25 @@ impl PoolCore {
         !strategy.unused_ranges(base).iter().any(|u| u.base <= m.base && m.base + m.size <= u.base + u.size)
     }
 
-    /// Maps the paused mapping `m` of `stream`'s arena again (within the cap).
+    /// `mappings` with each run of adjacent ones in one reservation made one range: mapped again
+    /// in as few pieces as a growth of its size (`map_range`), not piece by piece.
+    fn runs(&self, mut mappings: Vec<(StreamId, Segment)>) -> Vec<(StreamId, Segment)> {
+        mappings.sort_unstable_by_key(|&(stream, m)| (stream, m.base));
+        let mut runs: Vec<(StreamId, Segment)> = Vec::with_capacity(mappings.len());
+        for (stream, m) in mappings {
+            if let Some((last_stream, last)) = runs.last_mut() {
+                let reservation_of = |addr: u64| self.arena(stream).with_vm(|v| v.reservations.iter().position(|r| r.contains(addr)));
+                if *last_stream == stream && last.base + last.size == m.base && reservation_of(last.base) == reservation_of(m.base) {
+                    last.size += m.size;
+                    continue;
+                }
+            }
+            runs.push((stream, m));
+        }
+        runs
+    }
+
+    /// Maps the paused range `m` of `stream`'s arena again (within the cap).
     fn map_again(&self, vm: &Expandable, stream: StreamId, m: Segment) -> Result<()> {
         let arena = self.arena(stream);
         let _strategy = self.lock_tier(&arena, vm.tier);
@@ -253,9 +276,10 @@ impl PoolCore {
                 self.device.synchronize_stream(stream)?;
             }
         }
-        for (addr, bytes) in &state.backup {
-            if self.live_block(*addr).is_some_and(|b| b.size == bytes.len() as u64) {
-                self.device.copy_to_device(*addr, bytes)?;
+        let Some(backup) = &state.backup else { return Ok(()) };
+        for &(addr, offset, len) in &backup.blocks {
+            if self.live_block(addr).is_some_and(|b| b.size == len as u64) {
+                self.device.copy_to_device(addr, &backup.bytes.bytes()[offset..offset + len])?;
             }
         }
         Ok(())

@@ -1,0 +1,131 @@
+"""Pause and resume of a tag's memory (``DevicePool.pause`` / ``resume``), with and without a
+backup, beside what giving the same memory back costs without keeping the addresses: freeing the
+buffers, ``trim()`` and allocating them again (a best-fit pool of expandable segments, the tag's
+own kind), and the copies a backup makes, alone (``cuMemcpyDtoH`` / ``cuMemcpyHtoD`` of the same
+bytes to and from page-locked memory). Seconds per call (median of ``--repeat``), and the driver calls each makes.
+
+Run: ``scripts/emulated-cuda.sh python benches/pause_resume.py [--gib 1 2 4 8] [--repeat 3]``
+(the emulated device needs the memory: ``EMULATED_CUDA_MEMORY=20GiB`` for 8 GiB). Under the
+emulated driver the figures are the emulator's (host memory), not a GPU's: scripts/gpu-check.sh
+runs the same on a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import statistics
+import time
+from typing import Callable, Dict, List, Optional
+
+from vrampool import DevicePool
+
+MIB = 1 << 20
+BUFFER = 256 * MIB
+
+
+def call_counts() -> Optional[Callable[[], Dict[str, int]]]:
+    """The emulated driver's call counts by name, or None on a real driver."""
+    lib = ctypes.CDLL("libcuda.so.1")
+    if not hasattr(lib, "emucuda_call_counts"):
+        return None
+    lib.emucuda_call_counts.restype, lib.emucuda_call_counts.argtypes = ctypes.c_size_t, [ctypes.c_char_p, ctypes.c_size_t]
+
+    def counts() -> Dict[str, int]:
+        n = lib.emucuda_call_counts(None, 0)
+        buf = ctypes.create_string_buffer(n + 1)
+        lib.emucuda_call_counts(buf, n + 1)
+        return {k: int(v) for k, v in (line.split() for line in buf.value.decode().splitlines()) if k.startswith("cu")}
+
+    return counts
+
+
+def timed(work: Callable[[], object], counts: Optional[Callable[[], Dict[str, int]]]) -> tuple:
+    before = counts() if counts else {}
+    start = time.perf_counter()
+    work()
+    seconds = time.perf_counter() - start
+    after = counts() if counts else {}
+    return seconds, {k: v - before.get(k, 0) for k, v in after.items() if v > before.get(k, 0)}
+
+
+def copies(bufs: list, repeat: int) -> tuple:
+    """Seconds of copying every buffer to fresh page-locked host memory (its allocation
+    included, as a backup's) and back, by the driver alone."""
+    lib = ctypes.CDLL("libcuda.so.1")
+    lib.cuMemAllocHost_v2.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+    lib.cuMemFreeHost.argtypes = [ctypes.c_void_p]
+    lib.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]
+    lib.cuMemcpyHtoD_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t]
+    out, back = [], []
+    for _ in range(repeat):
+        host = ctypes.c_void_p()
+        start = time.perf_counter()
+        assert lib.cuMemAllocHost_v2(ctypes.byref(host), sum(b.size for b in bufs)) == 0
+        at = host.value or 0
+        for b in bufs:
+            assert lib.cuMemcpyDtoH_v2(at, b.ptr, b.size) == 0
+            at += b.size
+        out.append(time.perf_counter() - start)
+        at = host.value or 0
+        start = time.perf_counter()
+        for b in bufs:
+            assert lib.cuMemcpyHtoD_v2(b.ptr, at, b.size) == 0
+            at += b.size
+        back.append(time.perf_counter() - start)
+        lib.cuMemFreeHost(host)
+    return out, back
+
+
+def row(name: str, gib: int, seconds: List[float], calls: Dict[str, int]) -> None:
+    shown = ", ".join(f"{k} {v}" for k, v in sorted(calls.items())) or "-"
+    print(f"| {name} | {gib} GiB | {statistics.median(seconds):.4f} s | {shown} |", flush=True)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gib", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args(argv)
+    counts = call_counts()
+    print("| call | memory | median | driver calls (one call) |")
+    print("| --- | ---: | ---: | --- |")
+    for gib in args.gib:
+        n = gib * 1024 * MIB // BUFFER
+        pool = DevicePool(0)
+        with pool.region("bench"):
+            bufs = [pool.allocate(BUFFER) for _ in range(n)]
+        for backup in (False, True):
+            pauses, resumes = [], []
+            for _ in range(args.repeat):
+                pauses.append(timed(lambda: pool.pause("bench", backup=backup), counts))
+                resumes.append(timed(lambda: pool.resume("bench"), counts))
+            suffix = ", backup" if backup else ""
+            row(f"`pause`{suffix}", gib, [s for s, _ in pauses], pauses[-1][1])
+            row(f"`resume`{suffix}", gib, [s for s, _ in resumes], resumes[-1][1])
+        copy_out, copy_in = copies(bufs, args.repeat)
+        row("the backup's copies alone: `cuMemAllocHost` + `cuMemcpyDtoH`", gib, copy_out, {"cuMemAllocHost": 1, "cuMemcpyDtoH": n})
+        row("the restore's copies alone: `cuMemcpyHtoD`", gib, copy_in, {"cuMemcpyHtoD": n})
+        del bufs
+        pool.close()
+        # The baseline: the same memory given back and taken again at new addresses.
+        plain = DevicePool(0, strategy="best_fit", expandable=True, steady=False)
+        bufs = [plain.allocate(BUFFER) for _ in range(n)]
+        trims, regrows = [], []
+        for _ in range(args.repeat):
+            def give_back() -> None:
+                for b in bufs:
+                    plain.deallocate(b)
+                plain.trim()
+
+            trims.append(timed(give_back, counts))
+            regrows.append(timed(lambda: bufs.__setitem__(slice(None), [plain.allocate(BUFFER) for _ in range(n)]), counts))
+        row("free + `trim()` (addresses lost)", gib, [s for s, _ in trims], trims[-1][1])
+        row("allocate again", gib, [s for s, _ in regrows], regrows[-1][1])
+        for b in bufs:
+            plain.deallocate(b)
+        plain.close()
+
+
+if __name__ == "__main__":
+    main()
