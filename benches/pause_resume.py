@@ -7,17 +7,20 @@ bytes to and from page-locked memory). Seconds per call (median of ``--repeat``)
 Run: ``scripts/emulated-cuda.sh python benches/pause_resume.py [--gib 1 2 4 8] [--repeat 3]``
 (the emulated device needs the memory: ``EMULATED_CUDA_MEMORY=20GiB`` for 8 GiB). Under the
 emulated driver the figures are the emulator's (host memory), not a GPU's: scripts/gpu-check.sh
-runs the same on a GPU.
+runs the same on a GPU. Exits with 3 where there is no CUDA device.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import statistics
+import sys
 import time
 from typing import Callable, Dict, List, Optional
 
+import vrampool
 from vrampool import DevicePool
 
 MIB = 1 << 20
@@ -40,7 +43,7 @@ def call_counts() -> Optional[Callable[[], Dict[str, int]]]:
     return counts
 
 
-def timed(work: Callable[[], object], counts: Optional[Callable[[], Dict[str, int]]]) -> tuple:
+def timed(work: Callable[[], object], counts: "Counts") -> tuple:
     before = counts() if counts else {}
     start = time.perf_counter()
     work()
@@ -87,45 +90,65 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--gib", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args(argv)
+    try:
+        DevicePool(0).close()
+    except vrampool.DeviceError as e:
+        print(f"no CUDA device: {e}")
+        sys.exit(3)
     counts = call_counts()
     print("| call | memory | median | driver calls (one call) |")
     print("| --- | ---: | ---: | --- |")
     for gib in args.gib:
         n = gib * 1024 * MIB // BUFFER
-        pool = DevicePool(0)
-        with pool.region("bench"):
-            bufs = [pool.allocate(BUFFER) for _ in range(n)]
-        for backup in (False, True):
-            pauses, resumes = [], []
-            for _ in range(args.repeat):
-                pauses.append(timed(lambda: pool.pause("bench", backup=backup), counts))
-                resumes.append(timed(lambda: pool.resume("bench"), counts))
-            suffix = ", backup" if backup else ""
-            row(f"`pause`{suffix}", gib, [s for s, _ in pauses], pauses[-1][1])
-            row(f"`resume`{suffix}", gib, [s for s, _ in resumes], resumes[-1][1])
-        copy_out, copy_in = copies(bufs, args.repeat)
-        row("the backup's copies alone: `cuMemAllocHost` + `cuMemcpyDtoH`", gib, copy_out, {"cuMemAllocHost": 1, "cuMemcpyDtoH": n})
-        row("the restore's copies alone: `cuMemcpyHtoD`", gib, copy_in, {"cuMemcpyHtoD": n})
-        del bufs
-        pool.close()
-        # The baseline: the same memory given back and taken again at new addresses.
-        plain = DevicePool(0, strategy="best_fit", expandable=True, steady=False)
-        bufs = [plain.allocate(BUFFER) for _ in range(n)]
-        trims, regrows = [], []
-        for _ in range(args.repeat):
-            def give_back() -> None:
-                for b in bufs:
-                    plain.deallocate(b)
-                plain.trim()
+        tagged(gib, n, args.repeat, counts)
+        given_back(gib, n, args.repeat, counts)
 
-            trims.append(timed(give_back, counts))
-            regrows.append(timed(lambda: bufs.__setitem__(slice(None), [plain.allocate(BUFFER) for _ in range(n)]), counts))
-        row("free + `trim()` (addresses lost)", gib, [s for s, _ in trims], trims[-1][1])
-        row("allocate again", gib, [s for s, _ in regrows], regrows[-1][1])
+
+Counts = Optional[Callable[[], Dict[str, int]]]
+
+
+def tagged(gib: int, n: int, repeat: int, counts: Counts) -> None:
+    """Pause and resume of `n` buffers in a tag, with and without a backup; the backup's copies alone."""
+    pool = DevicePool(0)
+    with pool.region("bench"):
+        bufs = [pool.allocate(BUFFER) for _ in range(n)]
+    for backup in (False, True):
+        pauses, resumes = [], []
+        for _ in range(repeat):
+            pauses.append(timed(functools.partial(pool.pause, "bench", backup=backup), counts))
+            resumes.append(timed(functools.partial(pool.resume, "bench"), counts))
+        suffix = ", backup" if backup else ""
+        row(f"`pause`{suffix}", gib, [s for s, _ in pauses], pauses[-1][1])
+        row(f"`resume`{suffix}", gib, [s for s, _ in resumes], resumes[-1][1])
+    copy_out, copy_in = copies(bufs, repeat)
+    row("the backup's copies alone: `cuMemAllocHost` + `cuMemcpyDtoH`", gib, copy_out, {"cuMemAllocHost": 1, "cuMemcpyDtoH": n})
+    row("the restore's copies alone: `cuMemcpyHtoD`", gib, copy_in, {"cuMemcpyHtoD": n})
+    del bufs
+    pool.close()
+
+
+def given_back(gib: int, n: int, repeat: int, counts: Counts) -> None:
+    """The baseline: the same memory freed, trimmed and allocated again, at new addresses."""
+    pool = DevicePool(0, strategy="best_fit", expandable=True, steady=False)
+    bufs = [pool.allocate(BUFFER) for _ in range(n)]
+
+    def give_back() -> None:
         for b in bufs:
-            plain.deallocate(b)
-        plain.close()
+            pool.deallocate(b)
+        pool.trim()
 
+    def take_again() -> None:
+        bufs[:] = [pool.allocate(BUFFER) for _ in range(n)]
+
+    trims, regrows = [], []
+    for _ in range(repeat):
+        trims.append(timed(give_back, counts))
+        regrows.append(timed(take_again, counts))
+    row("free + `trim()` (addresses lost)", gib, [s for s, _ in trims], trims[-1][1])
+    row("allocate again", gib, [s for s, _ in regrows], regrows[-1][1])
+    for b in bufs:
+        pool.deallocate(b)
+    pool.close()
 
 if __name__ == "__main__":
     main()

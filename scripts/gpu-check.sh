@@ -19,7 +19,9 @@
 #                   staged wheel, installed with --no-deps into a scratch folder (python.xml:
 #                   JUnit results; torch_gpu.json: the training comparison's figures;
 #                   torch_hooks.json: the torch version and the allocator hooks it took)
-#   5. summary.json each step's status, rc and seconds
+#   5. pause.log    benches/pause_resume.py: pause and resume of 1-8 GiB with and without a
+#                   backup, beside trim-and-regrow and the driver's own copies, on the GPU
+#   6. summary.json each step's status, rc and seconds
 #
 # Every step runs under `timeout`, inside an overall budget (GPU_CHECK_BUDGET_S, 460 s).
 # Where nvidia-smi lists a GPU (or with --require-gpu), a missing CUDA device is a failure, not
@@ -260,7 +262,21 @@ else
     fi
 fi
 
-# ---- 5. summary ----
+# ---- 5. pause and resume of a tag's memory, timed on the GPU ----
+if [ -n "$PY_READY" ]; then
+    PYTHONPATH=$PY_PATH OUT=$OUT run_step pause pause.log 120 python3 benches/pause_resume.py --gib 1 2 4 8 --repeat 3
+    case $LAST_RC in
+        0) record pause pass 0 "$LAST_SECONDS" pause.log ;;
+        3) if [ "$VRAMPOOL_REQUIRE_GPU" = 1 ]; then # 3: no CUDA device
+               record pause fail 3 "$LAST_SECONDS" pause.log
+           else
+               record pause skipped 3 "$LAST_SECONDS" pause.log
+           fi ;;
+        *) record pause fail "$LAST_RC" "$LAST_SECONDS" pause.log ;;
+    esac
+fi
+
+# ---- 6. summary ----
 STATUS=pass
 [ "$FAILED" -eq 1 ] && STATUS=fail
 if [ "$STATUS" = pass ] && ! printf '%s\n' "${STEPS[@]}" | grep -q '"status": "pass"'; then

@@ -95,6 +95,27 @@ def test_gpu_buffers_hold_their_own_bytes(pool: DevicePool, driver: Driver) -> N
     assert pool.memory_kind == "device" and "cuda:0" in pool.memory_summary()
 
 
+def test_gpu_pause_gives_the_pages_back_and_resume_restores_the_bytes(pool: DevicePool, driver: Driver) -> None:
+    """A tag's memory leaves the device (the driver's free memory rises by it) and comes back at
+    the same addresses with its bytes; untagged memory stays as it was throughout."""
+    plain = pool.allocate(3 * MIB)
+    driver.memset(plain.ptr, 0x33, plain.size)
+    with pool.region("kv"):
+        kv = [pool.allocate(n) for n in (700, 5 * MIB, 64 * MIB)]
+    for i, buf in enumerate(kv):
+        driver.memset(buf.ptr, 0x40 + i, buf.size)
+    (tag,) = pool.tags()
+    free = pool.mem_info()[0]
+    assert pool.pause("kv", backup=True).released == tag.reserved
+    assert pool.mem_info()[0] - free >= tag.reserved * 99 // 100
+    assert driver.read(plain.ptr, plain.size) == b"\x33" * plain.size
+    assert pool.resume("kv") == tag.reserved
+    for i, buf in enumerate(kv):
+        assert driver.read(buf.ptr, buf.size) == bytes([0x40 + i]) * buf.size
+    for buf in [plain, *kv]:
+        pool.deallocate(buf)
+
+
 def test_gpu_interfaces_describe_device_memory(pool: DevicePool) -> None:
     buf = pool.allocate(1000)
     assert buf.__dlpack_device__() == (2, 0)  # kDLCUDA

@@ -257,3 +257,49 @@ def test_install_hooks_and_out_of_memory_on_the_gpu() -> None:
     assert after < before
     assert abs(got["capacity_over_half"] - 1) < 0.01
     assert len(got["hooks"]) == 8
+
+
+def test_pause_and_resume_keep_tensors_and_a_captured_graph() -> None:
+    """RL post-training's turn-taking under install(): weights and a KV cache in tagged regions,
+    a CUDA graph captured over them; pausing the KV cache (no backup) and the weights (backup)
+    gives their memory back (cuMemGetInfo), resuming brings the weights' bytes back at the same
+    addresses, and the graph replays on them."""
+    got = run_python(
+        """
+        import json, torch
+        import vrampool.torch as vt
+        vt.install()
+        with vt.region("weights"):
+            w = torch.arange(1 << 22, dtype=torch.float32, device="cuda")
+        with vt.region("kv"):
+            kv = torch.zeros(1 << 24, dtype=torch.float32, device="cuda")
+        out = torch.empty_like(w)
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            out.copy_(w * 2)  # warm-up on the side stream, as capture requires
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out.copy_(w * 2)
+        torch.cuda.synchronize()
+        ptrs = (w.data_ptr(), kv.data_ptr())
+        free_before = torch.cuda.mem_get_info()[0]
+        paused = vt.pause("kv").released + vt.pause("weights", backup=True).released
+        free_paused = torch.cuda.mem_get_info()[0]
+        stats = vt.memory_stats()
+        vt.resume("weights")
+        vt.resume("kv")
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = torch.arange(1 << 22, dtype=torch.float32, device="cuda") * 2
+        print(json.dumps({
+            "paused": paused, "freed": free_paused - free_before, "paused_bytes": stats["paused_bytes"],
+            "same": ptrs == (w.data_ptr(), kv.data_ptr()), "weights": bool(torch.equal(out, expected)),
+        }))
+        """
+    )
+    RESULTS["pause_resume"] = got
+    _save()
+    assert got["same"] and got["weights"], got
+    assert got["paused"] >= (1 << 24) * 4 + (1 << 22) * 4 and got["paused_bytes"] == got["paused"], got
+    assert got["freed"] >= got["paused"] * 99 // 100, got
