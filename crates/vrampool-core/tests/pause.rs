@@ -233,3 +233,37 @@ fn memory_that_cannot_keep_its_addresses_refuses_with_the_reason() {
     assert!(!pool.is_paused());
     pool.free(small, None, None).unwrap();
 }
+
+#[test]
+fn other_threads_allocate_and_free_untagged_and_in_other_tags_while_one_tag_pauses_and_resumes() {
+    let s = Arc::new(setup(PoolConfig::default()));
+    let kv = fill(&s, Some("kv"), 6, 70);
+    s.pools.begin_tag("other").unwrap();
+    let others: Vec<u64> = (0..64).map(|_| s.pools.allocate(64 * 1024, S0).unwrap()).collect();
+    s.pools.end_tag("other");
+    let workers: Vec<_> = (0..3u64)
+        .map(|t| {
+            let s = Arc::clone(&s);
+            let mine: Vec<u64> = others.iter().copied().skip(t as usize).step_by(3).collect();
+            std::thread::spawn(move || {
+                for i in 0..3000u64 {
+                    let a = s.pools.allocate(512 * (1 + (i + t) % 64), StreamId(t)).unwrap();
+                    s.sim.write(a, &[t as u8; 512]).unwrap();
+                    assert_eq!(s.sim.read(a, 512).unwrap(), vec![t as u8; 512]);
+                    s.pools.free(a, None, None).unwrap();
+                }
+                for a in mine {
+                    s.pools.free(a, None, None).unwrap();
+                }
+            })
+        })
+        .collect();
+    for _ in 0..50 {
+        s.pools.pause(Some("kv"), true).unwrap();
+        s.pools.resume(Some("kv"), true).unwrap();
+    }
+    workers.into_iter().for_each(|w| w.join().unwrap());
+    assert_intact(&s, &kv);
+    let other = s.pools.tags().into_iter().find(|t| t.name == "other").unwrap();
+    assert_eq!(other.allocated, 0, "every free in the other tag went through");
+}
