@@ -11,7 +11,7 @@ use crate::pool::{next_uid, signature, PlannedPool, AUTO_KEY, AUTO_PLAN_ALLOCATI
 use crate::record::Recorder;
 use crate::schedule::{plan_schedule, Planning, Schedule};
 use crate::serving::{Phase, Serving, Word, EPOCH_MASK};
-use crate::state::{Cold, Loose};
+use crate::state::{Cold, Loose, Pending};
 
 impl<B: MemoryResource> PlannedPool<B> {
     // ---- phases ----
@@ -88,7 +88,7 @@ impl<B: MemoryResource> PlannedPool<B> {
     pub(crate) fn start_by_key(&self, cold: &mut Cold, size: u64, stream: StreamId) -> bool {
         let key = if cold.key == AUTO_KEY { signature(size, stream) } else { cold.key };
         let lead = cold.recorder.len();
-        let schedule = cold.plans.get(&key).cloned();
+        let schedule = self.schedule_of(cold, key);
         let fresh = !cold.recorder.overflowed && !cold.recorder.diverged;
         if let Some(schedule) = schedule.filter(|s| fresh && s.starts_with(lead, size, stream)) {
             if self.serve(cold, schedule, lead) {
@@ -242,7 +242,8 @@ impl<B: MemoryResource> PlannedPool<B> {
             Phase::Idle => {
                 // A known schedule is served at once (serving costs nothing); a new one is recorded once the wait
                 // is over.
-                if (key != AUTO_KEY && cold.plans.contains_key(&key)) || self.idle.total() >= self.idle.until() {
+                let known = cold.plans.contains_key(&key) || cold.pending.contains_key(&key);
+                if (key != AUTO_KEY && known) || self.idle.total() >= self.idle.until() {
                     cold.recorder = Recorder::new(cold.backoff.record_limit);
                     self.word.store(Word::COLD, Release);
                     self.begin(cold, key);
@@ -259,7 +260,7 @@ impl<B: MemoryResource> PlannedPool<B> {
         if key == AUTO_KEY {
             return;
         }
-        if let Some(schedule) = cold.plans.get(&key).cloned() {
+        if let Some(schedule) = self.schedule_of(cold, key) {
             if self.serve(cold, schedule, 0) {
                 return;
             }
@@ -267,14 +268,15 @@ impl<B: MemoryResource> PlannedPool<B> {
         self.release_idle_regions(cold);
     }
 
-    /// Plans the recording that ends, stores its schedule under its key, and backs off when
-    /// iterations keep going unserved.
+    /// Keeps the recording that ends under its key, to be planned when the key comes again
+    /// (`schedule_of`), and backs off when iterations keep going unserved.
     pub(crate) fn plan_recording(&self, cold: &mut Cold) {
         let recorder = std::mem::replace(&mut cold.recorder, Recorder::new(cold.backoff.record_limit));
         if recorder.events.is_empty() {
             return;
         }
         let too_few = self.auto_steps && (recorder.allocations as usize) < AUTO_PLAN_ALLOCATIONS;
+        let recorded = recorder.events.len();
         let key = match cold.key {
             AUTO_KEY => recorder.first.map(|(size, stream)| signature(size, stream)),
             key => Some(key),
@@ -286,22 +288,32 @@ impl<B: MemoryResource> PlannedPool<B> {
             // The search may take as long as the iteration took, no longer: planning then costs a repeating
             // program at most one more iteration's time.
             let budget = self.planning.budget.min(recorder.age());
-            match plan_schedule(&recorder.events, Planning { budget, ..self.planning }) {
-                Some(schedule) => {
-                    if cold.plans.len() >= MAX_PLANS && !cold.plans.contains_key(&key) {
-                        let old = cold.plans.keys().next().copied();
-                        old.map(|k| cold.plans.remove(&k));
-                    }
-                    cold.plans.insert(key, Arc::new(schedule));
-                }
-                None => {
-                    cold.plans.remove(&key);
-                }
+            cold.plans.remove(&key);
+            if cold.pending.len() >= MAX_PLANS && !cold.pending.contains_key(&key) {
+                let old = cold.pending.keys().next().copied();
+                old.map(|k| cold.pending.remove(&k));
             }
+            cold.pending.insert(key, Pending { events: recorder.events, budget });
         }
-        if let Some(wait) = cold.backoff.unserved(recorder.events.len()) {
+        if let Some(wait) = cold.backoff.unserved(recorded) {
             self.go_idle(cold, wait);
         }
+    }
+
+    /// `key`'s schedule: the one planned, else its recording planned now (and kept). Planning waits
+    /// for the key's second iteration: an iteration that never comes again is never planned.
+    pub(crate) fn schedule_of(&self, cold: &mut Cold, key: u64) -> Option<Arc<Schedule>> {
+        if let Some(schedule) = cold.plans.get(&key) {
+            return Some(Arc::clone(schedule));
+        }
+        let pending = cold.pending.remove(&key)?;
+        let schedule = Arc::new(plan_schedule(&pending.events, Planning { budget: pending.budget, ..self.planning })?);
+        if cold.plans.len() >= MAX_PLANS {
+            let old = cold.plans.keys().next().copied();
+            old.map(|k| cold.plans.remove(&k));
+        }
+        cold.plans.insert(key, Arc::clone(&schedule));
+        Some(schedule)
     }
 
     // ---- the mode, the arena's memory, figures ----

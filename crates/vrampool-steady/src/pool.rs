@@ -124,6 +124,7 @@ impl<B: MemoryResource> PlannedPool<B> {
             key: DEFAULT_KEY,
             named: true,
             plans: HashMap::default(),
+            pending: HashMap::default(),
             serving: None,
             epoch: 0,
             wraps_at_epoch: 0,

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use foldhash::fast::FixedState;
 use vrampool_core::{InvalidFreeReason, PoolError, StreamId};
@@ -11,7 +12,7 @@ use crate::figures::Figures;
 use crate::idle::Backoff;
 use crate::record::Recorder;
 use crate::regions::Regions;
-use crate::schedule::Schedule;
+use crate::schedule::{Recorded, Schedule};
 use crate::serving::Serving;
 
 /// An arena buffer live outside a served iteration: its iteration left the schedule, or ended, while
@@ -22,6 +23,13 @@ pub(crate) struct Loose {
     pub(crate) stream: StreamId,
 }
 
+/// An iteration's recording, kept to be planned if its key comes again.
+pub(crate) struct Pending {
+    pub(crate) events: Vec<Recorded>,
+    /// The planner's search budget: no longer than the iteration took.
+    pub(crate) budget: Duration,
+}
+
 /// Everything the cold path keeps, under the lock.
 pub(crate) struct Cold {
     /// The iteration's key (`AUTO_KEY` until its first allocation names it).
@@ -30,6 +38,9 @@ pub(crate) struct Cold {
     /// fallback, not another schedule's start.
     pub(crate) named: bool,
     pub(crate) plans: HashMap<u64, Arc<Schedule>, FixedState>,
+    /// Recordings not planned yet, by key: a key's recording is planned when an iteration of the key
+    /// starts again, so a program whose iterations never repeat never pays for a plan.
+    pub(crate) pending: HashMap<u64, Pending, FixedState>,
     /// The epoch's serving state, while serving.
     pub(crate) serving: Option<Arc<Serving>>,
     pub(crate) epoch: u32,
