@@ -179,9 +179,10 @@ impl PoolCore {
         let mut blocks = Vec::new();
         let mut total = 0usize;
         for block in self.live_blocks() {
-            let len = usize::try_from(block.size).map_err(|_| PoolError::InvalidSize { size: block.size, reason: "too large to back up" })?;
+            let too_large = PoolError::InvalidSize { size: block.size, reason: "too large to back up" };
+            let len = usize::try_from(block.size).map_err(|_| too_large.clone())?;
             blocks.push((block.addr, total, len));
-            total = total.checked_add(len).ok_or(PoolError::InvalidSize { size: block.size, reason: "too large to back up" })?;
+            total = total.checked_add(len).ok_or(too_large)?;
         }
         let mut bytes = self.device.host_buffer(total)?;
         for &(addr, offset, len) in &blocks {
