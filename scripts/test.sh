@@ -27,6 +27,6 @@ install_torch_2_11
 python -m pytest -q "$@"
 echo "== the CUDA Python suites under the emulated CUDA driver (host memory, not a GPU)"
 EMULATED_CUDA_DEVICES=2 VRAMPOOL_REQUIRE_EMULATED=1 scripts/emulated-cuda.sh \
-    python -m pytest -q tests/test_cuda_gpu.py tests/test_emulated_cuda.py tests/test_steady_emulated.py tests/test_ahead_emulated.py tests/test_torch_gpu.py tests/test_ipc.py tests/test_ipc_numba.py
+    python -m pytest -q tests/test_cuda_gpu.py tests/test_emulated_cuda.py tests/test_steady_emulated.py tests/test_ahead_emulated.py tests/test_pause_emulated.py tests/test_torch_gpu.py tests/test_ipc.py tests/test_ipc_numba.py
 echo "== the Python benchmarks (benches/), each run once as a test"
 python -m pytest -q benches --benchmark-disable
