@@ -104,8 +104,8 @@ pub(crate) fn best_fit(inst: &Instance, index: &mut PlacedIndex, i: u32, spans: 
     let (lo, hi, size) = (inst.lo[i as usize], inst.hi[i as usize], inst.size[i as usize]);
     spans.clear();
     index.overlapping(lo, hi, spans);
-    // The index gives a few sorted runs, which a stable sort merges.
-    spans.sort();
+    // By start alone: the scan below needs no order among spans that start together.
+    spans.sort_unstable_by_key(|&(start, _)| start);
     // `top` is the highest byte used so far among the spans scanned; a span starting above it leaves a gap.
     let (mut top, mut best): (u64, Option<(u64, u64)>) = (0, None);
     for &(start, end) in spans.iter() {

@@ -10,14 +10,17 @@
 //! canonical nodes of its lifetime; the second in a segment tree over start segments, holding each buffer's
 //! bytes on every node above its start, read on the canonical nodes of `(lo, hi)`.
 
+use smallvec::SmallVec;
+
 /// A placed buffer's bytes, `[start, end)`.
 pub(crate) type Span = (u64, u64);
 
 /// Disjoint ranges, none touching another, by start: the union of the spans added. A sorted vector rather than
 /// a tree: merged, a node's ranges are few (the gaps between the bytes its buffers take), so shifting them on an
-/// insert costs less than a tree's allocations, and reading them is a copy.
+/// insert costs less than a tree's allocations, and reading them is a copy. Most nodes hold one or two ranges,
+/// kept inline: an index of tens of thousands of nodes then makes few heap allocations.
 #[derive(Default, Clone)]
-struct Union(Vec<Span>);
+struct Union(SmallVec<[Span; 2]>);
 
 impl Union {
     fn add(&mut self, (start, end): Span) {
