@@ -151,7 +151,7 @@ def test_emulated_a_fault_at_every_driver_call_of_pause_and_resume_leaves_the_ta
         before = calls()
         _tag_life(pool, kv, step)
         made[step] = made_since(before)
-    assert {"cuStreamSynchronize", "cuMemcpyDtoH", "cuMemUnmap", "cuMemRelease"} <= set(made["pause"]), made
+    assert {"cuEventRecord", "cuEventSynchronize", "cuMemcpyDtoH", "cuMemUnmap", "cuMemRelease"} <= set(made["pause"]), made
     assert {"cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemcpyHtoD"} <= set(made["resume"]), made
     raised = 0
     for step in ("pause", "resume"):

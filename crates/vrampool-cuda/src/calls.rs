@@ -166,6 +166,13 @@ pub(crate) unsafe fn event_query(event: u64) -> DeviceResult<bool> {
 }
 
 /// # Safety
+/// `event` is a live event.
+pub(crate) unsafe fn event_synchronize(event: u64) -> DeviceResult<()> {
+    // SAFETY: as the caller guarantees.
+    check(unsafe { sys::cuEventSynchronize(ptr(event)) }, "cuEventSynchronize")
+}
+
+/// # Safety
 /// `event` is a live event that nobody uses afterwards.
 pub(crate) unsafe fn event_destroy(event: u64) -> DeviceResult<()> {
     // SAFETY: as the caller guarantees (pending work that records it is fine for the driver).

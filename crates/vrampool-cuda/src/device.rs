@@ -420,6 +420,16 @@ impl Device for CudaDevice {
         unsafe { calls::event_query(event.0) }
     }
 
+    fn wait_event(&self, event: EventId) -> DeviceResult<()> {
+        if !self.events.lock().live.contains(&event.0) {
+            return Err(DeviceError::Driver(format!("unknown event {:#x}", event.0)));
+        }
+        let _current = self.enter()?;
+        // SAFETY: a live event of ours; only its recorder releases it, and the caller waiting on it
+        // is that recorder. The lock is not held meanwhile: the wait may be long.
+        unsafe { calls::event_synchronize(event.0) }
+    }
+
     fn stream_wait_event(&self, stream: StreamId, event: EventId) -> DeviceResult<()> {
         let events = self.events.lock();
         if !events.live.contains(&event.0) {

@@ -40,6 +40,7 @@ const REQUIRED: &[&str] = &[
     "cuEventCreate",
     "cuEventRecord",
     "cuEventQuery",
+    "cuEventSynchronize",
     "cuEventDestroy_v2",
     "cuStreamCreate",
     "cuStreamDestroy_v2",

@@ -117,6 +117,14 @@ pub trait Device: Send + Sync {
     /// Whether the event has completed.
     fn event_done(&self, event: EventId) -> DeviceResult<bool>;
 
+    /// Blocks the calling thread until `event` has completed (`cuEventSynchronize`).
+    fn wait_event(&self, event: EventId) -> DeviceResult<()> {
+        while !self.event_done(event)? {
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
+
     /// Makes `stream` wait for `event`: work queued on `stream` afterwards runs after it.
     fn stream_wait_event(&self, stream: StreamId, event: EventId) -> DeviceResult<()>;
 

@@ -455,6 +455,16 @@ impl Device for SimDevice {
         }
     }
 
+    /// The event's stream runs its work to the end (as `synchronize_stream` does), and so the event completes.
+    fn wait_event(&self, event: EventId) -> DeviceResult<()> {
+        let stream = match self.state.lock().events.get(&event.0) {
+            Some(&(stream, _)) => stream,
+            None => return Err(DeviceError::Driver(format!("unknown event {}", event.0))),
+        };
+        self.complete_stream(stream);
+        Ok(())
+    }
+
     fn stream_wait_event(&self, stream: StreamId, event: EventId) -> DeviceResult<()> {
         let mut state = self.state.lock();
         if !state.events.contains_key(&event.0) {

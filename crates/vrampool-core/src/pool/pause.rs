@@ -11,7 +11,7 @@
 //! free when the memory comes back. Nothing touches the unmapped memory meanwhile: scrubbing waits
 //! for the resume, which zero-fills everything it maps when scrubbing is on.
 //!
-//! A pause waits for the streams that used the memory (each alone, never the whole context),
+//! A pause waits for the streams that used the memory (an event on each, never the whole context),
 //! copies the live blocks to the host if asked, then unmaps. If an unmap fails, what was
 //! unmapped stays so: the memory is paused, the error says so, and pausing again finishes. A
 //! resume that cannot map or restore everything (the device is full) unmaps what it mapped and
@@ -155,9 +155,10 @@ impl PoolCore {
         }
     }
 
-    /// Waits for every stream whose work may touch the memory: the arenas' own, those recorded
-    /// on live blocks, and those deferred frees wait for. Each stream alone: a context-wide sync
-    /// would wait for other pools' work too.
+    /// Waits for the work queued so far on every stream that may touch the memory: the arenas' own,
+    /// those recorded on live blocks, and those deferred frees wait for. An event on each, waited
+    /// for: a context-wide sync would wait for other pools' work too, and a stream's sync for work
+    /// other threads queue on it meanwhile.
     fn wait_for_users(&self) -> Result<()> {
         let mut streams = std::collections::BTreeSet::new();
         self.for_each_arena(|arena| {
@@ -167,11 +168,17 @@ impl PoolCore {
         });
         streams.extend(self.recorded.lock().values().flatten().copied());
         streams.extend(self.deferred.lock().iter().flat_map(|d| d.streams.iter().copied()));
-        for stream in streams {
-            self.device.synchronize_stream(stream)?;
-        }
+        self.wait_for(streams)?;
         self.complete_ready_deferred_frees();
         Ok(())
+    }
+
+    /// Waits for the work queued so far on `streams`: an event recorded on each, waited for.
+    fn wait_for(&self, streams: std::collections::BTreeSet<StreamId>) -> Result<()> {
+        let events = self.record_events(&streams.into_iter().collect::<Vec<_>>())?;
+        let waited = events.iter().try_for_each(|&event| self.device.wait_event(event));
+        events.into_iter().for_each(|event| self.device.release_event(event));
+        Ok(waited?)
     }
 
     /// The live blocks' bytes, copied into one host buffer (page-locked where the device can).
@@ -273,9 +280,8 @@ impl PoolCore {
             for &(stream, m) in mapped {
                 self.device.fill_zero(m.base, m.size, stream)?;
             }
-            for &(stream, _) in mapped {
-                self.device.synchronize_stream(stream)?;
-            }
+            // The fills are queued on the arenas' streams; the copies below are not ordered after them.
+            self.wait_for(mapped.iter().map(|&(stream, _)| stream).collect())?;
         }
         let Some(backup) = &state.backup else { return Ok(()) };
         for &(addr, offset, len) in &backup.blocks {
