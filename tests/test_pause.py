@@ -126,6 +126,10 @@ def test_a_closed_pool_refuses_pause_and_resume(sim: DevicePool) -> None:
     sim.close()
     with pytest.raises(vrampool.PoolClosedError):
         sim.resume("kv")
+    with pytest.raises(vrampool.PoolClosedError):
+        sim.pause()
+    with pytest.raises(vrampool.PoolClosedError), sim.region("new"):
+        pass
 
 
 @pytest.fixture
@@ -162,3 +166,16 @@ def test_the_torch_allocators_regions_pause_and_resume(abi: ctypes.CDLL) -> None
     abi.vrampool_free(plain, MIB, 0, None)
     with pytest.raises(ValueError, match="no region"):
         _native.abi_region(0, "kv", False)
+
+
+def test_bad_arguments_are_python_errors(sim: DevicePool) -> None:
+    with pytest.raises(TypeError), sim.region(None):  # type: ignore[arg-type]
+        pass
+    with sim.region("kv"):
+        sim.allocate(4096)
+    with pytest.raises(TypeError):
+        sim.pause(7)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        sim.resume(b"kv")  # type: ignore[arg-type]
+    assert sim.pause("kv").released > 0 and sim.pause("kv").released == 0, "pausing twice gives back nothing more"
+    assert sim.resume("kv") > 0 and sim.resume("kv") == 0, "resuming a tag that is not paused maps nothing"

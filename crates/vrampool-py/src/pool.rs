@@ -97,6 +97,9 @@ impl NativePool {
 
     /// Opens `tag`'s region: allocations go to the tag's memory until `region_end(tag)`.
     fn region_begin(&self, tag: &str) -> PyResult<()> {
+        if self.resource.pool().is_closed() {
+            return Err(to_py(vrampool_core::PoolError::Closed));
+        }
         self.resource.stack().begin_tag(tag).map_err(to_py)
     }
 
