@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
+use foldhash::fast::FixedState;
 use parking_lot::Mutex;
 
 use crate::config::{Limit, PoolConfig};
@@ -53,7 +54,7 @@ pub struct PrivatePools<U> {
     limit: Mutex<Option<Limit>>,
     pools: Mutex<Pools>,
     /// The private pool of each block a private pool handed out and that is still live.
-    owners: Mutex<HashMap<u64, Arc<Pool>>>,
+    owners: Mutex<HashMap<u64, Arc<Pool>, FixedState>>,
     /// `pools.open.len()` and `pools.pools.len()`, read without the lock on the fast paths.
     open_count: AtomicUsize,
     pool_count: AtomicUsize,
