@@ -10,11 +10,10 @@ VRAMPOOL_REQUIRE_EMULATED=1, which scripts/test.sh sets)."""
 
 from __future__ import annotations
 
-import gc
 import os
 import subprocess
 import sys
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, List, Tuple
 
 import pytest
 
@@ -52,12 +51,8 @@ def made_since(before: Dict[str, int]) -> Dict[str, int]:
 
 
 @pytest.fixture
-def pool() -> Iterator[DevicePool]:
-    pool = DevicePool(0)
-    yield pool
-    DRIVER.check(DRIVER.lib.cuCtxSynchronize())
-    gc.collect()
-    pool.close()
+def pool(device_pool: DevicePool) -> DevicePool:
+    return device_pool
 
 
 def test_emulated_pause_frees_the_tags_pages_and_resume_restores_every_byte(pool: DevicePool) -> None:
