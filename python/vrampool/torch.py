@@ -27,6 +27,15 @@ iterations::
               vrampool.torch.step(key=x.shape)
               train_step(x, y)
 
+Under :func:`install`, :func:`region` gives the tensors made inside it a tag whose GPU memory
+:func:`pause` gives back and :func:`resume` takes again at the same addresses (RL post-training,
+as vLLM's sleep mode and ``torch_memory_saver``: see ``docs/pause-resume.md``)::
+
+      with vrampool.torch.region("kv_cache"):
+          cache = torch.empty(n, device="cuda")
+      vrampool.torch.pause("kv_cache")
+      vrampool.torch.resume("kv_cache")
+
 PyTorch's own statistics do not work under a pluggable allocator, so this module mirrors them:
 :func:`memory_stats` (PyTorch's key names), :func:`memory_allocated`, :func:`memory_reserved`,
 :func:`max_memory_allocated`, :func:`max_memory_reserved`, :func:`reset_peak_memory_stats`,
