@@ -52,6 +52,9 @@ def test_a_pause_gives_the_memory_back_and_a_resume_brings_every_byte_back_at_th
     assert sim.mem_info()[0] - free_before >= kv_info.reserved * 99 // 100
     assert [t.paused for t in sim.tags()] == [True, False]
     assert sim.stats()["paused_bytes"] == kv_info.reserved
+    paused = [s for s in sim.snapshot()["segments"] if s["vrampool_paused"]]
+    assert paused and all(s["segment_pool_id"] == paused[0]["segment_pool_id"] for s in paused), "the tag's segments, and no other"
+    assert sum(s["total_size"] for s in paused) == kv_info.reserved
     assert intact(plain) and intact(weights)
     with sim.region("kv"), pytest.raises(vrampool.PausedError, match='"kv" is paused'):
         sim.allocate(4096)

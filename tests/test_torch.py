@@ -350,7 +350,7 @@ def test_memory_snapshot_has_torch_format_field_by_field(sim: ctypes.CDLL) -> No
     assert snap["allocator_settings"] == {"vrampool": "device:sim,sim_capacity:256MB"}
     segs: List[Dict[str, Any]] = snap["segments"]
     seg_keys = {"device", "address", "total_size", "allocated_size", "active_size", "requested_size", "stream", "segment_type",
-                "segment_pool_id", "is_expandable", "frames", "blocks", "strategy"}
+                "segment_pool_id", "is_expandable", "vrampool_paused", "frames", "blocks", "strategy"}
     blocks_by_addr = {}
     for seg in segs:
         assert set(seg) == seg_keys
@@ -358,6 +358,7 @@ def test_memory_snapshot_has_torch_format_field_by_field(sim: ctypes.CDLL) -> No
         assert isinstance(seg["address"], int) and seg["total_size"] > 0 and seg["frames"] == []
         # The middle tier grows as an expandable segment on the simulated device, which maps.
         assert seg["is_expandable"] is (seg["strategy"] == "best_fit")
+        assert seg["vrampool_paused"] is False
         assert seg["segment_type"] == ("small" if seg["strategy"] == "slab" else "large")
         cursor = seg["address"]
         for b in seg["blocks"]:

@@ -278,7 +278,8 @@ class DevicePool:
         :func:`vrampool.torch.memory_snapshot` gives them, which ``torch.cuda._memory_viz``
         reads): ``segments``, each with ``address``, ``total_size``, ``allocated_size``,
         ``active_size``, ``requested_size``, ``stream``, ``segment_type``, ``segment_pool_id``,
-        ``is_expandable``, vrampool's ``strategy`` (the tier) and ``blocks`` covering it in address
+        ``is_expandable``, vrampool's ``strategy`` (the tier) and ``vrampool_paused`` (a tag's segment
+        whose memory :meth:`pause` gave back), and ``blocks`` covering it in address
         order (``address``, ``size``, ``requested_size``, ``state``: ``active_allocated``,
         ``active_pending_free`` or ``inactive``, and vrampool's ``cached``: an inactive block kept
         at its size in a cache rather than free); ``device_traces`` (empty: vrampool records no

@@ -577,8 +577,8 @@ def memory_snapshot() -> Dict[str, Any]:
     segment), ``frames`` and ``blocks``, which cover the segment in address order:
     ``active_allocated`` (in use), ``active_pending_free`` (freed, waiting for another stream) and
     ``inactive`` (free, or ``cached``: kept at its size). Each also says which ``strategy`` tier it
-    belongs to. ``device_traces`` holds an empty list per device (vrampool records no stack
-    traces).
+    belongs to, and ``vrampool_paused`` whether its memory is paused (:func:`pause`).
+    ``device_traces`` holds an empty list per device (vrampool records no stack traces).
     """
     return dict(abi_snapshot(_device_count()))
 

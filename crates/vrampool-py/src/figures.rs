@@ -80,6 +80,7 @@ pub fn segment_dict<'py>(py: Python<'py>, device: i32, seg: &PoolSegment) -> PyR
     d.set_item("segment_type", if s.strategy == "slab" { "small" } else { "large" })?;
     d.set_item("segment_pool_id", (seg.pool.first, seg.pool.second))?;
     d.set_item("is_expandable", s.expandable)?;
+    d.set_item("vrampool_paused", s.paused)?;
     d.set_item("frames", PyList::empty(py))?;
     d.set_item("blocks", blocks)?;
     d.set_item("strategy", s.strategy)?;

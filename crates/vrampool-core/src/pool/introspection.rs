@@ -23,6 +23,7 @@ impl PoolCore {
     /// Segments with their blocks and free ranges, per stream and strategy.
     pub fn snapshot(&self) -> Vec<SegmentSnapshot> {
         let deferred: Vec<u64> = self.deferred.lock().iter().map(|d| d.addr).collect();
+        let paused = self.is_paused();
         let mut out = Vec::new();
         self.for_each_arena(|arena| {
             for tier in arena.tiers.iter() {
@@ -47,6 +48,7 @@ impl PoolCore {
                         base: segment.base,
                         size: segment.size,
                         expandable,
+                        paused: paused && expandable,
                         blocks,
                     });
                 }

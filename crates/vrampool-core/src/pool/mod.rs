@@ -108,6 +108,8 @@ pub struct SegmentSnapshot {
     /// Part of an expandable segment: a mapped run of its reserved range (`size` is what is
     /// mapped there now).
     pub expandable: bool,
+    /// Paused (`PoolCore::pause`): the range keeps its blocks and addresses, with no memory behind it.
+    pub paused: bool,
     pub blocks: Vec<(u64, u64, BlockState)>,
 }
 
