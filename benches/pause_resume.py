@@ -21,35 +21,21 @@ import time
 from typing import Callable, Dict, List, Optional
 
 import vrampool
+from driver_calls import driver_counts
 from vrampool import DevicePool
 
 MIB = 1 << 20
 BUFFER = 256 * MIB
 
 
-def call_counts() -> Optional[Callable[[], Dict[str, int]]]:
-    """The emulated driver's call counts by name, or None on a real driver."""
-    lib = ctypes.CDLL("libcuda.so.1")
-    if not hasattr(lib, "emucuda_call_counts"):
-        return None
-    lib.emucuda_call_counts.restype, lib.emucuda_call_counts.argtypes = ctypes.c_size_t, [ctypes.c_char_p, ctypes.c_size_t]
-
-    def counts() -> Dict[str, int]:
-        n = lib.emucuda_call_counts(None, 0)
-        buf = ctypes.create_string_buffer(n + 1)
-        lib.emucuda_call_counts(buf, n + 1)
-        return {k: int(v) for k, v in (line.split() for line in buf.value.decode().splitlines()) if k.startswith("cu")}
-
-    return counts
-
-
-def timed(work: Callable[[], object], counts: "Counts") -> tuple:
-    before = counts() if counts else {}
+def timed(work: Callable[[], object]) -> tuple:
+    """Seconds of ``work``, and the driver calls it made (none counted on a real driver)."""
+    before = driver_counts() or {}
     start = time.perf_counter()
     work()
     seconds = time.perf_counter() - start
-    after = counts() if counts else {}
-    return seconds, {k: v - before.get(k, 0) for k, v in after.items() if v > before.get(k, 0)}
+    after = driver_counts() or {}
+    return seconds, {k: v - before.get(k, 0) for k, v in after.items() if k.startswith("cu") and v > before.get(k, 0)}
 
 
 def copies(bufs: list, repeat: int) -> tuple:
@@ -95,19 +81,16 @@ def main(argv: Optional[List[str]] = None) -> None:
     except vrampool.DeviceError as e:
         print(f"no CUDA device: {e}")
         sys.exit(3)
-    counts = call_counts()
     print("| call | memory | median | driver calls (one call) |")
     print("| --- | ---: | ---: | --- |")
     for gib in args.gib:
         n = gib * 1024 * MIB // BUFFER
-        tagged(gib, n, args.repeat, counts)
-        given_back(gib, n, args.repeat, counts)
+        tagged(gib, n, args.repeat)
+        given_back(gib, n, args.repeat)
 
 
-Counts = Optional[Callable[[], Dict[str, int]]]
 
-
-def tagged(gib: int, n: int, repeat: int, counts: Counts) -> None:
+def tagged(gib: int, n: int, repeat: int) -> None:
     """Pause and resume of `n` buffers in a tag, with and without a backup; the backup's copies alone."""
     pool = DevicePool(0)
     with pool.region("bench"):
@@ -115,8 +98,8 @@ def tagged(gib: int, n: int, repeat: int, counts: Counts) -> None:
     for backup in (False, True):
         pauses, resumes = [], []
         for _ in range(repeat):
-            pauses.append(timed(functools.partial(pool.pause, "bench", backup=backup), counts))
-            resumes.append(timed(functools.partial(pool.resume, "bench"), counts))
+            pauses.append(timed(functools.partial(pool.pause, "bench", backup=backup)))
+            resumes.append(timed(functools.partial(pool.resume, "bench")))
         suffix = ", backup" if backup else ""
         row(f"`pause`{suffix}", gib, [s for s, _ in pauses], pauses[-1][1])
         row(f"`resume`{suffix}", gib, [s for s, _ in resumes], resumes[-1][1])
@@ -127,7 +110,7 @@ def tagged(gib: int, n: int, repeat: int, counts: Counts) -> None:
     pool.close()
 
 
-def given_back(gib: int, n: int, repeat: int, counts: Counts) -> None:
+def given_back(gib: int, n: int, repeat: int) -> None:
     """The baseline: the same memory freed, trimmed and allocated again, at new addresses."""
     pool = DevicePool(0, strategy="best_fit", expandable=True, steady=False)
     bufs = [pool.allocate(BUFFER) for _ in range(n)]
@@ -142,8 +125,8 @@ def given_back(gib: int, n: int, repeat: int, counts: Counts) -> None:
 
     trims, regrows = [], []
     for _ in range(repeat):
-        trims.append(timed(give_back, counts))
-        regrows.append(timed(take_again, counts))
+        trims.append(timed(give_back))
+        regrows.append(timed(take_again))
     row("free + `trim()` (addresses lost)", gib, [s for s, _ in trims], trims[-1][1])
     row("allocate again", gib, [s for s, _ in regrows], regrows[-1][1])
     for b in bufs:

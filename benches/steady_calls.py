@@ -11,9 +11,10 @@ maps, frees or waits (by name), and the context and stream syncs among them.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import sys
 from typing import Dict, List, Sequence, Tuple
+
+from driver_calls import driver_counts
 
 #: The calls that cost a step: memory from and back to the driver, and waits.
 COUNTED = (
@@ -31,17 +32,12 @@ COUNTED = (
 )
 
 
-def driver_counts() -> Dict[str, int]:
+def emulated_counts() -> Dict[str, int]:
     """Every driver call count since the emulator started, by name."""
-    lib = ctypes.CDLL("libcuda.so.1")
-    if not hasattr(lib, "emucuda_call_counts"):
+    counts = driver_counts()
+    if counts is None:
         raise SystemExit("steady_calls: run under scripts/emulated-cuda.sh (the loaded libcuda is not the emulated driver)")
-    lib.emucuda_call_counts.restype = ctypes.c_size_t
-    lib.emucuda_call_counts.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-    n = lib.emucuda_call_counts(None, 0)
-    buf = ctypes.create_string_buffer(n + 1)
-    lib.emucuda_call_counts(buf, n + 1)
-    return {name: int(count) for name, count in (line.split() for line in buf.value.decode().splitlines())}
+    return counts
 
 
 def events_of(rows: Sequence[Tuple[int, ...]]) -> List[Tuple[int, int]]:
@@ -63,14 +59,14 @@ def passes_through_pool(events: Sequence[Tuple[int, int]], passes: int) -> List[
     pool = DevicePool(0)
     per_pass = []
     for _ in range(passes):
-        before = driver_counts()
+        before = emulated_counts()
         live = {}
         for ident, size in events:
             if size:
                 live[ident] = pool.allocate(size)
             else:
                 pool.deallocate(live.pop(ident))
-        after = driver_counts()
+        after = emulated_counts()
         per_pass.append({name: after.get(name, 0) - before.get(name, 0) for name in COUNTED})
     pool.close()
     return per_pass
