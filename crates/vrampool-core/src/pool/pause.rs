@@ -18,6 +18,7 @@
 //! stays paused, so that a later resume can succeed.
 
 use super::*;
+use crate::expandable::VmArena;
 
 /// What a pause took away.
 pub(super) struct Paused {
@@ -90,7 +91,7 @@ impl PoolCore {
             self.flush_caches();
         }
         let (to_map, to_leave): (Vec<_>, Vec<_>) =
-            state.unmapped.iter().copied().partition(|&(stream, m)| cached || self.holds_blocks(stream, m));
+            state.unmapped.iter().copied().partition(|&(stream, m)| cached || self.holds_blocks(vm, stream, m));
         let mut mapped = Vec::new();
         let mut failure = None;
         for (stream, m) in self.runs(to_map) {
@@ -138,14 +139,8 @@ impl PoolCore {
                     .into(),
             ));
         }
-        let mut plain = 0;
-        self.for_each_arena(|arena| {
-            let reservations: Vec<(u64, u64)> = arena.with_vm(|v| v.reservations.iter().map(|r| (r.base, r.size)).collect());
-            for tier in arena.tiers.iter() {
-                let outside = |s: &Segment| !reservations.iter().any(|&(base, size)| s.base >= base && s.base - base < size);
-                plain += tier.lock().snapshot().iter().map(|(s, _)| *s).filter(outside).map(|s| s.size).sum::<u64>();
-            }
-        });
+        // The snapshot tells each segment of the tiers an expandable run or a plain segment.
+        let plain: u64 = self.snapshot().iter().filter(|s| !s.expandable).map(|s| s.size).sum();
         match plain {
             0 => Ok(()),
             bytes => Err(PoolError::CannotPause(format!(
@@ -221,14 +216,30 @@ impl PoolCore {
         (bytes, first_error)
     }
 
+    /// Runs `f` on the expandable tier's strategy of `stream`'s arena and on the arena's ranges,
+    /// with the index of the one that holds `addr`, under the tier's lock as every map and unmap
+    /// runs; None when no range holds it.
+    fn in_reservation<R>(
+        &self,
+        vm: &Expandable,
+        stream: StreamId,
+        addr: u64,
+        f: impl FnOnce(&mut dyn Strategy, &mut VmArena, usize) -> R,
+    ) -> Option<R> {
+        let arena = self.arena(stream);
+        let mut strategy = self.lock_tier(&arena, vm.tier);
+        arena.with_vm(|vm_arena| {
+            let i = vm_arena.reservations.iter().position(|r| r.contains(addr))?;
+            Some(f(&mut **strategy, vm_arena, i))
+        })
+    }
+
     /// Whether the paused mapping `m` of `stream`'s arena holds part of a block (live, cached or
     /// waiting for a stream): what a resume without the cache maps again.
-    fn holds_blocks(&self, stream: StreamId, m: Segment) -> bool {
-        let vm = self.vm.as_ref().expect("paused");
-        let arena = self.arena(stream);
-        let strategy = self.lock_tier(&arena, vm.tier);
-        let Some(base) = arena.with_vm(|v| v.reservations.iter().find(|r| r.contains(m.base)).map(|r| r.base)) else { return false };
-        !strategy.unused_ranges(base).iter().any(|u| u.base <= m.base && m.base + m.size <= u.base + u.size)
+    fn holds_blocks(&self, vm: &Expandable, stream: StreamId, m: Segment) -> bool {
+        let unused = |strategy: &mut dyn Strategy, v: &mut VmArena, i: usize| strategy.unused_ranges(v.reservations[i].base);
+        let unused = self.in_reservation(vm, stream, m.base, unused).unwrap_or_default();
+        !unused.iter().any(|u| u.base <= m.base && m.base + m.size <= u.base + u.size)
     }
 
     /// `mappings` with each run of adjacent ones in one reservation made one range: mapped again
@@ -251,26 +262,21 @@ impl PoolCore {
 
     /// Maps the paused range `m` of `stream`'s arena again (within the cap).
     fn map_again(&self, vm: &Expandable, stream: StreamId, m: Segment) -> Result<()> {
-        let arena = self.arena(stream);
-        let _strategy = self.lock_tier(&arena, vm.tier);
-        arena.with_vm(|vm_arena| {
-            let r = vm_arena.reservations.iter_mut().find(|r| r.contains(m.base)).expect("a paused mapping's range stays reserved");
-            self.map_range(r, m, vm.unit, stream)
-        })
+        self.in_reservation(vm, stream, m.base, |_, v, i| self.map_range(&mut v.reservations[i], m, vm.unit, stream))
+            .expect("a paused mapping's range stays reserved")
     }
 
     /// Undoes `map_again` (a resume that failed later on).
     fn unmap_again(&self, vm: &Expandable, stream: StreamId, m: Segment) {
-        let arena = self.arena(stream);
-        let _strategy = self.lock_tier(&arena, vm.tier);
-        arena.with_vm(|vm_arena| {
-            let r = vm_arena.reservations.iter_mut().find(|r| r.contains(m.base)).expect("a paused mapping's range stays reserved");
+        self.in_reservation(vm, stream, m.base, |_, v, i| {
+            let r = &mut v.reservations[i];
             let mappings = r.mappings_within(m.base, m.base + m.size);
             let (_, kept, _) = self.unmap_ranges(r, mappings, stream);
             // A mapping the device would not take back is memory the pool holds; the next pause
             // or give-back tries again.
             debug_assert!(kept.is_empty(), "unmapping memory just mapped failed");
-        });
+        })
+        .expect("a paused mapping's range stays reserved");
     }
 
     /// Zero-fills what the resume mapped when scrubbing is on, then writes the backup of every
@@ -295,10 +301,7 @@ impl PoolCore {
     /// Leaves the paused mapping `m`, which holds no block, with the device: a hole in its
     /// strategy, cut off the range's end if it is there, and the range unreserved once empty.
     fn leave_released(&self, vm: &Expandable, stream: StreamId, m: Segment) {
-        let arena = self.arena(stream);
-        let mut strategy = self.lock_tier(&arena, vm.tier);
-        arena.with_vm(|vm_arena| {
-            let Some(i) = vm_arena.reservations.iter().position(|r| r.contains(m.base)) else { return };
+        self.in_reservation(vm, stream, m.base, |strategy, vm_arena, i| {
             let r = &mut vm_arena.reservations[i];
             if m.base < r.base + r.extent {
                 let holed = strategy.unmap_free_ranges(r.base, &[m]);
