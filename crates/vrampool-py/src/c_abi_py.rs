@@ -181,7 +181,7 @@ fn abi_region(device: i32, tag: &str, open: bool) -> PyResult<()> {
 #[pyfunction]
 #[pyo3(signature = (device, tag = None, backup = false))]
 fn abi_pause(py: Python<'_>, device: i32, tag: Option<&str>, backup: bool) -> PyResult<(u64, u64)> {
-    let resource = ABI.devices.get(device).ok_or_else(|| PyValueError::new_err(format!("device {device} has no pool")))?;
+    let resource = made(device)?;
     let report = crate::exit::detach(py, || resource.stack().pause(tag, backup)).map_err(to_py)?;
     Ok((report.released, report.backed_up))
 }
@@ -190,8 +190,13 @@ fn abi_pause(py: Python<'_>, device: i32, tag: Option<&str>, backup: bool) -> Py
 #[pyfunction]
 #[pyo3(signature = (device, tag = None, cached = true))]
 fn abi_resume(py: Python<'_>, device: i32, tag: Option<&str>, cached: bool) -> PyResult<u64> {
-    let resource = ABI.devices.get(device).ok_or_else(|| PyValueError::new_err(format!("device {device} has no pool")))?;
+    let resource = made(device)?;
     crate::exit::detach(py, || resource.stack().resume(tag, cached)).map_err(to_py)
+}
+
+/// `device`'s pool, which an earlier call made; a `ValueError` where none did.
+fn made(device: i32) -> PyResult<&'static crate::resource::DeviceResource> {
+    ABI.devices.get(device).ok_or_else(|| PyValueError::new_err(format!("device {device} has no pool")))
 }
 
 /// `device`'s tags as (name, paused, allocated, reserved, paused_bytes); none where it has no pool.
