@@ -10,9 +10,12 @@ from __future__ import annotations
 import ctypes
 import os
 from ctypes import POINTER, byref, c_char_p, c_int, c_size_t, c_uint, c_uint64, c_void_p
-from typing import Dict, Iterator, List, Tuple
+from typing import TYPE_CHECKING, Dict, Iterator, List, Sequence, Tuple
 
 import pytest
+
+if TYPE_CHECKING:
+    from vrampool import DeviceBuffer, DevicePool
 
 MIB = 1 << 20
 
@@ -207,3 +210,19 @@ class Copies:
 
     def close(self) -> None:
         DRIVER.check(DRIVER.lib.cuMemFreeHost(self.host))
+
+
+def freed_under_kernels(pool: DevicePool, copies: Copies, on: Sequence[int], size: int, first_value: int, slow_us: int) -> List[DeviceBuffer]:
+    """Buffers of `size` bytes, buffer i on stream on[i] with the byte first_value + i: each filled
+    by a kernel that sleeps `slow_us` first and copied out on its stream, and every one but the first
+    freed at once, before its kernel ran (reused in its stream's order only). All of them, the first
+    still live."""
+    bufs: List[DeviceBuffer] = []
+    for i, stream in enumerate(on):
+        buf = pool.allocate(size, stream=stream)
+        DRIVER.fill(buf.ptr, size, first_value + i, slow_us, stream)
+        copies.queue(buf.ptr, first_value + i, stream)
+        bufs.append(buf)
+        if i > 0:
+            pool.deallocate(buf)
+    return bufs

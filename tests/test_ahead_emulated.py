@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import pytest
 
-from _emulated import DRIVER, MIB, STEP_COSTS, Copies, assert_no_races, no_races, streams_fixture  # noqa: F401 (fixtures)
+from _emulated import DRIVER, MIB, STEP_COSTS, Copies, assert_no_races, freed_under_kernels, no_races, streams_fixture  # noqa: F401 (fixtures)
 from vrampool import DeviceBuffer, DevicePool
 from vrampool.ahead import Plan, plan_step
 from vrampool.whatif.ahead import capture
@@ -34,14 +34,7 @@ def step(pool: DevicePool, copies: Copies, on: Sequence[int], size: int, first_v
     """One step of len(on) buffers of `size` bytes, buffer i on stream on[i] with the byte
     first_value + i: filled by a slow kernel, copied out on its stream and freed at once (buffer
     0 last, after a second copy, so that the step ends there and an overlap with it shows)."""
-    bufs = []
-    for i, stream in enumerate(on):
-        buf = pool.allocate(size, stream=stream)
-        DRIVER.fill(buf.ptr, size, first_value + i, SLOW_US, stream)
-        copies.queue(buf.ptr, first_value + i, stream)
-        bufs.append(buf)
-        if i > 0:
-            pool.deallocate(buf)  # before its kernel ran: reused in its stream's order only
+    bufs = freed_under_kernels(pool, copies, on, size, first_value, SLOW_US)
     copies.queue(bufs[0].ptr, first_value, on[0])
     pool.deallocate(bufs[0])
 

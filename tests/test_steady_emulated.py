@@ -25,8 +25,8 @@ from typing import Iterator, List, Sequence, Tuple
 
 import pytest
 
-from _emulated import DRIVER, MIB, STEP_COSTS, Copies, assert_no_races, no_races, streams_fixture  # noqa: F401 (fixtures)
-from vrampool import DeviceBuffer, DevicePool
+from _emulated import DRIVER, MIB, STEP_COSTS, Copies, assert_no_races, freed_under_kernels, no_races, streams_fixture  # noqa: F401 (fixtures)
+from vrampool import DevicePool
 
 #: A kernel's delay: long enough that it has not run when its buffer is freed a moment later.
 SLOW_US = 25_000
@@ -54,14 +54,7 @@ def iteration(pool: DevicePool, copies: Copies, on: Sequence[int], first_value: 
     first_value + i: each is filled by a slow kernel and copied out on its stream, then freed at
     once (the first one last, after a second copy of it, so that the iteration ends there and an
     overlap with it shows). Whether its buffers came from the arena."""
-    bufs: List[DeviceBuffer] = []
-    for i, stream in enumerate(on):
-        buf = pool.allocate(MIB, stream=stream)
-        DRIVER.fill(buf.ptr, MIB, first_value + i, SLOW_US, stream)
-        copies.queue(buf.ptr, first_value + i, stream)
-        bufs.append(buf)
-        if i > 0:
-            pool.deallocate(buf)  # before its kernel ran: reused in its stream's order only
+    bufs = freed_under_kernels(pool, copies, on, MIB, first_value, SLOW_US)
     served = all(in_arena(pool, [b.ptr for b in bufs]))
     copies.queue(bufs[0].ptr, first_value, on[0])
     pool.deallocate(bufs[0])
