@@ -216,13 +216,19 @@ def test_from_trace_picks_the_largest_step_that_frees_what_it_allocates(tmp_path
             [("alloc", 6, 2 * MIB), ("alloc", 7, 4 * MIB), ("free", 6, 0), ("free", 7, 0)],
         ]
     )
-    plan = from_trace(trace)
-    assert (plan.step, plan.source, plan.rows) == (2, "trace", ((0, 2 * MIB, 0, 2), (0, 4 * MIB, 1, 3)))
+    plan = from_trace(trace, first_step=False)
+    assert (plan.step, plan.source, plan.rows, plan.first) == (2, "trace", ((0, 2 * MIB, 0, 2), (0, 4 * MIB, 1, 3)), 0)
+    # With the first step (the default): its rows lead, what it leaves live to the end, and step 2's
+    # follow on one timeline, so the weights sit beside step 2's buffers.
+    joint = from_trace(trace)
+    weights, step_2 = ((0, 64 * MIB, 0, 8), (0, MIB, 1, 4), (0, MIB, 2, 3)), ((0, 2 * MIB, 5, 7), (0, 4 * MIB, 6, 8))
+    assert (joint.step, joint.first, joint.rows) == (2, 3, weights + step_2)
+    assert joint.arena_bytes == 64 * MIB + 6 * MIB and joint.without_first_step().rows == step_2
     first = from_trace(trace, step=0)
-    assert first.rows == ((0, 64 * MIB, 0, 5), (0, MIB, 1, 4), (0, MIB, 2, 3))
+    assert (first.rows, first.first) == (((0, 64 * MIB, 0, 5), (0, MIB, 1, 4), (0, MIB, 2, 3)), 0)
     path = tmp_path / "t.jsonl"
     trace.write(path)
-    assert from_trace(path).source == str(path) and from_trace(str(path), 1).rows == ((0, MIB, 0, 2), (0, 2 * MIB, 1, 3))
+    assert from_trace(path).source == str(path) and from_trace(str(path), 1, first_step=False).rows == ((0, MIB, 0, 2), (0, 2 * MIB, 1, 3))
     # Rows (id, lower, upper, size, stream) make one step.
     assert from_trace([(0, 0, 2, 4096, 3), (1, 1, 3, 512, 3)]).rows == ((3, 4096, 0, 2), (3, 512, 1, 3))
 
@@ -260,7 +266,7 @@ def test_a_plan_file_round_trips_and_serves_through_device_pool(tmp_path: Path) 
     loaded = Plan.load(path)
     assert loaded == plan and as_plan(str(path)) == plan and as_plan(plan) is plan
     document = json.loads(path.read_text())
-    assert (document["format"], document["version"]) == ("vrampool-plan-ahead", 1)
+    assert (document["format"], document["version"]) == ("vrampool-plan-ahead", 2)
     assert document["plan"]["buffers"] == [[*r, o] for r, o in zip(plan.rows, plan.offsets)]
     for given in (path, str(path), loaded):
         pool = DevicePool("sim", capacity=1 << 30, plan=given)
@@ -281,7 +287,7 @@ def test_a_large_plan_round_trips_a_buffer_a_line(tmp_path: Path) -> None:
     plan = plan_step(rows)
     path = tmp_path / "plan.json"
     plan.save(path)
-    assert Plan.load(path) == plan and len(path.read_text().splitlines()) == 20_000 + 14
+    assert Plan.load(path) == plan and len(path.read_text().splitlines()) == 20_000 + 15
     assert all(type(v) is int for row in plan.rows for v in row)
 
 
@@ -296,7 +302,9 @@ TAMPERED: Dict[str, Tuple[Callable[[Dict[str, Any]], None], bool, str]] = {
     "a misaligned offset": (lambda d: d["plan"]["buffers"][0].__setitem__(4, 100), True, "not a multiple of the alignment"),
     "a size grown into its neighbour": (lambda d: d["plan"]["buffers"][0].__setitem__(1, 1 << 20), True, "share bytes"),
     "the figures changed": (lambda d: d["plan"].__setitem__("arena_bytes", 1), True, "arena_bytes is 1, the plan needs"),
-    "version 2": (lambda d: d.__setitem__("version", 2), True, "version 2; this vrampool reads version 1"),
+    "version 3": (lambda d: d.__setitem__("version", 3), True, "version 3; this vrampool reads versions 1 to 2"),
+    "no first step count": (lambda d: d["plan"].pop("first"), True, "first must be an int"),
+    "a first step of every buffer": (lambda d: d["plan"].__setitem__("first", 3), True, "leaves none of the plan's 3"),
     "no version": (lambda d: d.pop("version"), True, "version None"),
     "another format": (lambda d: d.__setitem__("format", "onnx"), True, "format is 'onnx'"),
     "a buffer of four values": (lambda d: d["plan"]["buffers"][0].pop(), True, r"\[stream, size, lower, upper, offset\]"),
@@ -306,6 +314,18 @@ TAMPERED: Dict[str, Tuple[Callable[[Dict[str, Any]], None], bool, str]] = {
     "no buffers": (lambda d: d["plan"].__setitem__("buffers", []), True, "at least one buffer"),
     "no plan": (lambda d: d.pop("plan"), True, "no plan object"),
 }
+
+
+def test_a_version_1_file_without_a_first_step_still_loads(tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    small_plan().save(path)
+
+    def as_version_1(document: Dict[str, Any]) -> None:
+        document["version"] = 1
+        del document["plan"]["first"]
+
+    rewrite(path, as_version_1)
+    assert Plan.load(path) == small_plan() and Plan.load(path).first == 0
 
 
 @pytest.mark.parametrize("case", list(TAMPERED))
@@ -496,6 +516,53 @@ def test_torch_install_sets_the_plan_at_the_end_of_the_first_optimizer_step(run_
     lines = out.splitlines()
     assert json.loads(lines[-2]) == [[0, 0], [4, 0], [8, 0], [12, 0], [16, 0]], out
     assert lines[-1].startswith("refused: invalid device 200"), out
+
+
+def test_torch_install_sets_a_plan_with_a_first_step_at_once_and_serves_the_weights_from_it(run_python: Callable[..., str], tmp_path: Path) -> None:
+    """`install(plan=)` with a plan that has a first step of its own (the weights, then a step):
+    set at install, so the weights and the first step are the plan's too, and no device call
+    follows the arena's."""
+    pytest.importorskip("torch")
+    path = tmp_path / "plan.json"
+    first = [(0, 3 * MIB, 0, 20), (0, 4 * MIB, 1, 8), (0, 8 * MIB, 2, 4), (0, 8 * MIB, 3, 6), (0, 2 * MIB, 5, 7)]
+    steps = [(0, 4 * MIB, 10, 17), (0, 8 * MIB, 11, 13), (0, 8 * MIB, 12, 15), (0, 2 * MIB, 14, 16)]
+    plan = plan_step(first + steps, first=len(first))
+    plan.save(path)
+    assert Plan.load(path).first == 5
+    out = run_python(
+        f"""
+        import ctypes, json, torch
+        import vrampool.torch as vt
+        from vrampool._native import abi_stats
+        vt.install(device="sim", sim_capacity="1GB", plan={str(path)!r})
+        lib = ctypes.CDLL(vt.library_path())
+        lib.vrampool_malloc.restype = ctypes.c_void_p
+        lib.vrampool_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        lib.vrampool_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        model = torch.nn.Linear(4, 4)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        calls = abi_stats(0)["num_device_alloc"]
+        weights = lib.vrampool_malloc(3 << 20, 0, None)
+        figures = []
+        for scale in (1, 1, 2, 4, 1):
+            mb = lambda n: (n << 20) // scale
+            batch = lib.vrampool_malloc(mb(4), 0, None)
+            a = lib.vrampool_malloc(mb(8), 0, None)
+            b = lib.vrampool_malloc(mb(8), 0, None)
+            lib.vrampool_free(a, mb(8), 0, None)
+            c = lib.vrampool_malloc(mb(2), 0, None)
+            lib.vrampool_free(b, mb(8), 0, None)
+            lib.vrampool_free(c, mb(2), 0, None)
+            lib.vrampool_free(batch, mb(4), 0, None)
+            model(torch.ones(2, 4)).sum().backward()
+            optimizer.step()
+            s = vt.planned_stats(0)
+            figures.append([s["planned_allocations"], s["fallbacks"], abi_stats(0)["num_device_alloc"] - calls])
+        print(json.dumps(figures))
+        lib.vrampool_free(weights, 3 << 20, 0, None)
+        """
+    )
+    assert json.loads(out.splitlines()[-1]) == [[5, 0, 0], [9, 0, 0], [13, 0, 0], [17, 0, 0], [21, 0, 0]], out
 
 
 def test_torch_install_waits_for_the_steady_arenas_buffers_before_setting_the_plan(run_python: Callable[..., str]) -> None:

@@ -7,10 +7,11 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 import pytest
 
+from vrampool.ahead import Plan
 from vrampool.whatif.cli import main
 from vrampool.whatif.fit import ALLOCATORS, fit
 from vrampool.whatif.replay import COMPARE, ahead_plan, replay, replay_each
@@ -90,7 +91,17 @@ def test_ahead_plans_the_largest_step_that_leaves_nothing_live(run_file: Path, s
     largest = ahead_plan("largest", run_file)
     assert largest.step == RUN.index(max(RUN)), "the first step also makes the weights: not that one"
     own = ahead_plan(step_file)
-    assert (own.rows, own.offsets) == (largest.rows, largest.offsets), "a step captured on its own plans the same"
+
+    def steps_part(plan: Plan) -> List[Tuple[int, int, int, int]]:
+        """The rows that serve the steps after the first, their times from the part's start."""
+        rows = plan.rows[plan.first :]
+        start = min(lower for _, _, lower, _ in rows)
+        return [(stream, size, lower - start, upper - start) for stream, size, lower, upper in rows]
+
+    assert steps_part(own) == steps_part(largest), "a step captured on its own plans the same step"
+    # Each also plans its first step (the weights and a step of its own shape): 2 weights, 12 buffers.
+    assert own.first == largest.first == 2 + 12
+    assert own.without_first_step().first == 0
     assert ahead_plan(largest) is largest
 
 

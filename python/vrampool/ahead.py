@@ -42,10 +42,11 @@ The file is JSON, a buffer a line::
 
     {
      "format": "vrampool-plan-ahead",
-     "version": 1,
+     "version": 2,
      "sha256": "<hex>",
      "plan": {
       "alignment": 512, "arena_bytes": ..., "lower_bound_bytes": ..., "source": "g.jsonl", "step": 1,
+      "first": 0,
       "buffers": [
        [stream, size, lower, upper, offset],
        ...
@@ -79,9 +80,10 @@ __all__ = ["ALIGNMENT", "BUDGET_MS", "FORMAT", "VERSION", "Plan", "StepRow", "as
 StepRow = Tuple[int, int, int, int]
 #: The planner's search time per stream beyond its heuristics.
 BUDGET_MS = 100
-#: The file's ``format`` and ``version``.
+#: The file's ``format`` and ``version`` (version 1, without ``first``, is read too).
 FORMAT = "vrampool-plan-ahead"
-VERSION = 1
+VERSION = 2
+_READS = (1, 2)
 #: The largest alignment a pool takes (1 GiB).
 _MAX_ALIGNMENT = 1 << 30
 
@@ -132,6 +134,12 @@ class Plan:
     says why a plan is refused. ``source`` and ``step`` say where the step came from (a trace's
     file and its step's index, ``"rows"``, ``"capture of fn"``).
 
+    ``first`` rows (0: none) serve the first step alone and the rest every step after it: a
+    run's first step also makes what lives across steps (the weights, the optimizer's state),
+    and planned beside the largest step on one timeline, those live in the arena too, at bytes
+    no later step's buffer takes. A pool set with such a plan before the run's first allocation
+    makes no device call for them.
+
     Streams are the handles the pool is called with; a trace's and a capture's are its own
     numbers (0: the default stream, where a capture puts everything).
     """
@@ -141,6 +149,7 @@ class Plan:
     alignment: int = ALIGNMENT
     source: str = "rows"
     step: Optional[int] = None
+    first: int = 0
     arena_bytes: int = dataclasses.field(init=False)
     lower_bound_bytes: int = dataclasses.field(init=False)
 
@@ -154,9 +163,17 @@ class Plan:
             _natural(self.step, "step")
         if not rows:
             raise ValueError("a plan needs at least one buffer")
-        arena, bound = check_ahead(list(rows), list(offsets), alignment)
-        for name, value in (("rows", rows), ("offsets", offsets), ("arena_bytes", arena), ("lower_bound_bytes", bound)):
+        first = _natural(self.first, "first")
+        arena, bound = check_ahead(list(rows), list(offsets), alignment, first)
+        for name, value in (("rows", rows), ("offsets", offsets), ("first", first), ("arena_bytes", arena), ("lower_bound_bytes", bound)):
             object.__setattr__(self, name, value)
+
+    def without_first_step(self) -> "Plan":
+        """The plan of the steps after the first alone, at the same offsets (the first step's
+        bytes left unused): for a run whose weights exist before the plan is set."""
+        if not self.first:
+            return self
+        return Plan(self.rows[self.first :], self.offsets[self.first :], self.alignment, self.source, self.step)
 
     def to_dict(self) -> Dict[str, Any]:
         """The ``plan`` object of the file (see the module's docstring)."""
@@ -166,6 +183,7 @@ class Plan:
             "lower_bound_bytes": self.lower_bound_bytes,
             "source": self.source,
             "step": self.step,
+            "first": self.first,
             "buffers": [[*row, offset] for row, offset in zip(self.rows, self.offsets)],
         }
 
@@ -196,8 +214,8 @@ class Plan:
             found = document.get("format") if isinstance(document, dict) else None
             raise ValueError(f"the file's format is {quote(found)}, not {FORMAT!r}")
         version = document.get("version")
-        if version != VERSION or isinstance(version, bool):
-            raise ValueError(f"version {quote(version)}; this vrampool reads version {VERSION}")
+        if version not in _READS or isinstance(version, bool):
+            raise ValueError(f"version {quote(version)}; this vrampool reads versions {_READS[0]} to {VERSION}")
         payload = document.get("plan")
         if not isinstance(payload, dict):
             raise ValueError("no plan object")
@@ -212,6 +230,7 @@ class Plan:
             alignment=payload.get("alignment"),  # type: ignore[arg-type]
             source=payload.get("source"),  # type: ignore[arg-type]
             step=payload.get("step"),
+            first=payload.get("first", 0) if version == 1 else payload.get("first"),  # type: ignore[arg-type]
         )
         for name in ("arena_bytes", "lower_bound_bytes"):
             if payload.get(name) != getattr(plan, name):
@@ -233,14 +252,22 @@ def as_plan(plan: Union[Plan, str, "os.PathLike[str]"]) -> Plan:
 
 
 def plan_step(
-    rows: Iterable[Sequence[int]], alignment: int = ALIGNMENT, budget_ms: int = BUDGET_MS, *, source: str = "rows", step: Optional[int] = None
+    rows: Iterable[Sequence[int]],
+    alignment: int = ALIGNMENT,
+    budget_ms: int = BUDGET_MS,
+    *,
+    source: str = "rows",
+    step: Optional[int] = None,
+    first: int = 0,
 ) -> Plan:
     """Plans one step: ``rows`` are its buffers ``(stream, size, lower, upper)`` in the order of
     their allocations, live on ``[lower, upper)`` in any unit of time; a region per stream, each
-    searched for at most ``budget_ms`` beyond the planner's heuristics."""
+    searched for at most ``budget_ms`` beyond the planner's heuristics. With ``first``, the first
+    ``first`` rows are a run's first step and the rest its largest, on one timeline (see
+    :class:`Plan`)."""
     checked = _step_rows(rows)
     if not checked:
         raise ValueError("the step has no buffers to plan")
     budget = _natural(budget_ms, "budget_ms")
     offsets = plan_ahead(list(checked), _alignment(alignment), budget)
-    return Plan(checked, tuple(offsets), alignment, source, step)
+    return Plan(checked, tuple(offsets), alignment, source, step, first)

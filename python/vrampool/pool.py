@@ -483,7 +483,7 @@ class DevicePool:
         alignment = next((parse_size(v) for k, v in reversed(conf_pairs(self._conf)) if k == "alignment"), ALIGNMENT)
         if plan.alignment % alignment:
             raise ValueError(f"the plan's offsets are aligned to {plan.alignment} B, the pool's blocks to {alignment} B: plan at alignment={alignment}")
-        self._native.set_ahead(list(plan.rows), list(plan.offsets), plan.alignment)
+        self._native.set_ahead(list(plan.rows), list(plan.offsets), plan.alignment, plan.first)
 
     def planned(self, *, budget_ms: int = 10) -> "PlannedPool":
         """A planned arena over this pool (static plan, dynamic fallback, plans per signature):

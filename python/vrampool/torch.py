@@ -227,9 +227,12 @@ def install(*, plan: Optional[Union["Plan", str, Path]] = None, **conf: Any) -> 
 
     ``plan`` (a :class:`vrampool.ahead.Plan`, such as :func:`vrampool.whatif.ahead.capture` makes, or the path of a
     saved one) serves every training step by a plan made ahead at the largest shape. It is checked
-    now and set on the current device at the end of the next optimizer step, once the model's
-    weights and the optimizer's state exist: those live across steps, and in the plan's bytes they
-    would keep them taken (:func:`set_plan` sets a plan at once).
+    now. A plan with a first step of its own (``plan.first``, as :func:`vrampool.whatif.ahead.from_trace`
+    makes from a trace that begins with the model's weights) is set on the current device at once,
+    so that the weights, the first step and the optimizer's state are the plan's too; any other is
+    set at the end of the next optimizer step, once the weights and the optimizer's state exist:
+    those live across steps, and in the plan's bytes they would keep them taken (:func:`set_plan`
+    sets a plan at once).
 
     Must run before the first CUDA tensor: PyTorch cannot change its allocator once CUDA is
     initialised, and this raises ``RuntimeError`` then. A second call returns the same allocator
@@ -245,8 +248,8 @@ def install(*, plan: Optional[Union["Plan", str, Path]] = None, **conf: Any) -> 
         if _installed:
             if conf:
                 configure(**conf)
-            if plan is not None:
-                _pending_plan = _checked_plan(plan)
+            if plan is not None:  # the weights may exist by now: set at the next optimizer step
+                _pending_plan = _checked_plan(plan).without_first_step()
             return _allocator
         if torch.cuda.is_initialized():
             raise RuntimeError(
@@ -266,8 +269,10 @@ def install(*, plan: Optional[Union["Plan", str, Path]] = None, **conf: Any) -> 
             abi_raise_on_failure(False)
             raise
         _installed = True
-        _pending_plan = pending
+        _pending_plan = pending if pending is None or not pending.first else None
         _mark_optimizer_steps()
+        if pending is not None and pending.first:
+            set_plan(pending)
         _refuse_cuda_sharing()
         return alloc
 
@@ -447,7 +452,7 @@ def set_plan(plan: Optional[Union["Plan", str, Path]], device: Device = None) ->
         abi_set_ahead(index, None, None)
         return
     checked = _checked_plan(plan)
-    abi_set_ahead(index, list(checked.rows), list(checked.offsets), checked.alignment)
+    abi_set_ahead(index, list(checked.rows), list(checked.offsets), checked.alignment, checked.first)
 
 
 # ---- statistics, mirrored under PyTorch's names ----

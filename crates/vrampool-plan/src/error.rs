@@ -22,6 +22,8 @@ pub enum PlanError {
     CapacityBelowBuffer { id: u64, size: u64, capacity: u64 },
 
     // --- a plan checked by the validator ---
+    #[error("a first step of {first} buffers leaves none of the plan's {buffers} for the steps after it")]
+    FirstStep { first: usize, buffers: usize },
     #[error("{offsets} offsets given for {buffers} buffers")]
     OffsetCount { buffers: usize, offsets: usize },
     #[error("buffer {id}: offset {offset} is not a multiple of the alignment {alignment}")]

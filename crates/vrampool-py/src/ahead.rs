@@ -27,9 +27,11 @@ fn buffers_of(rows: &[StepRow]) -> Vec<AheadBuffer> {
     rows.iter().map(|&(stream, size, lower, upper)| AheadBuffer::new(StreamId::canonical(stream), size, lower, upper)).collect()
 }
 
-/// The plan of `rows` at `offsets`, checked; a `ValueError` that says why when it is refused.
-pub(crate) fn ahead_plan(rows: &[StepRow], offsets: &[u64], alignment: u64) -> PyResult<Arc<AheadPlan>> {
+/// The plan of `rows` at `offsets`, the first `first` serving the first step alone, checked; a
+/// `ValueError` that says why when it is refused.
+pub(crate) fn ahead_plan(rows: &[StepRow], offsets: &[u64], alignment: u64, first: usize) -> PyResult<Arc<AheadPlan>> {
     AheadPlan::with_offsets(&buffers_of(rows), offsets, alignment)
+        .and_then(|plan| plan.with_first_step(first))
         .map(Arc::new)
         .map_err(|e| PyValueError::new_err(format!("not a valid plan: {e}")))
 }
@@ -48,18 +50,18 @@ fn plan_ahead(py: Python<'_>, rows: Vec<StepRow>, alignment: u64, budget_ms: u64
 /// Checks a plan (read from a file): `(arena_bytes, lower_bound_bytes)`, or a `ValueError` that says
 /// which buffers share a byte, or which offset is misaligned.
 #[pyfunction]
-#[pyo3(signature = (rows, offsets, alignment = 512))]
-fn check_ahead(rows: Vec<StepRow>, offsets: Vec<u64>, alignment: u64) -> PyResult<(u64, u64)> {
-    let plan = ahead_plan(&rows, &offsets, alignment)?;
+#[pyo3(signature = (rows, offsets, alignment = 512, first = 0))]
+fn check_ahead(rows: Vec<StepRow>, offsets: Vec<u64>, alignment: u64, first: usize) -> PyResult<(u64, u64)> {
+    let plan = ahead_plan(&rows, &offsets, alignment, first)?;
     Ok((plan.arena_bytes(), plan.lower_bound_bytes()))
 }
 
 /// Sets a plan (None: none) on the C ABI's pool of `device` (made now if it is not yet).
 #[pyfunction]
-#[pyo3(signature = (device, rows, offsets, alignment = 512))]
-fn abi_set_ahead(device: i32, rows: Option<Vec<StepRow>>, offsets: Option<Vec<u64>>, alignment: u64) -> PyResult<()> {
+#[pyo3(signature = (device, rows, offsets, alignment = 512, first = 0))]
+fn abi_set_ahead(device: i32, rows: Option<Vec<StepRow>>, offsets: Option<Vec<u64>>, alignment: u64, first: usize) -> PyResult<()> {
     let plan = match (rows, offsets) {
-        (Some(rows), Some(offsets)) => Some(ahead_plan(&rows, &offsets, alignment)?),
+        (Some(rows), Some(offsets)) => Some(ahead_plan(&rows, &offsets, alignment, first)?),
         (None, None) => None,
         _ => return Err(PyValueError::new_err("rows and offsets come together")),
     };

@@ -129,11 +129,12 @@ impl NativePool {
     }
 
     /// Serves every step from now on by a plan made ahead (rows `(stream, size, lower, upper)` in the
-    /// order of the step's allocations, and their offsets), or by the steady arena again (None).
-    #[pyo3(signature = (rows, offsets, alignment = 512))]
-    fn set_ahead(&self, rows: Option<Vec<crate::ahead::StepRow>>, offsets: Option<Vec<u64>>, alignment: u64) -> PyResult<()> {
+    /// order of the step's allocations, and their offsets; the first `first` serve the first step
+    /// alone), or by the steady arena again (None).
+    #[pyo3(signature = (rows, offsets, alignment = 512, first = 0))]
+    fn set_ahead(&self, rows: Option<Vec<crate::ahead::StepRow>>, offsets: Option<Vec<u64>>, alignment: u64, first: usize) -> PyResult<()> {
         let plan = match (rows, offsets) {
-            (Some(rows), Some(offsets)) => Some(crate::ahead::ahead_plan(&rows, &offsets, alignment)?),
+            (Some(rows), Some(offsets)) => Some(crate::ahead::ahead_plan(&rows, &offsets, alignment, first)?),
             (None, None) => None,
             _ => return Err(pyo3::exceptions::PyValueError::new_err("rows and offsets come together")),
         };

@@ -19,8 +19,9 @@ use crate::figures::segment_dict;
 /// `(id, lower, upper, size, stream)`.
 type Row = (u64, u64, u64, u64, u64);
 
-/// A plan made ahead: a step's rows `(stream, size, lower, upper)`, their offsets and alignment.
-type AheadArg = (Vec<(u64, u64, u64, u64)>, Vec<u64>, u64);
+/// A plan made ahead: its rows `(stream, size, lower, upper)`, their offsets, alignment, and how many
+/// lead rows serve the first step alone.
+type AheadArg = (Vec<(u64, u64, u64, u64)>, Vec<u64>, u64, usize);
 
 /// What `allocator_options` calls the pool.
 const POOL: &str = "pool";
@@ -101,8 +102,9 @@ fn peak_segments<'py>(py: Python<'py>, rows: Vec<Row>, row: &str, conf: &str) ->
 /// entry of `runs`: `(row, options)`, a row being `default`, a pool strategy (`+vm` or not), an
 /// allocator model (`torch`, `torch+expandable`, `rmm`, `cupy`, `async`) or `ahead`, and its
 /// options ones that do not change what the row's name says. `ahead` is the default pool served by
-/// the plan `ahead`: `(rows, offsets, alignment)`, a step's rows `(stream, size, lower, upper)` in
-/// the order of their allocations and their offsets (`vrampool.ahead.Plan`); it ends its step at
+/// the plan `ahead`: `(rows, offsets, alignment, first)`, its rows `(stream, size, lower, upper)` in
+/// the order of their allocations, their offsets, and how many lead rows serve the first step
+/// alone (`vrampool.ahead.Plan`); it ends its step at
 /// each of `steps` (the trace's step markers, in the rows' times).
 /// `capacity` limits the device's memory (a replay that runs out stops there and says where, in
 /// `out_of_memory`); `repeat` replays the trace that many times back to back, in the memory of one
@@ -121,10 +123,12 @@ fn replay_trace<'py>(
     steps: Vec<u64>,
 ) -> PyResult<Vec<Bound<'py, PyDict>>> {
     let plan = match ahead {
-        Some((rows, offsets, alignment)) => {
+        Some((rows, offsets, alignment, first)) => {
             let buffers: Vec<AheadBuffer> =
                 rows.into_iter().map(|(stream, size, lower, upper)| AheadBuffer::new(StreamId(stream), size, lower, upper)).collect();
-            let plan = AheadPlan::with_offsets(&buffers, &offsets, alignment).map_err(|e| value_error(format!("not a valid plan: {e}")))?;
+            let plan = AheadPlan::with_offsets(&buffers, &offsets, alignment)
+                .and_then(|plan| plan.with_first_step(first))
+                .map_err(|e| value_error(format!("not a valid plan: {e}")))?;
             Some(Arc::new(plan))
         }
         None => None,

@@ -70,6 +70,11 @@ pub struct AheadPlan {
     pub(crate) streams: Vec<StreamId>,
     pub(crate) region_bytes: Vec<u64>,
     pub(crate) lower_bound_bytes: u64,
+    /// The leading buffers that serve the first step alone (see [`AheadPlan::with_first_step`]).
+    pub(crate) first: usize,
+    /// When the steps after the first begin on the plan's timeline: a buffer of the first step
+    /// live past it lives on (the weights, the optimizer's state).
+    pub(crate) first_end: u64,
 }
 
 impl AheadPlan {
@@ -101,7 +106,34 @@ impl AheadPlan {
             region_bytes.push(validate(&region, &placed, alignment)?);
             lower_bound_bytes += vrampool_plan::lower_bound(&region);
         }
-        Ok(AheadPlan { buffers: buffers.to_vec(), offsets: offsets.to_vec(), alignment, streams, region_bytes, lower_bound_bytes })
+        Ok(AheadPlan {
+            buffers: buffers.to_vec(),
+            offsets: offsets.to_vec(),
+            alignment,
+            streams,
+            region_bytes,
+            lower_bound_bytes,
+            first: 0,
+            first_end: 0,
+        })
+    }
+
+    /// The plan with its first `first` buffers serving the first step after it is set, and the
+    /// rest every step after that: a run's first step also makes what lives across steps (the
+    /// weights, the optimizer's state), planned with the largest step on one timeline, so that
+    /// those bytes sit beside every later step's. Refused unless a buffer is left for the steps.
+    pub fn with_first_step(mut self, first: usize) -> Result<AheadPlan, PlanError> {
+        if first >= self.buffers.len() {
+            return Err(PlanError::FirstStep { first, buffers: self.buffers.len() });
+        }
+        self.first = first;
+        self.first_end = self.buffers[first..].iter().map(|b| b.lower).min().unwrap_or(0);
+        Ok(self)
+    }
+
+    /// How many of the leading buffers serve the first step alone (0: every step is served by all).
+    pub fn first_step(&self) -> usize {
+        self.first
     }
 
     pub fn buffers(&self) -> &[AheadBuffer] {
@@ -157,6 +189,8 @@ pub(crate) struct AheadLive {
     pub(crate) step: u64,
     /// Its plan stream's index and offset, for an arena buffer.
     pub(crate) arena: Option<(usize, u64)>,
+    /// At a place of the first step's that the plan keeps past it: it does not hold its step open.
+    pub(crate) kept: bool,
 }
 
 /// A set plan and what serving it keeps, under the cold path's lock.
@@ -172,36 +206,78 @@ pub(crate) struct Ahead {
     pub(crate) step: u64,
     pub(crate) next: usize,
     pub(crate) serving: bool,
-    /// Buffers of this step still live: at 0 (with automatic boundaries) the step ends.
+    /// Buffers of this step still live, and those of them the plan keeps past the first step:
+    /// once they are all that live (with automatic boundaries), the step ends.
     pub(crate) step_live: usize,
+    pub(crate) step_kept: usize,
 }
 
 /// Where the plan puts a step's next allocation.
 pub(crate) enum Place {
     /// There: its region and offset.
     At(usize, u64),
-    /// Its bytes are still in use (a buffer of the last step lives on, say): this one goes to the pool,
-    /// and the plan serves the next.
-    Busy,
+    /// Its bytes are still in use (a buffer of the last step lives on, say): this one goes to the
+    /// region's bytes above the plan's if it fits there, else to the pool, and the plan serves the next.
+    Busy(usize),
     /// Another stream, a larger size, or past the plan's end: the step is not the plan's from here.
     Misfit,
 }
 
 impl Ahead {
+    /// The plan's buffers that serve this step: the first step's, or the steps' after it.
+    fn part(&self) -> std::ops::Range<usize> {
+        let plan = &self.plan;
+        if self.step == 0 && plan.first > 0 {
+            0..plan.first
+        } else {
+            plan.first..plan.buffers.len()
+        }
+    }
+
+    /// Whether the plan's buffer of this step's next allocation lives on past the first step.
+    pub(crate) fn next_kept(&self) -> bool {
+        let at = self.part().start + self.next;
+        at < self.plan.first && self.plan.buffers[at].upper > self.plan.first_end
+    }
+
+    /// Whether the step is over, with automatic boundaries: all it allocated is freed, but for
+    /// what the plan keeps past the first step; a first step of the plan's own, once its part of
+    /// the plan is used up (or left).
+    pub(crate) fn step_over(&self) -> bool {
+        let first_step = self.step == 0 && self.plan.first > 0;
+        self.step_live == self.step_kept && (!first_step || !self.serving || self.next >= self.plan.first)
+    }
+
     /// Where the plan puts this step's next allocation, and whether it fits there now.
     pub(crate) fn place(&self, size: u64, stream: StreamId) -> Place {
         let plan = &self.plan;
-        let Some(planned) = plan.buffers.get(self.next).filter(|b| b.stream == stream && size <= b.size) else {
+        let part = self.part();
+        let at = part.start + self.next;
+        let Some(planned) = plan.buffers[part].get(self.next).filter(|b| b.stream == stream && size <= b.size) else {
             return Place::Misfit;
         };
         let region = plan.streams.iter().position(|&s| s == planned.stream).expect("a plan's stream has a region");
-        let (offset, end) = (plan.offsets[self.next], plan.offsets[self.next] + size);
+        let (offset, end) = (plan.offsets[at], plan.offsets[at] + size);
         let taken = &self.taken[region];
         let below = taken.range(..offset).next_back().is_some_and(|(_, &e)| e > offset);
         let above = taken.range(offset..end).next().is_some();
         if below || above {
-            return Place::Busy;
+            return Place::Busy(region);
         }
         Place::At(region, offset)
+    }
+
+    /// A place for `size` bytes in `region`'s bytes above the plan's (`region_end`: the region's
+    /// size, rounded up past the plan's), where no planned buffer goes: the first that is free.
+    pub(crate) fn above_plan(&self, region: usize, size: u64, region_end: u64) -> Option<u64> {
+        let align = |at: u64| at.checked_next_multiple_of(self.plan.alignment);
+        let mut at = align(self.plan.region_bytes[region])?;
+        for (&offset, &end) in self.taken[region].range(at..) {
+            if offset >= at.checked_add(size)? {
+                break;
+            }
+            at = align(end)?;
+        }
+        (at.checked_add(size)? <= region_end).then_some(at)
     }
 }

@@ -64,7 +64,8 @@ impl<B: MemoryResource> PlannedPool<B> {
         }
         self.publish_bounds(cold);
         let taken = vec![BTreeMap::new(); plan.streams.len()];
-        cold.ahead = Some(Ahead { plan, bases, taken, live: HashMap::default(), step: 0, next: 0, serving: true, step_live: 0 });
+        cold.ahead =
+            Some(Ahead { plan, bases, taken, live: HashMap::default(), step: 0, next: 0, serving: true, step_live: 0, step_kept: 0 });
         self.word.store(Word::AHEAD, Release);
         Ok(())
     }
@@ -76,9 +77,18 @@ impl<B: MemoryResource> PlannedPool<B> {
         if let Place::At(region, offset) = placed {
             let addr = ahead.bases[region] + offset;
             if cold.regions.find(addr).is_some_and(|at| cold.regions.list[at].retired) {
-                placed = Place::Busy;
+                placed = Place::Busy(region);
             }
         }
+        if let Place::Busy(region) = placed {
+            // The region's bytes above the plan's (its rounding) take what the plan cannot place
+            // now, such as the next batch while the last one lives: no segment of the pool for it.
+            let found = cold.regions.find(ahead.bases[region]).filter(|&at| !cold.regions.list[at].retired);
+            if let Some(offset) = found.and_then(|at| ahead.above_plan(region, size, cold.regions.list[at].bytes)) {
+                placed = Place::At(region, offset);
+            }
+        }
+        let kept = !matches!(placed, Place::Misfit) && ahead.next_kept();
         let (addr, arena) = match placed {
             Place::At(region, offset) => {
                 let addr = ahead.bases[region] + offset;
@@ -90,7 +100,7 @@ impl<B: MemoryResource> PlannedPool<B> {
                 cold.figures.planned_bytes += size;
                 (addr, Some((region, offset)))
             }
-            Place::Busy | Place::Misfit => {
+            Place::Busy(_) | Place::Misfit => {
                 let addr = self.backing.allocate(size, stream)?;
                 if ahead.serving && matches!(placed, Place::Misfit) {
                     ahead.serving = false;
@@ -105,7 +115,8 @@ impl<B: MemoryResource> PlannedPool<B> {
         }
         ahead.next += 1;
         ahead.step_live += 1;
-        ahead.live.insert(addr, AheadLive { size, stream, step: ahead.step, arena });
+        ahead.step_kept += usize::from(kept);
+        ahead.live.insert(addr, AheadLive { size, stream, step: ahead.step, arena, kept });
         Ok(addr)
     }
 
@@ -137,7 +148,8 @@ impl<B: MemoryResource> PlannedPool<B> {
                 ahead.live.remove(&addr);
                 if live.step == ahead.step {
                     ahead.step_live -= 1;
-                    if self.auto_steps && ahead.step_live == 0 {
+                    ahead.step_kept -= usize::from(live.kept);
+                    if self.auto_steps && ahead.step_over() {
                         self.end_ahead_step(cold);
                     }
                 }
@@ -177,7 +189,7 @@ impl<B: MemoryResource> PlannedPool<B> {
         if ahead.serving && ahead.next > 0 {
             cold.figures.replayed_iterations += 1;
         }
-        (ahead.step, ahead.next, ahead.serving, ahead.step_live) = (ahead.step + 1, 0, true, 0);
+        (ahead.step, ahead.next, ahead.serving, ahead.step_live, ahead.step_kept) = (ahead.step + 1, 0, true, 0, 0);
         for region in 0..ahead.plan.streams.len() {
             let base = ahead.bases[region];
             let Some(at) = cold.regions.find(base).filter(|&at| cold.regions.list[at].retired) else { continue };

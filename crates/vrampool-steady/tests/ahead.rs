@@ -193,16 +193,21 @@ fn an_arena_buffer_used_on_another_stream_retires_its_region_until_it_is_free() 
     assert_eq!(h.stats().dynamic_allocations, dynamic, "the next step is served whole");
 }
 
-#[test]
-fn a_buffer_of_the_last_step_still_live_sends_its_successor_alone_to_the_pool() {
-    // A loop that keeps the last batch until the next one exists: the new batch's bytes are the old one's.
-    let buffers = [AheadBuffer::new(S0, 1 << 20, 0, 4), AheadBuffer::new(S0, 4 << 20, 1, 2), AheadBuffer::new(S0, 4 << 20, 2, 3)];
+/// A loop that keeps the last batch until the next one exists (the new batch's planned bytes are the
+/// old one's), over a plan of a 1 MiB batch and two 4 MiB buffers; the last batch freed at the end.
+/// The plan's stats after four steps.
+fn batches_kept_a_step(batch: u64) -> PlannedStats {
+    let buffers = [AheadBuffer::new(S0, batch, 0, 4), AheadBuffer::new(S0, 4 << 20, 1, 2), AheadBuffer::new(S0, 4 << 20, 2, 3)];
     let plan = AheadPlan::plan(&buffers, 512, Duration::from_millis(10)).unwrap();
     let h = Harness::new(&plan);
     let mut previous = None;
-    for _ in 0..4 {
-        let batch = h.mode.allocate(1 << 20, S0).unwrap();
-        if let Some(old) = previous.replace(batch) {
+    let mut batches = HashMap::new();
+    for i in 0..4u8 {
+        let at = h.mode.allocate(batch, S0).unwrap();
+        h.sim.write(at, &vec![i + 1; batch as usize]).unwrap();
+        batches.insert(at, i + 1);
+        if let Some(old) = previous.replace(at) {
+            assert!(h.sim.read(old, batch).unwrap().iter().all(|&b| b == batches[&old]), "the last batch is intact");
             h.mode.free(old, None, None).unwrap();
         }
         for _ in 0..2 {
@@ -211,11 +216,83 @@ fn a_buffer_of_the_last_step_still_live_sends_its_successor_alone_to_the_pool() 
         }
         h.mode.step(0);
     }
-    let stats = h.stats();
-    // Steps 2 and 4: the batch from the pool (its bytes are the last batch's, still live), the rest from the
-    // plan; step 3's batch finds them free again (step 2's lies in the pool).
-    assert_eq!((stats.planned_allocations, stats.dynamic_allocations, stats.fallbacks), (3 + 2 + 3 + 2, 2, 0));
     h.mode.free(previous.unwrap(), None, None).unwrap();
+    h.stats()
+}
+
+#[test]
+fn a_batch_whose_planned_bytes_the_last_one_holds_goes_above_the_plan_or_else_to_the_pool() {
+    // 5 MiB planned in a 6 MiB region: steps 2 and 4 put their batch in the region's last MiB.
+    let stats = batches_kept_a_step(1 << 20);
+    assert_eq!((stats.planned_allocations, stats.dynamic_allocations, stats.fallbacks), (12, 0, 0));
+    // 6 MiB planned, nothing above it: those two batches are the pool's, the rest still the plan's.
+    let stats = batches_kept_a_step(2 << 20);
+    assert_eq!((stats.planned_allocations, stats.dynamic_allocations, stats.fallbacks), (10, 2, 0));
+}
+
+/// `weights` buffers made first and kept, then `ops`: the first step's buffers, as a run's first
+/// step makes them, each live between its events (the weights to `end`).
+fn first_step_buffers(weights: &[u64], ops: &[Op], end: u64) -> Vec<AheadBuffer> {
+    let mut buffers: Vec<AheadBuffer> = weights.iter().enumerate().map(|(t, &size)| AheadBuffer::new(S0, size, t as u64, end)).collect();
+    let start = buffers.len() as u64;
+    buffers.extend(ahead_buffers(ops).into_iter().map(|b| AheadBuffer::new(b.stream, b.size, start + b.lower, start + b.upper)));
+    buffers
+}
+
+#[test]
+fn a_plan_with_a_first_step_keeps_the_weights_in_the_arena_and_makes_no_device_call_after_it() {
+    let weights = [3 << 20, 512, 1 << 20, 4096, 2 << 20];
+    let (first, largest) = (step(5, 4), step(8, 4));
+    let step_len = largest.len() as u64 + 1;
+    let warm_len = (weights.len() + first.len()) as u64 + 1;
+    let end = warm_len + step_len;
+    let mut buffers = first_step_buffers(&weights, &first, end);
+    let lead = buffers.len();
+    buffers.extend(ahead_buffers(&largest).into_iter().map(|b| AheadBuffer::new(b.stream, b.size, warm_len + b.lower, warm_len + b.upper)));
+    let plan = AheadPlan::plan(&buffers, 512, Duration::from_millis(50)).unwrap().with_first_step(lead).unwrap();
+    assert_eq!(plan.first_step(), lead);
+    let mut h = Harness::new(&plan);
+    let calls = |sim: &SimDevice| {
+        let c = sim.counters();
+        c.alloc_calls + c.free_calls + c.map_calls + c.unmap_calls
+    };
+    let taken = calls(&h.sim);
+    // The weights, each with a pattern of its own, then the first step: every buffer at its place.
+    let kept: Vec<(u64, u64, u8)> = weights
+        .iter()
+        .enumerate()
+        .map(|(i, &size)| {
+            let at = h.mode.allocate(size, S0).unwrap();
+            h.sim.write(at, &vec![0xA0 + i as u8; size as usize]).unwrap();
+            (at, size, 0xA0 + i as u8)
+        })
+        .collect();
+    h.run(&first);
+    let stats = h.stats();
+    assert_eq!((stats.planned_allocations, stats.dynamic_allocations, stats.fallbacks), (lead as u64, 0, 0));
+    assert_eq!(stats.replayed_iterations, 1, "the first step ended once only the weights were left");
+    // Every later step, smaller or the largest: the steps' part of the plan, beside the weights.
+    for seq in [8, 3, 6, 8, 1] {
+        h.run(&step(seq, 4));
+        for &(at, size, fill) in &kept {
+            assert!(h.sim.read(at, size).unwrap().iter().all(|&b| b == fill), "a weight at {at:#x} was overwritten");
+        }
+    }
+    let stats = h.stats();
+    assert_eq!((stats.dynamic_allocations, stats.fallbacks, stats.replayed_iterations), (0, 0, 6));
+    assert_eq!(calls(&h.sim), taken, "no device call after the arena");
+    for (at, size, _) in kept {
+        h.mode.free(at, Some(size), None).unwrap();
+    }
+}
+
+#[test]
+fn a_first_step_that_leaves_no_buffer_for_the_steps_is_refused() {
+    let buffers = [AheadBuffer::new(S0, 1024, 0, 2), AheadBuffer::new(S0, 1024, 1, 3)];
+    let plan = AheadPlan::plan(&buffers, 512, Duration::ZERO).unwrap();
+    assert!(plan.clone().with_first_step(1).is_ok());
+    let err = plan.with_first_step(2).unwrap_err().to_string();
+    assert!(err.contains("leaves none of the plan's 2"), "{err}");
 }
 
 #[test]

@@ -444,20 +444,27 @@ fn planned_now(mode: &PlannedMode<Pool>) -> (u64, u64, f64) {
 }
 
 /// The pool with the steady option, served by a plan made ahead, as `vrampool.torch.install(plan=)`
-/// serves a training run: steps end at the trace's step markers (the optimizer steps), and the plan
-/// is set at the first one, once the weights and the optimizer's state exist (they live on, and in
-/// the plan's bytes would keep them taken); in a trace without markers, at the first allocation, as
-/// `DevicePool(plan=)` sets it. Each copy of a repeated replay is a run of its own: the plan is
-/// taken off at its start and set again at its first marker.
+/// serves a training run: steps end at the trace's step markers (the optimizer steps). A plan with
+/// a first step of its own (the weights and the optimizer's state planned beside the largest step)
+/// is set at a run's first allocation; one without, at the first marker, once the weights and the
+/// optimizer's state exist (they live on, and in the plan's bytes would keep them taken); in a
+/// trace without markers, at the first allocation, as `DevicePool(plan=)` sets it. Each copy of a
+/// repeated replay with markers is a run of its own: the plan is taken off at its start and set
+/// again.
 struct Ahead<'a> {
     mode: &'a PlannedMode<Pool>,
     plan: Arc<AheadPlan>,
-    /// Whether the plan waits for the next marker, or for the next allocation (no markers).
+    /// Whether the plan waits to be set.
     pending: bool,
     markers: bool,
 }
 
 impl Ahead<'_> {
+    /// Whether the plan is set at a run's first allocation (else at its first marker).
+    fn at_first_allocation(&self) -> bool {
+        !self.markers || self.plan.first_step() > 0
+    }
+
     fn set(&mut self) -> Result<(), PoolError> {
         if !self.pending {
             return Ok(());
@@ -475,7 +482,7 @@ impl Ahead<'_> {
 
 impl Replayed for Ahead<'_> {
     fn allocate(&mut self, size: u64, stream: u64) -> Result<u64, PoolError> {
-        if !self.markers {
+        if self.at_first_allocation() {
             self.set()?;
         }
         self.mode.allocate(size, StreamId(stream))

@@ -45,6 +45,45 @@ def step_rows(trace: TraceLike, step: Optional[int] = None) -> Tuple[List[Row], 
     return steps[step][0], step
 
 
+def first_and_step_rows(trace: TraceLike, step: Optional[int] = None) -> Tuple[List[Row], int, int]:
+    """The rows of ``trace``'s first step followed by those of one step (as :func:`step_rows`
+    picks it) on one timeline, the step's index, and how many rows are the first step's: what
+    the first step leaves live (the weights, the optimizer's state) stays live to the end, so
+    the step's buffers are planned beside it. With no first step apart (the trace is one step,
+    or the step is the first), the step's rows alone and 0."""
+    loaded = load(trace)
+    rows, step = step_rows(loaded, step)
+    first = _first_step(loaded)
+    if step == 0 or first is None:
+        return rows, step, 0
+    warm, length = first
+    end = length + max((upper for _, _, _, upper in rows), default=0)
+    joint = [(stream, size, lower, end if upper is None else upper) for stream, size, lower, upper in warm]
+    joint += [(stream, size, length + lower, length + upper) for stream, size, lower, upper in rows]
+    return joint, step, len(warm)
+
+
+def _first_step(trace: Trace) -> Optional[Tuple[List[Tuple[int, int, int, Optional[int]]], int]]:
+    """The first step's rows (stream, size, lower, upper), in allocation order, upper None for a
+    buffer it leaves live, and its length in events; None when the trace has no step marker
+    after an allocation."""
+    rows: List[List[Any]] = []
+    born: Dict[int, int] = {}
+    time = 0
+    for e in trace.events:
+        if e.op == "step":
+            if rows:
+                return [(r[0], r[1], r[2], r[3]) for r in rows], time
+            continue
+        if e.op == "alloc":
+            born[e.id] = len(rows)
+            rows.append([e.stream, e.size, time, None])
+        elif e.id in born:
+            rows[born.pop(e.id)][3] = time
+        time += 1
+    return None
+
+
 def _steps(trace: Trace) -> List[Tuple[List[Row], int]]:
     """Each step's rows in allocation order, times being event indices within the step, and how
     many of its buffers it leaves live. Such a buffer is live for the whole step: its bytes stay
@@ -156,6 +195,7 @@ def from_trace(
     budget_ms: int = BUDGET_MS,
     *,
     source: Optional[str] = None,
+    first_step: bool = True,
 ) -> Plan:
     """Plans one step of a captured trace (a file :func:`vrampool.whatif.traces.read` reads, a
     ``Trace``, or ``(id, lower, upper, size[, stream])`` rows): the steps lie between its
@@ -165,10 +205,19 @@ def from_trace(
     buffers live at their end (none, where a step frees everything it allocates): a capture's
     first step also makes what lives across steps (the parameters, the optimizer's state), and a
     plan holding those would find their bytes taken in every later step. A buffer the step does
-    not free is planned as live for the whole step (:func:`step_rows`)."""
-    rows, step = step_rows(trace, step)
+    not free is planned as live for the whole step (:func:`step_rows`).
+
+    With ``first_step`` (and a first step apart from the planned one), the trace's first step is
+    planned too, on one timeline before the step (:attr:`Plan.first`): what it leaves live stays
+    in the arena's bytes, and the run's first step is served from the plan as well. Leave it out
+    when the run's first step does not begin as the trace's (weights made before the trace began)."""
+    loaded = load(trace)
+    if first_step:
+        rows, step, first = first_and_step_rows(loaded, step)
+    else:
+        (rows, step), first = step_rows(loaded, step), 0
     name = source if source is not None else str(trace) if isinstance(trace, (str, Path)) else "trace"
-    return plan_step(rows, alignment, budget_ms, source=name, step=step)
+    return plan_step(rows, alignment, budget_ms, source=name, step=step, first=first)
 
 
 def capture(
@@ -199,4 +248,4 @@ def capture(
         raise TypeError(f"fn must be callable, not {type(fn).__name__}")
     name = getattr(fn, "__qualname__", type(fn).__name__)
     trace = capture_steps(fn, example_inputs, steps, name)
-    return from_trace(trace, None, alignment, budget_ms, source=f"capture of {name}")
+    return from_trace(trace, None, alignment, budget_ms, source=f"capture of {name}", first_step=False)

@@ -606,7 +606,10 @@ def plan_ahead_command(args: argparse.Namespace) -> int:
         print(json.dumps(figures))
         return 0
     gap = ahead.arena_bytes / ahead.lower_bound_bytes if ahead.lower_bound_bytes else 1.0
-    print(f"step         {ahead.step} of {args.trace}, {len(ahead.rows):,} buffers on {len({r[0] for r in ahead.rows})} stream(s)")
+    steps = len(ahead.rows) - ahead.first
+    print(f"step         {ahead.step} of {args.trace}, {steps:,} buffers on {len({r[0] for r in ahead.rows})} stream(s)")
+    if ahead.first:
+        print(f"first step   {ahead.first:,} buffers (the weights and what else it leaves live stay in the arena)")
     print(f"arena        {ahead.arena_bytes:,} B")
     print(f"lower bound  {ahead.lower_bound_bytes:,} B  (arena / bound = {gap:.4f})")
     if args.save:

@@ -185,7 +185,7 @@ def replay_each(
     recorded = loaded.peak_reserved_bytes()
     if AHEAD in names:
         plan = ahead_plan(LARGEST if ahead is None else ahead, loaded)
-        planned = {"ahead": (list(plan.rows), list(plan.offsets), plan.alignment), "steps": [t for t, e in enumerate(loaded.events) if e.op == "step"]}
+        planned = {"ahead": (list(plan.rows), list(plan.offsets), plan.alignment, plan.first), "steps": [t for t, e in enumerate(loaded.events) if e.op == "step"]}
     for name in names:
         if name == PLAN:
             report = _plan_report(rows, samples, capacity)
