@@ -233,6 +233,36 @@ def test_from_trace_picks_the_largest_step_that_frees_what_it_allocates(tmp_path
     assert from_trace([(0, 0, 2, 4096, 3), (1, 1, 3, 512, 3)]).rows == ((3, 4096, 0, 2), (3, 512, 1, 3))
 
 
+def test_a_device_pool_serves_a_whole_run_from_a_plan_with_its_first_step() -> None:
+    """Weights, then steps of varying size that each keep their batch until the next exists:
+    `DevicePool(plan=from_trace(...))`, with no step markers, serves every allocation from the
+    plan (each step ends by itself once only its batch is live), and makes no device call after
+    the arena."""
+    steps = [[("alloc", 1, 8 * MIB), ("alloc", 10, MIB), ("alloc", 11, 4 * MIB), ("free", 11, 0)]]
+    for i, scale in enumerate([2, 1, 4, 3, 4, 1], start=2):
+        batch, previous, work = 10 * i, 10 * (i - 1), 10 * i + 1
+        steps.append([("alloc", batch, scale * MIB // 2), ("free", previous, 0), ("alloc", work, scale * 2 * MIB), ("free", work, 0)])
+    trace = trace_of(steps)
+    plan = from_trace(trace)
+    assert plan.first == 3
+    pool = DevicePool("sim", capacity=1 << 30, plan=plan)
+    live: Dict[int, Any] = {}
+    calls = None
+    for event in trace.events:
+        if event.op == "alloc":
+            live[event.id] = pool.allocate(event.size)
+        elif event.op == "free":
+            live.pop(event.id).free()
+        elif calls is None:  # the end of the first step
+            calls = pool.stats()["num_device_alloc"]
+    stats = pool.steady_stats()
+    allocations = sum(1 for e in trace.events if e.op == "alloc")
+    assert (stats["planned_allocations"], stats["dynamic_allocations"], stats["fallbacks"]) == (allocations, 0, 0)
+    assert stats["replayed_iterations"] == len(steps) and pool.stats()["num_device_alloc"] == calls
+    for buffer in live.values():
+        buffer.free()
+
+
 @pytest.mark.parametrize("step", [3, -1, True, "1"])
 def test_from_trace_refuses_a_step_it_does_not_have(step: Any) -> None:
     trace = trace_of([[("alloc", 1, 512), ("free", 1, 0)]] * 3)

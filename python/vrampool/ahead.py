@@ -7,8 +7,9 @@ those bytes in use now), so a smaller step's buffers sit inside the plan. One wh
 still in use goes to the pool alone; the first of another stream or a larger size ends the
 plan's part in that step and the rest of the step goes to the pool (counted in
 ``steady_stats()["fallbacks"]``). The arena, one region per stream, is taken when the plan is
-set. A step ends once everything it allocated is freed (or, under
-:func:`vrampool.torch.install`, at each optimizer step).
+set. A step ends once everything it allocated is freed, or once its part of the plan is used up
+and only what the plan keeps past the step is live (or, under :func:`vrampool.torch.install`,
+at each optimizer step).
 
 A :class:`Plan` comes from rows (:func:`plan_step`); the what-if makes one from a captured trace
 (:func:`vrampool.whatif.ahead.from_trace`) or from a training step run under fake tensors

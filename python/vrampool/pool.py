@@ -459,8 +459,10 @@ class DevicePool:
         arena. A step's i-th allocation takes the plan's i-th offset where it fits (same stream,
         at most the planned size, none of those bytes in use); the first that does not fit sends
         the rest of that step to the pool (``steady_stats()["fallbacks"]``). A step ends once
-        everything it allocated is freed, so allocate what lives across steps (weights, optimizer
-        state) before setting the plan: a buffer that is never freed keeps its step from ending.
+        everything it allocated is freed, or once its part of the plan is used up and only what
+        the plan keeps past the step is live. Allocate what lives across steps (weights, optimizer
+        state) before setting a plan without a first step (``plan.first``); a plan with one
+        serves them too, set before them.
 
         The plan's regions (one per stream, ``plan.arena_bytes`` in all) are taken now:
         ``OutOfMemoryError`` where they do not fit. Raises ``ValueError`` for a plan aligned to less

@@ -72,9 +72,12 @@ pub struct AheadPlan {
     pub(crate) lower_bound_bytes: u64,
     /// The leading buffers that serve the first step alone (see [`AheadPlan::with_first_step`]).
     pub(crate) first: usize,
-    /// When the steps after the first begin on the plan's timeline: a buffer of the first step
-    /// live past it lives on (the weights, the optimizer's state).
-    pub(crate) first_end: u64,
+    /// When the steps after the first begin on the plan's timeline, and when it ends: a buffer of
+    /// the first step live past the start lives on (the weights, the optimizer's state), and one
+    /// of the steps' live from start to end outlives its step (the batch a loop keeps until the
+    /// next exists).
+    pub(crate) steps_start: u64,
+    pub(crate) end: u64,
 }
 
 impl AheadPlan {
@@ -99,6 +102,7 @@ impl AheadPlan {
             return Err(PlanError::OffsetCount { buffers: buffers.len(), offsets: offsets.len() });
         }
         let streams = streams_of(buffers);
+        let end = buffers.iter().map(|b| b.upper).max().unwrap_or(0);
         let (mut region_bytes, mut lower_bound_bytes) = (Vec::new(), 0u64);
         for &stream in &streams {
             let (indices, region) = region_of(buffers, stream);
@@ -114,7 +118,8 @@ impl AheadPlan {
             region_bytes,
             lower_bound_bytes,
             first: 0,
-            first_end: 0,
+            steps_start: buffers.iter().map(|b| b.lower).min().unwrap_or(0),
+            end,
         })
     }
 
@@ -127,7 +132,7 @@ impl AheadPlan {
             return Err(PlanError::FirstStep { first, buffers: self.buffers.len() });
         }
         self.first = first;
-        self.first_end = self.buffers[first..].iter().map(|b| b.lower).min().unwrap_or(0);
+        self.steps_start = self.buffers[first..].iter().map(|b| b.lower).min().unwrap_or(0);
         Ok(self)
     }
 
@@ -147,6 +152,22 @@ impl AheadPlan {
 
     pub fn alignment(&self) -> u64 {
         self.alignment
+    }
+
+    /// The bytes region `region` is taken with: the plan's, and room above them for the largest
+    /// buffer a step keeps past its end (the batch a loop keeps until the next exists), whose
+    /// planned bytes the last step's holds when its turn comes.
+    pub(crate) fn region_room(&self, region: usize) -> u64 {
+        let stream = self.streams[region];
+        let kept = self.buffers[self.first..].iter().filter(|b| b.stream == stream && self.outlives_step(b)).map(|b| b.size).max();
+        let planned = self.region_bytes[region];
+        kept.map_or(planned, |size| planned.next_multiple_of(self.alignment).saturating_add(size))
+    }
+
+    /// Whether a buffer of the steps' part is planned live for the whole step, as one the step
+    /// leaves live is.
+    fn outlives_step(&self, buffer: &AheadBuffer) -> bool {
+        buffer.lower <= self.steps_start && buffer.upper >= self.end
     }
 
     /// The bytes of every region together.
@@ -234,18 +255,24 @@ impl Ahead {
         }
     }
 
-    /// Whether the plan's buffer of this step's next allocation lives on past the first step.
+    /// Whether the plan's buffer of this step's next allocation outlives its step: one of the
+    /// first step's that lives on past it, or one planned live for the whole step.
     pub(crate) fn next_kept(&self) -> bool {
         let at = self.part().start + self.next;
-        at < self.plan.first && self.plan.buffers[at].upper > self.plan.first_end
+        let planned = &self.plan.buffers[at];
+        if at < self.plan.first {
+            planned.upper > self.plan.steps_start
+        } else {
+            self.plan.outlives_step(planned)
+        }
     }
 
-    /// Whether the step is over, with automatic boundaries: all it allocated is freed, but for
-    /// what the plan keeps past the first step; a first step of the plan's own, once its part of
-    /// the plan is used up (or left).
+    /// Whether the step is over, with automatic boundaries: everything it allocated is freed, or
+    /// its part of the plan is used up (or left) and only what outlives the step is live.
     pub(crate) fn step_over(&self) -> bool {
         let first_step = self.step == 0 && self.plan.first > 0;
-        self.step_live == self.step_kept && (!first_step || !self.serving || self.next >= self.plan.first)
+        let used_up = !self.serving || self.next >= self.part().len();
+        (self.step_live == 0 && !first_step) || (self.step_live == self.step_kept && used_up)
     }
 
     /// Where the plan puts this step's next allocation, and whether it fits there now.

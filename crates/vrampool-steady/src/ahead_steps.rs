@@ -51,7 +51,8 @@ impl<B: MemoryResource> PlannedPool<B> {
         };
         self.release_idle_regions(cold);
         let mut bases = Vec::with_capacity(plan.streams.len());
-        for (&stream, &bytes) in plan.streams.iter().zip(&plan.region_bytes) {
+        for (region, &stream) in plan.streams.iter().enumerate() {
+            let bytes = plan.region_room(region);
             let region = if bytes == 0 { Ok(None) } else { cold.regions.ensure(&self.backing, stream, bytes, bytes).map(Some) };
             match region {
                 Ok(at) => bases.push(at.map_or(0, |at| cold.regions.list[at].base)),
@@ -196,7 +197,7 @@ impl<B: MemoryResource> PlannedPool<B> {
             if !ahead.taken[region].is_empty() {
                 continue;
             }
-            let (stream, bytes) = (cold.regions.list[at].stream, ahead.plan.region_bytes[region]);
+            let (stream, bytes) = (cold.regions.list[at].stream, ahead.plan.region_room(region));
             if let Ok(at) = cold.regions.ensure(&self.backing, stream, bytes, bytes) {
                 ahead.bases[region] = cold.regions.list[at].base;
             }

@@ -194,9 +194,9 @@ fn an_arena_buffer_used_on_another_stream_retires_its_region_until_it_is_free() 
 }
 
 /// A loop that keeps the last batch until the next one exists (the new batch's planned bytes are the
-/// old one's), over a plan of a 1 MiB batch and two 4 MiB buffers; the last batch freed at the end.
-/// The plan's stats after four steps.
-fn batches_kept_a_step(batch: u64) -> PlannedStats {
+/// old one's), over a plan of a `batch` and two 4 MiB buffers; the last batch freed at the end.
+/// Steps end at `step()` if `marked`, else by themselves. The plan's stats after four steps.
+fn batches_kept_a_step(batch: u64, marked: bool) -> PlannedStats {
     let buffers = [AheadBuffer::new(S0, batch, 0, 4), AheadBuffer::new(S0, 4 << 20, 1, 2), AheadBuffer::new(S0, 4 << 20, 2, 3)];
     let plan = AheadPlan::plan(&buffers, 512, Duration::from_millis(10)).unwrap();
     let h = Harness::new(&plan);
@@ -214,20 +214,26 @@ fn batches_kept_a_step(batch: u64) -> PlannedStats {
             let a = h.mode.allocate(4 << 20, S0).unwrap();
             h.mode.free(a, None, None).unwrap();
         }
-        h.mode.step(0);
+        if marked {
+            h.mode.step(0);
+        }
     }
     h.mode.free(previous.unwrap(), None, None).unwrap();
     h.stats()
 }
 
 #[test]
-fn a_batch_whose_planned_bytes_the_last_one_holds_goes_above_the_plan_or_else_to_the_pool() {
-    // 5 MiB planned in a 6 MiB region: steps 2 and 4 put their batch in the region's last MiB.
-    let stats = batches_kept_a_step(1 << 20);
-    assert_eq!((stats.planned_allocations, stats.dynamic_allocations, stats.fallbacks), (12, 0, 0));
-    // 6 MiB planned, nothing above it: those two batches are the pool's, the rest still the plan's.
-    let stats = batches_kept_a_step(2 << 20);
-    assert_eq!((stats.planned_allocations, stats.dynamic_allocations, stats.fallbacks), (10, 2, 0));
+fn a_batch_whose_planned_bytes_the_last_one_holds_goes_to_the_room_above_the_plan() {
+    // The region has room above the plan's bytes for the batch (planned live for the whole step):
+    // steps 2 and 4 put theirs there, with or without step markers.
+    for marked in [true, false] {
+        for (batch, region) in [(1 << 20, 6 << 20), (2 << 20, 8 << 20)] {
+            let stats = batches_kept_a_step(batch, marked);
+            let figures = (stats.planned_allocations, stats.dynamic_allocations, stats.fallbacks, stats.replayed_iterations);
+            assert_eq!(figures, (12, 0, 0, 4), "batch {batch}, marked: {marked}");
+            assert_eq!(stats.arena_bytes, region, "batch {batch}");
+        }
+    }
 }
 
 /// `weights` buffers made first and kept, then `ops`: the first step's buffers, as a run's first

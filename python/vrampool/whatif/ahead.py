@@ -47,10 +47,11 @@ def step_rows(trace: TraceLike, step: Optional[int] = None) -> Tuple[List[Row], 
 
 def first_and_step_rows(trace: TraceLike, step: Optional[int] = None) -> Tuple[List[Row], int, int]:
     """The rows of ``trace``'s first step followed by those of one step (as :func:`step_rows`
-    picks it) on one timeline, the step's index, and how many rows are the first step's: what
-    the first step leaves live (the weights, the optimizer's state) stays live to the end, so
-    the step's buffers are planned beside it. With no first step apart (the trace is one step,
-    or the step is the first), the step's rows alone and 0."""
+    picks it) on one timeline, the step's index, and how many rows are the first step's. What
+    the first step leaves live (the weights, the optimizer's state) stays live to the end, so the
+    step's buffers are planned beside it; one the next step frees (the first batch) lives on into
+    the step as far as it did into the next. With no first step apart (the trace is one step, or
+    the step is the first), the step's rows alone and 0."""
     loaded = load(trace)
     rows, step = step_rows(loaded, step)
     first = _first_step(loaded)
@@ -58,30 +59,36 @@ def first_and_step_rows(trace: TraceLike, step: Optional[int] = None) -> Tuple[L
         return rows, step, 0
     warm, length = first
     end = length + max((upper for _, _, _, upper in rows), default=0)
-    joint = [(stream, size, lower, end if upper is None else upper) for stream, size, lower, upper in warm]
+    joint = [(stream, size, lower, end if upper is None else min(upper, end)) for stream, size, lower, upper in warm]
     joint += [(stream, size, length + lower, length + upper) for stream, size, lower, upper in rows]
     return joint, step, len(warm)
 
 
 def _first_step(trace: Trace) -> Optional[Tuple[List[Tuple[int, int, int, Optional[int]]], int]]:
-    """The first step's rows (stream, size, lower, upper), in allocation order, upper None for a
-    buffer it leaves live, and its length in events; None when the trace has no step marker
+    """The first step's rows (stream, size, lower, upper), in allocation order, and its length in
+    events; upper None for a buffer no later step frees, and past the length for one the next
+    step frees (by as many events as it lived into it). None when the trace has no step marker
     after an allocation."""
     rows: List[List[Any]] = []
     born: Dict[int, int] = {}
-    time = 0
+    time, length = 0, None
     for e in trace.events:
         if e.op == "step":
+            if length is not None:
+                break
             if rows:
-                return [(r[0], r[1], r[2], r[3]) for r in rows], time
+                length = time
             continue
         if e.op == "alloc":
-            born[e.id] = len(rows)
-            rows.append([e.stream, e.size, time, None])
+            if length is None:
+                born[e.id] = len(rows)
+                rows.append([e.stream, e.size, time, None])
         elif e.id in born:
             rows[born.pop(e.id)][3] = time
         time += 1
-    return None
+    if length is None:
+        return None
+    return [(r[0], r[1], r[2], r[3]) for r in rows], length
 
 
 def _steps(trace: Trace) -> List[Tuple[List[Row], int]]:
