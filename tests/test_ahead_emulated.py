@@ -132,3 +132,47 @@ def test_emulated_a_plan_from_a_fake_capture_serves_smaller_steps_with_no_driver
     s = pool.steady_stats()
     assert s["fallbacks"] == 0 and s["dynamic_allocations"] == 0 and s["replayed_iterations"] == 9, s
     assert pool.close() == []
+
+
+@pytest.mark.filterwarnings("ignore:CUDA initialization:UserWarning")  # torch probing the emulator under fake tensors
+def test_emulated_a_plan_with_its_first_step_serves_a_whole_run_from_one_arena() -> None:
+    """A small GPT's run captured under fake tensors at 64 tokens (the weights made in its first
+    step) and planned with that first step: DevicePool(0) serves a run at 48 tokens from its very
+    first allocation, weights and optimizer state included, by the plan: the arena's driver calls
+    and none after, every allocation the plan's."""
+    torch = pytest.importorskip("torch")
+    from vrampool.whatif.ahead import from_trace
+    from vrampool.whatif.models import gpt
+    from vrampool.whatif.training import capture_model
+
+    def model(seq: int) -> Callable[[], Any]:
+        def make() -> Any:
+            tokens = torch.randint(0, 128, (4, seq))
+            return gpt(layers=1, d_model=32, heads=2, seq_len=64, vocab=128), (tokens, tokens)
+
+        return make
+
+    plan = from_trace(capture_model(model(64), steps=3))
+    assert plan.first > 0
+    run = capture_model(model(48), steps=3).events
+    before = DRIVER.all_calls()
+    pool = DevicePool(0, plan=plan)
+    live: Dict[int, DeviceBuffer] = {}
+    per_step: List[Dict[str, int]] = []
+    for e in run:
+        if e.op == "alloc":
+            live[e.id] = pool.allocate(e.size)
+        elif e.op == "free":
+            pool.deallocate(live.pop(e.id))
+        else:
+            per_step.append(costs(before))
+            before = DRIVER.all_calls()
+    assert 0 < sum(per_step[0].values()) <= 8 and "cuCtxSynchronize" not in per_step[0], per_step
+    assert per_step[1:] == [{}] * (len(per_step) - 1), per_step
+    s = pool.steady_stats()
+    allocations = sum(1 for e in run if e.op == "alloc")
+    assert (s["planned_allocations"], s["dynamic_allocations"], s["fallbacks"]) == (allocations, 0, 0), s
+    for buffer in live.values():
+        pool.deallocate(buffer)
+    gc.collect()
+    assert pool.close() == []
