@@ -22,7 +22,7 @@ T = TypeVar("T")
 MIB = 1 << 20
 #: The rows of the demo's table, in order: vrampool as installed beside PyTorch's allocator, the
 #: other allocators' models, then the pool's strategies one by one and the static plan.
-DEMO_STRATEGIES = ("default", "torch", "torch+expandable", "rmm", "cupy", "async", "slab", "best_fit", "buddy", "hybrid", "plan")
+DEMO_STRATEGIES = ("default", "torch", "torch+expandable", "rmm", "cupy", "async", "slab", "best_fit", "buddy", "hybrid", "ahead", "plan")
 #: The demo replays each trace this many times back to back, as a training loop repeats its steps:
 #: the table shows the first pass's peak and the last pass's device calls (the steady state).
 DEMO_PASSES = 10
@@ -646,6 +646,7 @@ def _demo(args: argparse.Namespace) -> None:
     out = Path(args.out)
     print(f"vrampool demo: {args.steps} training steps of each model, captured on the CPU and replayed on the simulated device")
     print("(default: vrampool as install() and DevicePool(0) set it up; torch, torch+expandable, rmm, cupy, async: models of those allocators)")
+    print("(ahead: default served by a plan made ahead of the run's largest step and its first, as install(plan=...) serves it; plan: one arena at offsets planned for the whole run)")
     print("(last pass calls: device allocations and frees in the last pass alone, the cost of every step once warm)\n")
     for model in ("gpt", "cnn"):
         what = "a small GPT, sequence length varying per step" if model == "gpt" else "a small CNN, batch size varying per step"

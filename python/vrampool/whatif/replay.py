@@ -171,9 +171,11 @@ def replay_each(
     one, for events per second) in the memory of one copy; the plan's row is the same arena for
     any. ``ahead`` adds the row ``ahead`` with the plan :func:`ahead_plan` makes of it (the row
     named without ``ahead`` plans the trace's largest step): the pool as installed, served by the
-    plan as ``vrampool.torch.install(plan=...)`` serves it, set at the trace's first ``step`` event
-    (the end of the first optimizer step; in a trace without one, at the first allocation), its
-    steps ended at each ``step`` event; each copy of a repeated replay sets it again."""
+    plan as ``vrampool.torch.install(plan=...)`` serves it: a plan with a first step of its own
+    (:attr:`vrampool.ahead.Plan.first`) set at the first allocation, any other at the trace's first
+    ``step`` event (the end of the first optimizer step; in a trace without one, at the first
+    allocation), its steps ended at each ``step`` event; each copy of a repeated replay sets it
+    again."""
     if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
         raise ValueError(f"repeat must be a positive int, got {repeat!r}")
     names = strategy_names(strategy)
