@@ -236,35 +236,23 @@ fn a_batch_whose_planned_bytes_the_last_one_holds_goes_to_the_room_above_the_pla
     }
 }
 
-/// `weights` buffers made first and kept, then `ops`: the first step's buffers, as a run's first
-/// step makes them, each live between its events (the weights to `end`).
-fn first_step_buffers(weights: &[u64], ops: &[Op], end: u64) -> Vec<AheadBuffer> {
+/// A plan of a run's first step (`weights` made first and kept, then `first`) and its `largest`
+/// step, on one timeline: the weights live to the end, every other buffer between its events.
+fn plan_with_first_step(weights: &[u64], first: &[Op], largest: &[Op]) -> AheadPlan {
+    let warm_len = (weights.len() + first.len()) as u64 + 1;
+    let end = warm_len + largest.len() as u64 + 1;
     let mut buffers: Vec<AheadBuffer> = weights.iter().enumerate().map(|(t, &size)| AheadBuffer::new(S0, size, t as u64, end)).collect();
-    let start = buffers.len() as u64;
-    buffers.extend(ahead_buffers(ops).into_iter().map(|b| AheadBuffer::new(b.stream, b.size, start + b.lower, start + b.upper)));
-    buffers
+    let shifted =
+        |ops: &[Op], by: u64| ahead_buffers(ops).into_iter().map(move |b| AheadBuffer::new(b.stream, b.size, by + b.lower, by + b.upper));
+    buffers.extend(shifted(first, weights.len() as u64));
+    let lead = buffers.len();
+    buffers.extend(shifted(largest, warm_len));
+    AheadPlan::plan(&buffers, 512, Duration::from_millis(50)).unwrap().with_first_step(lead).unwrap()
 }
 
-#[test]
-fn a_plan_with_a_first_step_keeps_the_weights_in_the_arena_and_makes_no_device_call_after_it() {
-    let weights = [3 << 20, 512, 1 << 20, 4096, 2 << 20];
-    let (first, largest) = (step(5, 4), step(8, 4));
-    let step_len = largest.len() as u64 + 1;
-    let warm_len = (weights.len() + first.len()) as u64 + 1;
-    let end = warm_len + step_len;
-    let mut buffers = first_step_buffers(&weights, &first, end);
-    let lead = buffers.len();
-    buffers.extend(ahead_buffers(&largest).into_iter().map(|b| AheadBuffer::new(b.stream, b.size, warm_len + b.lower, warm_len + b.upper)));
-    let plan = AheadPlan::plan(&buffers, 512, Duration::from_millis(50)).unwrap().with_first_step(lead).unwrap();
-    assert_eq!(plan.first_step(), lead);
-    let mut h = Harness::new(&plan);
-    let calls = |sim: &SimDevice| {
-        let c = sim.counters();
-        c.alloc_calls + c.free_calls + c.map_calls + c.unmap_calls
-    };
-    let taken = calls(&h.sim);
-    // The weights, each with a pattern of its own, then the first step: every buffer at its place.
-    let kept: Vec<(u64, u64, u8)> = weights
+/// The weights, allocated first, each filled with a pattern of its own: (address, size, pattern).
+fn make_weights(h: &Harness, weights: &[u64]) -> Vec<(u64, u64, u8)> {
+    weights
         .iter()
         .enumerate()
         .map(|(i, &size)| {
@@ -272,7 +260,29 @@ fn a_plan_with_a_first_step_keeps_the_weights_in_the_arena_and_makes_no_device_c
             h.sim.write(at, &vec![0xA0 + i as u8; size as usize]).unwrap();
             (at, size, 0xA0 + i as u8)
         })
-        .collect();
+        .collect()
+}
+
+fn weights_intact(h: &Harness, kept: &[(u64, u64, u8)]) -> bool {
+    kept.iter().all(|&(at, size, fill)| h.sim.read(at, size).unwrap().iter().all(|&b| b == fill))
+}
+
+const WEIGHTS: [u64; 5] = [3 << 20, 512, 1 << 20, 4096, 2 << 20];
+
+#[test]
+fn a_plan_with_a_first_step_keeps_the_weights_in_the_arena_and_makes_no_device_call_after_it() {
+    let first = step(5, 4);
+    let plan = plan_with_first_step(&WEIGHTS, &first, &step(8, 4));
+    let lead = WEIGHTS.len() + ahead_buffers(&first).len();
+    assert_eq!(plan.first_step(), lead);
+    let mut h = Harness::new(&plan);
+    let calls = |sim: &SimDevice| {
+        let c = sim.counters();
+        c.alloc_calls + c.free_calls + c.map_calls + c.unmap_calls
+    };
+    let taken = calls(&h.sim);
+    // The weights, then the first step: every buffer at its place.
+    let kept = make_weights(&h, &WEIGHTS);
     h.run(&first);
     let stats = h.stats();
     assert_eq!((stats.planned_allocations, stats.dynamic_allocations, stats.fallbacks), (lead as u64, 0, 0));
@@ -280,9 +290,7 @@ fn a_plan_with_a_first_step_keeps_the_weights_in_the_arena_and_makes_no_device_c
     // Every later step, smaller or the largest: the steps' part of the plan, beside the weights.
     for seq in [8, 3, 6, 8, 1] {
         h.run(&step(seq, 4));
-        for &(at, size, fill) in &kept {
-            assert!(h.sim.read(at, size).unwrap().iter().all(|&b| b == fill), "a weight at {at:#x} was overwritten");
-        }
+        assert!(weights_intact(&h, &kept), "seq {seq}");
     }
     let stats = h.stats();
     assert_eq!((stats.dynamic_allocations, stats.fallbacks, stats.replayed_iterations), (0, 0, 6));
@@ -358,6 +366,24 @@ fn steps() -> impl Strategy<Value = Vec<(u64, usize, Option<usize>)>> {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
+
+    #[test]
+    fn a_first_step_of_any_shape_and_the_steps_after_it_never_touch_the_weights(first in (1u64..10, 2usize..6), script in steps()) {
+        let plan = plan_with_first_step(&WEIGHTS, &step(6, 4), &step(8, 4));
+        let mut h = Harness::new(&plan);
+        let kept = make_weights(&h, &WEIGHTS);
+        for (seq, layers, swap) in std::iter::once((first.0, first.1, None)).chain(script) {
+            let mut ops = step(seq, layers);
+            if let Some(at) = swap.filter(|&at| at + 1 < ops.len()) {
+                if matches!((ops[at], ops[at + 1]), (Op::Free(_), Op::Free(_))) {
+                    ops.swap(at, at + 1);
+                }
+            }
+            h.run(&ops);
+            prop_assert!(weights_intact(&h, &kept));
+        }
+        prop_assert_eq!(h.stats().arena_live, WEIGHTS.len());
+    }
 
     #[test]
     fn no_two_live_buffers_ever_share_a_byte(script in steps()) {
