@@ -498,26 +498,28 @@ def test_capture_with_example_inputs_and_its_errors() -> None:
 # ---- vrampool.torch and the command ----
 
 
-def test_torch_install_sets_the_plan_at_the_end_of_the_first_optimizer_step(run_python: Callable[..., str], tmp_path: Path) -> None:
-    """`install(plan=path)`: the first step (with the weights and the optimizer's state, which
-    live on) runs on the pool; at its optimizer step the plan is set, and every later step of a
-    smaller shape comes from it whole (steps end at each optimizer step). The steps' buffers come
-    from the C ABI here: no GPU."""
-    pytest.importorskip("torch")
-    path = tmp_path / "plan.json"
-    plan_step([(0, 4 * MIB, 0, 5), (0, 8 * MIB, 1, 3), (0, 8 * MIB, 2, 4), (0, 2 * MIB, 3, 5)]).save(path)
-    out = run_python(
+def steps_under_install(run_python: Callable[..., str], plan: Path, figure: str, after: Sequence[str] = ()) -> str:
+    """Runs, in a fresh interpreter under `install(plan=plan)` on the simulated device, a 3 MiB
+    buffer made first that lives on (the weights), then five training steps of four buffers
+    each, scaled down 1, 1, 2, 4 and 1 times, through the C ABI's `vrampool_malloc` and
+    `vrampool_free` (no GPU), each ended by an optimizer step. Prints `figure` (an expression
+    of `s`, the planned stats, and `calls`, the device allocations before the weights) after
+    each step, as one JSON list, then runs the lines `after`, then frees the weights."""
+    epilogue = "\n        ".join(after)
+    return run_python(
         f"""
         import ctypes, json, torch
         import vrampool.torch as vt
+        from vrampool._native import abi_stats
         from vrampool.ahead import plan_step
-        vt.install(device="sim", sim_capacity="1GB", plan={str(path)!r})
+        vt.install(device="sim", sim_capacity="1GB", plan={str(plan)!r})
         lib = ctypes.CDLL(vt.library_path())
         lib.vrampool_malloc.restype = ctypes.c_void_p
         lib.vrampool_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
         lib.vrampool_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
         model = torch.nn.Linear(4, 4)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        calls = abi_stats(0)["num_device_alloc"]
         weights = lib.vrampool_malloc(3 << 20, 0, None)   # lives on: made in the first step
         figures = []
         for scale in (1, 1, 2, 4, 1):
@@ -533,16 +535,30 @@ def test_torch_install_sets_the_plan_at_the_end_of_the_first_optimizer_step(run_
             model(torch.ones(2, 4)).sum().backward()
             optimizer.step()
             s = vt.planned_stats(0)
-            figures.append([s["planned_allocations"], s["fallbacks"]])
+            figures.append({figure})
         print(json.dumps(figures))
-        vt.set_plan(None)
-        try:
-            vt.set_plan(plan_step([(0, 512, 0, 1)], alignment=1024), device=200)
-        except ValueError as e:
-            print("refused:", e)
+        {epilogue}
         lib.vrampool_free(weights, 3 << 20, 0, None)
         """
     )
+
+
+def test_torch_install_sets_the_plan_at_the_end_of_the_first_optimizer_step(run_python: Callable[..., str], tmp_path: Path) -> None:
+    """`install(plan=path)`: the first step (with the weights and the optimizer's state, which
+    live on) runs on the pool; at its optimizer step the plan is set, and every later step of a
+    smaller shape comes from it whole (steps end at each optimizer step). The steps' buffers come
+    from the C ABI here: no GPU."""
+    pytest.importorskip("torch")
+    path = tmp_path / "plan.json"
+    plan_step([(0, 4 * MIB, 0, 5), (0, 8 * MIB, 1, 3), (0, 8 * MIB, 2, 4), (0, 2 * MIB, 3, 5)]).save(path)
+    refusal = [
+        "vt.set_plan(None)",
+        "try:",
+        "    vt.set_plan(plan_step([(0, 512, 0, 1)], alignment=1024), device=200)",
+        "except ValueError as e:",
+        '    print("refused:", e)',
+    ]
+    out = steps_under_install(run_python, path, '[s["planned_allocations"], s["fallbacks"]]', refusal)
     lines = out.splitlines()
     assert json.loads(lines[-2]) == [[0, 0], [4, 0], [8, 0], [12, 0], [16, 0]], out
     assert lines[-1].startswith("refused: invalid device 200"), out
@@ -559,39 +575,7 @@ def test_torch_install_sets_a_plan_with_a_first_step_at_once_and_serves_the_weig
     plan = plan_step(first + steps, first=len(first))
     plan.save(path)
     assert Plan.load(path).first == 5
-    out = run_python(
-        f"""
-        import ctypes, json, torch
-        import vrampool.torch as vt
-        from vrampool._native import abi_stats
-        vt.install(device="sim", sim_capacity="1GB", plan={str(path)!r})
-        lib = ctypes.CDLL(vt.library_path())
-        lib.vrampool_malloc.restype = ctypes.c_void_p
-        lib.vrampool_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
-        lib.vrampool_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
-        model = torch.nn.Linear(4, 4)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        calls = abi_stats(0)["num_device_alloc"]
-        weights = lib.vrampool_malloc(3 << 20, 0, None)
-        figures = []
-        for scale in (1, 1, 2, 4, 1):
-            mb = lambda n: (n << 20) // scale
-            batch = lib.vrampool_malloc(mb(4), 0, None)
-            a = lib.vrampool_malloc(mb(8), 0, None)
-            b = lib.vrampool_malloc(mb(8), 0, None)
-            lib.vrampool_free(a, mb(8), 0, None)
-            c = lib.vrampool_malloc(mb(2), 0, None)
-            lib.vrampool_free(b, mb(8), 0, None)
-            lib.vrampool_free(c, mb(2), 0, None)
-            lib.vrampool_free(batch, mb(4), 0, None)
-            model(torch.ones(2, 4)).sum().backward()
-            optimizer.step()
-            s = vt.planned_stats(0)
-            figures.append([s["planned_allocations"], s["fallbacks"], abi_stats(0)["num_device_alloc"] - calls])
-        print(json.dumps(figures))
-        lib.vrampool_free(weights, 3 << 20, 0, None)
-        """
-    )
+    out = steps_under_install(run_python, path, '[s["planned_allocations"], s["fallbacks"], abi_stats(0)["num_device_alloc"] - calls]')
     assert json.loads(out.splitlines()[-1]) == [[5, 0, 0], [9, 0, 0], [13, 0, 0], [17, 0, 0], [21, 0, 0]], out
 
 
