@@ -6,7 +6,7 @@ tests (test_pause_emulated.py) check the memory really leaves the device and eve
 from __future__ import annotations
 
 import ctypes
-from typing import Iterator, List, Tuple
+from typing import Callable, Iterator, List, Tuple
 
 import pytest
 
@@ -18,18 +18,26 @@ MIB = 1 << 20
 SIZES = (512, 4096, 100_000, 3 * MIB, 9 * MIB + 7)
 
 
-def fill(pool: DevicePool, n: int, seed: int) -> List[Tuple[DeviceBuffer, bytes]]:
+Buffers = List[Tuple[DeviceBuffer, bytes]]
+
+
+def host_write(ptr: int, data: bytes) -> None:
+    ctypes.memmove(ptr, data, len(data))
+
+
+def fill(pool: DevicePool, n: int, seed: int, write: Callable[[int, bytes], None] = host_write) -> Buffers:
+    """`n` buffers of `SIZES` in turn, each filled by `write` with a byte of its own from `seed` on."""
     out = []
     for i in range(n):
         buf = pool.allocate(SIZES[i % len(SIZES)])
         data = bytes([(seed + i) % 256]) * buf.size
-        ctypes.memmove(buf.ptr, data, buf.size)
+        write(buf.ptr, data)
         out.append((buf, data))
     return out
 
 
-def intact(buffers: List[Tuple[DeviceBuffer, bytes]]) -> bool:
-    return all(ctypes.string_at(buf.ptr, buf.size) == data for buf, data in buffers)
+def intact(buffers: Buffers, read: Callable[[int, int], bytes] = ctypes.string_at) -> bool:
+    return all(read(buf.ptr, buf.size) == data for buf, data in buffers)
 
 
 @pytest.fixture

@@ -13,33 +13,25 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from typing import Dict, List, Tuple
+from typing import Dict, Tuple
 
 import pytest
 
+import test_pause as pause_tests
 import vrampool
 from _emulated import DRIVER, MIB, no_races, streams_fixture  # noqa: F401 (fixtures)
-from vrampool import DeviceBuffer, DevicePool
+from test_pause import Buffers
+from vrampool import DevicePool
 
-SIZES = (512, 4096, 100_000, 3 * MIB, 9 * MIB + 7)
 #: The driver calls whose counts show pages, handles and address ranges made and given back.
 LIFE = ("cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap", "cuMemAddressReserve", "cuMemAddressFree")
 
-Buffers = List[Tuple[DeviceBuffer, bytes]]
-
-
 def fill(pool: DevicePool, n: int, seed: int) -> Buffers:
-    out = []
-    for i in range(n):
-        buf = pool.allocate(SIZES[i % len(SIZES)])
-        data = bytes([(seed + i) % 256]) * buf.size
-        DRIVER.write(buf.ptr, data)
-        out.append((buf, data))
-    return out
+    return pause_tests.fill(pool, n, seed, DRIVER.write)
 
 
 def intact(buffers: Buffers) -> bool:
-    return all(DRIVER.read(buf.ptr, buf.size) == data for buf, data in buffers)
+    return pause_tests.intact(buffers, DRIVER.read)
 
 
 def calls() -> Dict[str, int]:
