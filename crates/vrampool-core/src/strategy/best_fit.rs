@@ -256,6 +256,21 @@ impl BestFit {
         Some(word * 64 + self.bitmap[word].trailing_zeros() as usize)
     }
 
+    /// Every free range, bin by bin.
+    fn free_nodes(&self) -> impl Iterator<Item = u32> + '_ {
+        let mut bin = self.next_bin(0);
+        let mut i = bin.map_or(NIL, |b| self.bin_heads[b]);
+        std::iter::from_fn(move || {
+            while i == NIL {
+                bin = self.next_bin(bin? + 1);
+                i = self.bin_heads[bin?];
+            }
+            let found = i;
+            i = self.node(found).bin_next;
+            Some(found)
+        })
+    }
+
     /// The smallest range of `bin` of at least `size` bytes. A bin with more ranges than a scan
     /// looks at is crowded from then on, and asks the index.
     #[inline(always)]
@@ -522,18 +537,21 @@ impl Strategy for BestFit {
     }
 
     fn unused_ranges(&self, base: u64) -> Vec<Segment> {
-        let (Some(&marker), Some(&(_, head))) = (self.ends.get(&base), self.segments.get(&base)) else { return Vec::new() };
-        let mut unused: Vec<Segment> = Vec::new();
-        let mut i = head;
-        while i != marker {
-            let Node { addr, size, next, .. } = *self.node(i);
-            if !self.node(i).allocated || self.is_hole(i) {
-                match unused.last_mut() {
-                    Some(last) if last.base + last.size == addr => last.size += size,
-                    _ => unused.push(Segment { base: addr, size }),
-                }
+        let (Some(&marker), true) = (self.ends.get(&base), self.segments.contains_key(&base)) else { return Vec::new() };
+        let end = self.node(marker).addr;
+        // The free ranges (from the bins) and the holes alone, not the segment's every node: a
+        // growth asks this of every expandable range, and a range holds thousands of blocks
+        // where it has a few free ranges.
+        let free = self.free_nodes().map(|i| self.node(i)).filter(|n| (base..end).contains(&n.addr));
+        let mut pieces: Vec<Segment> = free.map(|n| Segment { base: n.addr, size: n.size }).collect();
+        pieces.extend(self.holes.range(base..end).map(|(&addr, &h)| Segment { base: addr, size: self.node(h).size }));
+        pieces.sort_unstable_by_key(|p| p.base);
+        let mut unused: Vec<Segment> = Vec::with_capacity(pieces.len());
+        for piece in pieces {
+            match unused.last_mut() {
+                Some(last) if last.base + last.size == piece.base => last.size += piece.size,
+                _ => unused.push(piece),
             }
-            i = next;
         }
         unused
     }

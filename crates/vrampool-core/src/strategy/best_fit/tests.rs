@@ -257,6 +257,21 @@ fn check_invariants(b: &BestFit) {
         }
     }
     assert_eq!(indexed as usize, b.crowded.len());
+    // Each expandable segment's unused ranges, from the bins and holes, are its nodes' that hold no block.
+    for (&base, &marker) in &b.ends {
+        let (mut walked, mut i) = (Vec::<Segment>::new(), b.segments[&base].1);
+        while i != marker {
+            let n = *b.node(i);
+            if !n.allocated || b.is_hole(i) {
+                match walked.last_mut() {
+                    Some(last) if last.base + last.size == n.addr => last.size += n.size,
+                    _ => walked.push(seg(n.addr, n.size)),
+                }
+            }
+            i = n.next;
+        }
+        assert_eq!(b.unused_ranges(base), walked, "segment at {base}");
+    }
 }
 
 #[test]
