@@ -1,5 +1,8 @@
 //! Growth and give-back: reserving from the device within the cap, and returning what is wholly free.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
 use super::*;
 
 impl PoolCore {
@@ -218,20 +221,29 @@ pub(super) struct Spare {
 /// Design: a give-back is for the peak, and giving back more than the growth needs cannot lower
 /// it; what stays reserved is reused without device calls, and each call gives back the most it
 /// can.
-pub(super) fn choose_spares(mut spares: Vec<Spare>, need: u64) -> Vec<Spare> {
+pub(super) fn choose_spares(spares: Vec<Spare>, need: u64) -> Vec<Spare> {
     if need == u64::MAX {
         return spares;
     }
-    // Largest first; ties in a fixed order, so that replays are deterministic.
-    spares.sort_unstable_by_key(|s| (std::cmp::Reverse(s.range.size), s.stream, s.tier, s.range.base));
+    // Largest first; ties in a fixed order, so that replays are deterministic. A growth asks this
+    // of every wholly free mapping, thousands where the pool holds gigabytes, and takes a few: a
+    // heap yields them largest first without sorting them all.
+    let key = |i: usize| (Reverse(spares[i].range.size), spares[i].stream, spares[i].tier, spares[i].range.base, i);
+    let mut heap: BinaryHeap<_> = (0..spares.len()).map(|i| Reverse(key(i))).collect();
     let mut chosen = Vec::new();
     let mut still = need;
-    while still > 0 && !spares.is_empty() {
-        // The last spare (the smallest) of those that meet the need, else the first (the largest).
-        let meets = spares.partition_point(|s| s.range.size >= still);
-        let spare = spares.remove(meets.saturating_sub(1));
-        still = still.saturating_sub(spare.range.size);
-        chosen.push(spare);
+    while still > 0 {
+        let Some(&Reverse(first)) = heap.peek() else { break };
+        let i = first.4;
+        if spares[i].range.size >= still {
+            // The smallest spare that meets the need: the last of those in the order.
+            let meets = heap.iter().map(|&Reverse(k)| k).filter(|k| spares[k.4].range.size >= still);
+            chosen.extend(meets.max().map(|k| spares[k.4]));
+            break;
+        }
+        heap.pop();
+        still -= spares[i].range.size;
+        chosen.push(spares[i]);
     }
     chosen
 }
@@ -262,5 +274,42 @@ mod tests {
         // Of equal spares, the same one whatever the order they come in: replays are deterministic.
         let reversed: Vec<Spare> = all.iter().rev().copied().collect();
         assert_eq!(choose_spares(all, MIB), choose_spares(reversed, MIB));
+    }
+
+    /// The rule as written: sort largest first, then take the smallest that meets what is still
+    /// needed, else the largest.
+    fn chosen_by_sorting(mut spares: Vec<Spare>, need: u64) -> Vec<Spare> {
+        spares.sort_by_key(|s| (Reverse(s.range.size), s.stream, s.tier, s.range.base));
+        let (mut chosen, mut still) = (Vec::new(), need);
+        while still > 0 && !spares.is_empty() {
+            let meets = spares.partition_point(|s| s.range.size >= still);
+            let spare = spares.remove(meets.saturating_sub(1));
+            still = still.saturating_sub(spare.range.size);
+            chosen.push(spare);
+        }
+        chosen
+    }
+
+    #[test]
+    fn the_heap_chooses_as_sorting_all_would() {
+        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = |below: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % below
+        };
+        for _ in 0..2_000 {
+            let spares: Vec<Spare> = (0..next(40))
+                .map(|base| Spare {
+                    stream: StreamId(next(3)),
+                    tier: next(2) as u8,
+                    range: Segment { base: base * 64 * MIB, size: (1 + next(8)) * 2 * MIB },
+                    reservation: None,
+                })
+                .collect();
+            let need = next(100) * MIB;
+            assert_eq!(choose_spares(spares.clone(), need), chosen_by_sorting(spares, need), "need {need}");
+        }
     }
 }
