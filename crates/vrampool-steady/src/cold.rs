@@ -1,6 +1,7 @@
 //! The cold path: every call that is not the schedule's next step, under the one lock (its state:
 //! `state.rs`).
 
+use std::collections::BTreeSet;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 use vrampool_core::{MemoryResource, PieceEvent, PoolError, StreamId};
@@ -200,8 +201,7 @@ impl<B: MemoryResource> PlannedPool<B> {
 
     /// Takes step `at` of the group at the `held` word ahead of its turn, and catches up.
     fn take_early(&self, cold: &mut Cold, held: u64, at: usize) {
-        let sorted = cold.early.partition_point(|&e| e < at);
-        cold.early.insert(sorted, at);
+        cold.early.insert(at);
         self.catch_up(cold, held);
     }
 
@@ -213,7 +213,7 @@ impl<B: MemoryResource> PlannedPool<B> {
         }
         let (epoch, mut position) = (Word::epoch(word), Word::position(word));
         while cold.early.first() == Some(&position) {
-            cold.early.remove(0);
+            cold.early.pop_first();
             position += 1;
         }
         let next = Word::held(Word::serving(epoch, position as u32), !cold.early.is_empty());
@@ -282,7 +282,7 @@ impl<B: MemoryResource> PlannedPool<B> {
     }
 
     /// The arena buffers live at `word` of the epoch `serving` serves.
-    pub(crate) fn live_in_epoch(&self, serving: &Serving, word: u64, early: &[usize]) -> Vec<ArenaBuffer> {
+    pub(crate) fn live_in_epoch(&self, serving: &Serving, word: u64, early: &BTreeSet<usize>) -> Vec<ArenaBuffer> {
         let schedule = &serving.schedule;
         schedule
             .live_after(Word::position(word).min(schedule.steps.len()), early)

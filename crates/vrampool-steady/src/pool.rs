@@ -29,7 +29,7 @@
 //! # Ok::<(), vrampool_core::PoolError>(())
 //! ```
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 use std::time::{Duration, Instant};
@@ -134,7 +134,7 @@ impl<B: MemoryResource> PlannedPool<B> {
             births: HashMap::default(),
             figures: Figures::default(),
             backoff,
-            early: Vec::new(),
+            early: BTreeSet::new(),
             ahead: None,
         };
         PlannedPool {

@@ -8,6 +8,7 @@
 //! `record_stream` on them change nothing in the arena, so a step of the schedule only asks for "a
 //! free of some pool buffer" and record_stream is no step at all.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use vrampool_core::StreamId;
@@ -222,7 +223,7 @@ impl Schedule {
 
     /// The iteration's buffers live once the first `steps` steps are taken (arena ones, and pool
     /// ones whose free the schedule knows), by allocation. O(steps).
-    pub fn live_after(&self, steps: usize, early: &[usize]) -> Vec<Placed> {
+    pub fn live_after(&self, steps: usize, early: &BTreeSet<usize>) -> Vec<Placed> {
         let mut born: Vec<Placed> = Vec::new();
         let mut arena: foldhash::HashMap<(usize, u64), usize> = foldhash::HashMap::default();
         let mut freed: Vec<bool> = Vec::new();
@@ -292,7 +293,7 @@ impl Schedule {
     /// The first `steps` steps as a recording would have seen them, for a recording that goes on from
     /// there. Frees of older buffers stay so; `record_stream` on another stream comes back as an event
     /// right after the allocation it marks (when, exactly, does not matter to a plan).
-    pub fn recorded_prefix(&self, steps: usize, early: &[usize]) -> Vec<Recorded> {
+    pub fn recorded_prefix(&self, steps: usize, early: &BTreeSet<usize>) -> Vec<Recorded> {
         let mut live: foldhash::HashMap<(usize, u64), u32> = foldhash::HashMap::default();
         let mut index = 0u32;
         let mut events = Vec::with_capacity(steps);
@@ -579,20 +580,20 @@ mod tests {
         assert_eq!(s.steps[6], Step::pool_free(3, 0), "a pool buffer of the iteration: which one is kept");
         assert_eq!(s.steps[7], Step::OLDER_FREE);
         // Live: the arena's, and the pool's whose free the iteration holds (not 1, which outlives it).
-        assert_eq!(s.live_after(4, &[]).iter().map(|p| p.index).collect::<Vec<_>>(), [0, 2, 3]);
-        assert_eq!(s.live_after(5, &[]).iter().map(|p| (p.index, p.offset)).collect::<Vec<_>>(), [(2, Some(0)), (3, None)]);
+        assert_eq!(s.live_after(4, &BTreeSet::new()).iter().map(|p| p.index).collect::<Vec<_>>(), [0, 2, 3]);
+        assert_eq!(s.live_after(5, &BTreeSet::new()).iter().map(|p| (p.index, p.offset)).collect::<Vec<_>>(), [(2, Some(0)), (3, None)]);
         let served = s.served_in(4);
         assert_eq!((served.arena, served.arena_bytes, served.pool, served.live, served.live_bytes), (2, 8192, 2, 2, 8192));
         assert_eq!(s.served_in(s.steps.len()).live, 0);
-        assert_eq!(s.recorded_prefix(s.steps.len(), &[]), events, "a schedule knows its recording back");
+        assert_eq!(s.recorded_prefix(s.steps.len(), &BTreeSet::new()), events, "a schedule knows its recording back");
         // Steps 4 to 7 are one group of frees (no allocation between them), which may come in any order.
         assert_eq!((s.group_end(4), s.group_end(7), s.group_end(8)), (8, 8, 8));
         assert_eq!((s.freed_by(4), s.freed_by(6), s.freed_by(7)), (Some(0), Some(3), None));
         assert_eq!(s.arena_buffer_at(0, 0, 1), Some(4), "buffer 0, born at step 0, freed at step 4");
         assert_eq!(s.arena_buffer_at(0, 0, 5), None, "freed");
         // Buffer 2's free (step 5) taken ahead of step 4: it is no longer live, and the recording says so.
-        assert_eq!(s.live_after(4, &[5]).iter().map(|p| p.index).collect::<Vec<_>>(), [0, 3]);
-        assert_eq!(s.recorded_prefix(4, &[5]).last(), Some(&Recorded::Free { index: 2, on: S1 }));
+        assert_eq!(s.live_after(4, &BTreeSet::from([5])).iter().map(|p| p.index).collect::<Vec<_>>(), [0, 3]);
+        assert_eq!(s.recorded_prefix(4, &BTreeSet::from([5])).last(), Some(&Recorded::Free { index: 2, on: S1 }));
     }
 
     #[test]
@@ -615,7 +616,7 @@ mod tests {
     fn a_schedule_replans_to_itself() {
         let events = [alloc(4096, S0), alloc(4096, S0), free(0, S0), alloc(2048, S0), free(1, S0), free(2, S0)];
         let s = plan_schedule(&events, PLANNING).unwrap();
-        assert_eq!(s.recorded_prefix(s.steps.len(), &[]), events);
+        assert_eq!(s.recorded_prefix(s.steps.len(), &BTreeSet::new()), events);
         assert_eq!((s.arena_bytes(), s.lower_bound_bytes), (8192, 8192));
         assert!(s.starts_with(0, 4096, S0) && !s.starts_with(0, 4096, S1) && !s.starts_with(1, 4096, S0));
     }

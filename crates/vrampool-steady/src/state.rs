@@ -1,6 +1,6 @@
 //! What the cold path keeps, under the planned pool's one lock, and its errors.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -55,9 +55,9 @@ pub(crate) struct Cold {
     pub(crate) backoff: Backoff,
     /// A plan made ahead, where one is set (`set_ahead`).
     pub(crate) ahead: Option<Ahead>,
-    /// Free steps of the served iteration taken ahead of their turn, in order: frees of one group
+    /// Free steps of the served iteration taken ahead of their turn: frees of one group
     /// (between two allocations) may come in any order. Non-empty only while the word is held.
-    pub(crate) early: Vec<usize>,
+    pub(crate) early: BTreeSet<usize>,
 }
 
 pub(crate) fn not_allocated(addr: u64) -> PoolError {
