@@ -148,7 +148,7 @@ def test_steady_leak_report_snapshot_and_close_show_arena_buffers() -> None:
 
 def test_steady_close_lists_exactly_the_arena_buffers_still_live() -> None:
     """Three arena buffers of a served iteration still live at close(): exactly those three are
-    its leaks, with their stacks."""
+    its leaks, with their stacks; a second close() lists none, as the pool's blocks are listed once."""
     pool = DevicePool("sim", capacity=1 << 30, track_leaks=True)
     warm_up(pool)
     bufs: List[DeviceBuffer] = []
@@ -162,6 +162,7 @@ def test_steady_close_lists_exactly_the_arena_buffers_still_live() -> None:
     assert sorted((r["ptr"], r["requested"]) for r in leaks) == sorted((b.ptr, b.size) for b in kept)
     name = "test_steady_close_lists_exactly_the_arena_buffers_still_live"
     assert all(r["stack"] is not None and r["stack"][-1].name == name for r in leaks), leaks
+    assert pool.close() == []
 
 
 # ---- G: the event log ----

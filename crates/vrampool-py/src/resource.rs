@@ -128,10 +128,11 @@ impl DeviceResource {
     /// or an error naming the bytes the device refused to take back (closed all the same).
     pub fn close(&self) -> Result<Vec<LiveBlockInfo>, PoolError> {
         // The idle arena is no leak: it goes back with the rest. One with live buffers stays, and
-        // its buffers show as the live blocks they are.
+        // its buffers show as the live blocks they are, at the first close only, as the pool's do.
+        let first = !self.pool().is_closed();
         self.planned().close();
         let (blocks, released) = self.pool().close_checked();
-        let mut live = self.planned().live_blocks(blocks);
+        let mut live = if first { self.planned().live_blocks(blocks) } else { Vec::new() };
         live.extend(self.stack.close());
         released.map(|()| live)
     }
