@@ -237,7 +237,7 @@ def test_a_device_pool_serves_a_whole_run_from_a_plan_with_its_first_step() -> N
     """Weights, then steps of varying size that each keep their batch until the next exists:
     `DevicePool(plan=from_trace(...))`, with no step markers, serves every allocation from the
     plan (each step ends by itself once only its batch is live), and makes no device call after
-    the arena."""
+    the arena. The peak allocated is the most the buffers held, not the arena's region."""
     steps = [[("alloc", 1, 8 * MIB), ("alloc", 10, MIB), ("alloc", 11, 4 * MIB), ("free", 11, 0)]]
     for i, scale in enumerate([2, 1, 4, 3, 4, 1], start=2):
         batch, previous, work = 10 * i, 10 * (i - 1), 10 * i + 1
@@ -248,13 +248,16 @@ def test_a_device_pool_serves_a_whole_run_from_a_plan_with_its_first_step() -> N
     pool = DevicePool("sim", capacity=1 << 30, plan=plan)
     live: Dict[int, Any] = {}
     calls = None
+    most = 0
     for event in trace.events:
         if event.op == "alloc":
             live[event.id] = pool.allocate(event.size)
+            most = max(most, sum(b.size for b in live.values()))
         elif event.op == "free":
             live.pop(event.id).free()
         elif calls is None:  # the end of the first step
             calls = pool.stats()["num_device_alloc"]
+    assert pool.stats()["allocated_bytes.all.peak"] == most < pool.steady_stats()["arena_bytes"]
     stats = pool.steady_stats()
     allocations = sum(1 for e in trace.events if e.op == "alloc")
     assert (stats["planned_allocations"], stats["dynamic_allocations"], stats["fallbacks"]) == (allocations, 0, 0)

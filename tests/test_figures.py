@@ -283,7 +283,8 @@ def test_replay_command_prints_the_figures(tmp_path, capsys: pytest.CaptureFixtu
 # 224, 768 KiB: 992 allocated) and its largest free is the 640 KiB class (1 - 640 / 1056); the buddy
 # rounds to powers of two (1280 allocated; 1 - 512 / 768); CuPy allocates each request exactly
 # (1500 KiB in four; 1 - 300 / 600); RMM grows by 300, 300, 600 and 1200 KiB (1 - 600 / 1500); the
-# plan is the bound; ahead is the 2 MiB region of a plan of the whole trace, nothing free outside it.
+# plan is the bound; ahead is the 2 MiB region of a plan of the whole trace, nothing free outside it,
+# whose buffers (not the region) are what it allocates.
 REPLAY_ROWS = {
     "default": "2.0 MiB 2.276x 1.00x 1 1.00x 1.0 MiB 0.39",
     "torch": "2.0 MiB 2.276x 1.00x 1 1.00x 0.9 MiB 0.26",
@@ -296,7 +297,7 @@ REPLAY_ROWS = {
     "buddy": "2.0 MiB 2.276x 1.00x 1 1.00x 1.2 MiB 0.33",
     "hybrid": "2.0 MiB 2.276x 1.00x 1 1.00x 1.0 MiB 0.39",
     "plan": "0.9 MiB 1.000x 0.44x 1 1.00x 0.9 MiB -",
-    "ahead": "2.0 MiB 2.276x 1.00x 1 1.00x 2.0 MiB 0.00",
+    "ahead": "2.0 MiB 2.276x 1.00x 1 1.00x 0.9 MiB 0.00",
 }
 
 

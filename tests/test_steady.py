@@ -165,6 +165,56 @@ def test_steady_close_lists_exactly_the_arena_buffers_still_live() -> None:
     assert pool.close() == []
 
 
+def active_block_bytes(pool: DevicePool) -> int:
+    return sum(b["size"] for s in pool.snapshot()["segments"] for b in s["blocks"] if b["state"] == "active_allocated")
+
+
+def test_steady_stats_count_arena_buffers_as_blocks_and_their_peak_not_the_region() -> None:
+    """Served iterations of SIZES (one buffer freed midway, so the peak is inside the iteration):
+    allocated bytes are the snapshot's active blocks at every step; the peak seen by reading at
+    every step is the peak read once after an iteration (the region's idle bytes count in
+    neither); blocks and requested bytes likewise."""
+    pool = DevicePool("sim", capacity=1 << 30)
+    keys = ["allocated_bytes.all", "requested_bytes.all", "allocation.all"]
+
+    def iteration(watch: bool) -> Dict[str, int]:
+        seen = {k: 0 for k in keys}
+
+        def look() -> None:
+            stats = pool.stats()
+            assert stats["allocated_bytes.all.current"] == active_block_bytes(pool)
+            for k in keys:
+                seen[k] = max(seen[k], stats[f"{k}.current"])
+
+        bufs = []
+        for i, n in enumerate(SIZES):
+            bufs.append(pool.allocate(n))
+            if i == 5:
+                pool.deallocate(bufs.pop(0))
+            if watch:
+                look()
+        for buf in bufs:
+            pool.deallocate(buf)
+        if watch:
+            look()
+        return seen
+
+    iteration(False)
+    iteration(False)
+    pool.reset_peak_stats()
+    seen = iteration(True)
+    assert pool.stats()["allocated_bytes.all.peak"] == seen["allocated_bytes.all"]
+    pool.reset_peak_stats()
+    assert pool.stats()["allocated_bytes.all.peak"] == 0, "a reset starts from what is live: nothing"
+    iteration(False)
+    after = pool.stats()
+    for k in keys:
+        assert after[f"{k}.peak"] == seen[k], (k, after[f"{k}.peak"], seen)
+    steady = pool.steady_stats()
+    assert steady is not None and steady["replayed_iterations"] >= 3, steady
+    assert seen["allocated_bytes.all"] < steady["arena_bytes"], "the region's idle bytes are not counted"
+
+
 # ---- G: the event log ----
 
 

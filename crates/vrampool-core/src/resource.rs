@@ -49,6 +49,12 @@ pub trait MemoryResource: Send + Sync {
     /// Gives wholly free memory back to the device; returns the bytes given back.
     fn trim(&self) -> Result<u64>;
     fn stats(&self) -> Stats;
+    /// `[allocated bytes, requested bytes, active bytes, blocks]` held now, as `stats` has them
+    /// current, for a caller that reads them at every allocation.
+    fn held(&self) -> [u64; 4] {
+        let s = self.stats();
+        [s.allocated_bytes.current, s.requested_bytes.current, s.active_bytes.current, s.allocation.current]
+    }
     fn reset_peak_stats(&self);
     /// Every segment, with its blocks, in address order per pool.
     fn snapshot(&self) -> Vec<PoolSegment>;
@@ -99,6 +105,9 @@ impl MemoryResource for PoolCore {
     fn stats(&self) -> Stats {
         PoolCore::stats(self)
     }
+    fn held(&self) -> [u64; 4] {
+        PoolCore::held(self)
+    }
     fn reset_peak_stats(&self) {
         PoolCore::reset_peak_stats(self)
     }
@@ -145,6 +154,9 @@ macro_rules! forward_memory_resource {
             }
             fn stats(&self) -> Stats {
                 MemoryResource::stats(&**self)
+            }
+            fn held(&self) -> [u64; 4] {
+                MemoryResource::held(&**self)
             }
             fn reset_peak_stats(&self) {
                 MemoryResource::reset_peak_stats(&**self)

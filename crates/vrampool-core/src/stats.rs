@@ -122,6 +122,9 @@ pub struct FastCounters {
     threads: RwLock<Vec<Arc<LocalCounters>>>,
     /// Peaks of allocated, requested and active bytes and of blocks.
     peaks: [AtomicU64; 4],
+    /// The same four of the carved blocks held (`PoolCore::allocate_carved`): left out of every
+    /// current and peak, as their pieces are counted by whoever carves them.
+    carved: [AtomicU64; 4],
 }
 
 pub const PEAK_SLACK: u64 = 64 * 1024;
@@ -172,8 +175,36 @@ impl FastCounters {
         ]
     }
 
-    fn currents(totals: &[u64; FAST]) -> [u64; 4] {
-        Self::flows(totals).map(|(into, out)| into.saturating_sub(out))
+    fn currents(&self, totals: &[u64; FAST]) -> [u64; 4] {
+        let mut currents = Self::flows(totals).map(|(into, out)| into.saturating_sub(out));
+        for (current, carved) in currents.iter_mut().zip(&self.carved) {
+            *current = current.saturating_sub(carved.load(Relaxed));
+        }
+        currents
+    }
+
+    /// Allocated, requested and active bytes and blocks now.
+    pub fn currents_now(&self) -> [u64; 4] {
+        self.currents(&self.totals())
+    }
+
+    /// Counts `[bytes, requested bytes, active bytes, blocks]` of carved blocks as held.
+    pub fn carve(&self, amounts: [u64; 4]) {
+        for (carved, n) in self.carved.iter().zip(amounts) {
+            carved.fetch_add(n, Relaxed);
+        }
+    }
+
+    /// Counts carved blocks as no longer held.
+    pub fn uncarve(&self, amounts: [u64; 4]) {
+        for (carved, n) in self.carved.iter().zip(amounts) {
+            carved.fetch_sub(n, Relaxed);
+        }
+    }
+
+    /// Allocated bytes held in carved blocks.
+    fn carved_bytes(&self) -> u64 {
+        self.carved[0].load(Relaxed)
     }
 
     /// Blocks handed out from a cache.
@@ -184,7 +215,7 @@ impl FastCounters {
     /// Reads every thread's counters and raises the peaks to the current values.
     pub fn checkpoint(&self) -> [u64; FAST] {
         let totals = self.totals();
-        for (peak, current) in self.peaks.iter().zip(Self::currents(&totals)) {
+        for (peak, current) in self.peaks.iter().zip(self.currents(&totals)) {
             // A plain load first: no locked read-modify-write (nor a stolen cache line) unless
             // this is a new peak, which it rarely is.
             if current > peak.load(Relaxed) {
@@ -195,7 +226,7 @@ impl FastCounters {
     }
 
     fn reset_peaks(&self) {
-        let currents = Self::currents(&self.totals());
+        let currents = self.currents(&self.totals());
         for (peak, current) in self.peaks.iter().zip(currents) {
             peak.store(current, Relaxed);
         }
@@ -204,7 +235,7 @@ impl FastCounters {
     fn read(&self) -> [CounterValues; 4] {
         let totals = self.checkpoint();
         let flows = Self::flows(&totals);
-        let currents = Self::currents(&totals);
+        let currents = self.currents(&totals);
         [0, 1, 2, 3].map(|k| CounterValues {
             current: currents[k],
             peak: self.peaks[k].load(Relaxed).max(currents[k]),
@@ -243,7 +274,8 @@ impl Counters {
         let totals = self.fast.checkpoint();
         let [allocated_bytes, requested_bytes, active_bytes, allocation] = self.fast.read();
         let reserved_bytes = self.reserved_bytes.read();
-        let unallocated = reserved_bytes.current.saturating_sub(allocated_bytes.current);
+        // Carved blocks are not cached.
+        let unallocated = reserved_bytes.current.saturating_sub(allocated_bytes.current + self.fast.carved_bytes());
         Stats {
             allocated_bytes,
             requested_bytes,

@@ -444,6 +444,25 @@ fn peaks_reset_to_current() {
 }
 
 #[test]
+fn carved_blocks_count_as_reserved_never_as_allocated() {
+    let (pool, _) = pool_on(GIB, StrategyKind::Hybrid);
+    let a = pool.allocate(3 * MIB, S0).unwrap();
+    let region = pool.allocate_carved(20 * MIB, S0).unwrap();
+    let stats = pool.stats();
+    assert_eq!((stats.allocated_bytes.current, stats.allocated_bytes.peak), (3 * MIB, 3 * MIB), "the carved block is not allocated");
+    assert_eq!((stats.requested_bytes.peak, stats.allocation.current, stats.allocation.peak), (3 * MIB, 1, 1));
+    assert!(stats.reserved_bytes.current >= 23 * MIB, "but it is reserved");
+    assert_eq!(stats.cached_bytes, 0, "nor cached");
+    assert_eq!(pool.live_blocks().len(), 2, "and still a live block of the pool");
+    pool.free_carved(region, 20 * MIB, &[]).unwrap();
+    let stats = pool.stats();
+    assert_eq!((stats.allocated_bytes.current, stats.allocated_bytes.peak, stats.allocation.current), (3 * MIB, 3 * MIB, 1));
+    assert!(pool.free_carved(region, 20 * MIB, &[]).is_err(), "freed once");
+    pool.free(a, None, None).unwrap();
+    assert_eq!(pool.stats().allocated_bytes.current, 0);
+}
+
+#[test]
 fn more_live_blocks_than_table_slots_spill_to_the_overflow_map() {
     let dev = Arc::new(SimDevice::new(4 * GIB, SimMode::AddressOnly));
     let pool = Pool::new(dev as Arc<dyn Device>, PoolConfig::default()).unwrap();

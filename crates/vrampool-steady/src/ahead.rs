@@ -43,6 +43,8 @@ use foldhash::fast::FixedState;
 use vrampool_core::StreamId;
 use vrampool_plan::{plan, validate, Algorithm, Buffer, PlanError, PlanOptions};
 
+use crate::peaks::Four;
+
 /// One buffer of the step a plan is made from, in the order of its allocations: its stream, size
 /// and lifetime `[lower, upper)` (in any unit of time, the same for every buffer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -231,6 +233,8 @@ pub(crate) struct Ahead {
     /// once they are all that live (with automatic boundaries), the step ends.
     pub(crate) step_live: usize,
     pub(crate) step_kept: usize,
+    /// The live arena buffers, as `peaks::Four` counts them.
+    pub(crate) arena_live: Four,
 }
 
 /// Where the plan puts a step's next allocation.
@@ -245,6 +249,14 @@ pub(crate) enum Place {
 }
 
 impl Ahead {
+    /// Counts an arena buffer of `size` bytes in (`born`) or out of `arena_live`.
+    pub(crate) fn count_live(&mut self, size: u64, alignment: u64, born: bool) {
+        let block = size.next_multiple_of(alignment.max(1));
+        for (live, n) in self.arena_live.iter_mut().zip([block, size, block, 1]) {
+            *live = if born { *live + n } else { *live - n };
+        }
+    }
+
     /// The plan's buffers that serve this step: the first step's, or the steps' after it.
     fn part(&self) -> std::ops::Range<usize> {
         let plan = &self.plan;

@@ -66,7 +66,18 @@ impl<B: MemoryResource> PlannedPool<B> {
         self.publish_bounds(cold);
         let taken = vec![BTreeMap::new(); plan.streams.len()];
         cold.ahead =
-            Some(Ahead { plan, bases, taken, live: HashMap::default(), step: 0, next: 0, serving: true, step_live: 0, step_kept: 0 });
+            Some(Ahead {
+            plan,
+            bases,
+            taken,
+            live: HashMap::default(),
+            step: 0,
+            next: 0,
+            serving: true,
+            step_live: 0,
+            step_kept: 0,
+            arena_live: [0; 4],
+        });
         self.word.store(Word::AHEAD, Release);
         Ok(())
     }
@@ -97,6 +108,7 @@ impl<B: MemoryResource> PlannedPool<B> {
                     self.backing.piece(addr, size, stream, PieceEvent::Allocated)?;
                 }
                 ahead.taken[region].insert(offset, offset + size);
+                ahead.count_live(size, self.planning.alignment, true);
                 cold.figures.planned_allocations += 1;
                 cold.figures.planned_bytes += size;
                 (addr, Some((region, offset)))
@@ -118,6 +130,11 @@ impl<B: MemoryResource> PlannedPool<B> {
         ahead.step_live += 1;
         ahead.step_kept += usize::from(kept);
         ahead.live.insert(addr, AheadLive { size, stream, step: ahead.step, arena, kept });
+        if arena.is_some() {
+            // The serving path counts nothing, and the pool leaves the regions out: the peaks are raised here.
+            let arena_live = ahead.arena_live;
+            self.raise_peaks(cold, arena_live);
+        }
         Ok(addr)
     }
 
@@ -143,6 +160,7 @@ impl<B: MemoryResource> PlannedPool<B> {
                             let _ = self.backing.piece(addr, live.size, live.stream, event);
                         }
                         ahead.taken[region].remove(&offset);
+                        ahead.count_live(live.size, self.planning.alignment, false);
                     }
                     None => self.backing.free(addr, size, on)?,
                 }

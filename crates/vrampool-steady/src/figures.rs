@@ -41,8 +41,10 @@ pub struct PlannedStats {
     pub arena_bytes: u64,
     /// Arena buffers live now.
     pub arena_live: usize,
-    /// The bytes of the live arena buffers.
+    /// The bytes of the live arena buffers, as requested and as blocks (each rounded up to the
+    /// pool's alignment).
     pub arena_live_bytes: u64,
+    pub arena_live_block_bytes: u64,
     /// The bytes of every arena buffer handed out.
     pub planned_bytes: u64,
     /// Regions taken from the pool and given back to it, with their bytes.

@@ -21,6 +21,7 @@ mod cold;
 mod figures;
 mod idle;
 mod mode;
+mod peaks;
 mod phases;
 mod pool;
 mod record;

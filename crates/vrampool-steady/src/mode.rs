@@ -27,6 +27,7 @@ use vrampool_core::stats::Stats;
 use vrampool_core::{BlockState, Limit, LiveBlockInfo, MemoryResource, PieceEvent, PoolError, PoolSegment, StreamId};
 
 use crate::figures::{ArenaBuffer, ArenaRegion, PlannedStats};
+use crate::peaks::currents;
 use crate::pool::PlannedPool;
 
 /// An upstream resource and the planned arena over it, used while the mode is on.
@@ -162,29 +163,33 @@ impl<U: MemoryResource> MemoryResource for PlannedMode<U> {
         self.upstream().trim()
     }
 
-    /// The upstream's figures, where each region, one of its blocks, counts as allocated (bytes and
-    /// blocks) only as its live buffers do (the peaks stay the upstream's).
+    /// The upstream's figures, which leave the regions out (they are carved), with the live arena
+    /// buffers counted as the blocks they are, and peaks that include them (`peaks.rs`).
     fn stats(&self) -> Stats {
         let mut stats = self.upstream().stats();
         let Some(p) = self.planned.figures().ok().filter(|p| self.has_been_on(p)) else { return stats };
-        let regions = p.arena_blocks_taken - p.arena_blocks_returned;
-        let idle = p.arena_bytes.saturating_sub(p.arena_live_bytes);
         let (freed, freed_bytes) =
             (p.planned_allocations.saturating_sub(p.arena_live as u64), p.planned_bytes.saturating_sub(p.arena_live_bytes));
-        for bytes in [&mut stats.allocated_bytes, &mut stats.requested_bytes, &mut stats.active_bytes] {
-            bytes.current = bytes.current.saturating_sub(idle);
+        let live = [p.arena_live_block_bytes, p.arena_live_bytes, p.arena_live_block_bytes];
+        for (bytes, live) in [&mut stats.allocated_bytes, &mut stats.requested_bytes, &mut stats.active_bytes].into_iter().zip(live) {
+            bytes.current += live;
             bytes.allocated = (bytes.allocated + p.planned_bytes).saturating_sub(p.arena_bytes_taken);
             bytes.freed = (bytes.freed + freed_bytes).saturating_sub(p.arena_bytes_returned);
         }
         let blocks = &mut stats.allocation;
-        blocks.current = (blocks.current + p.arena_live as u64).saturating_sub(regions);
+        blocks.current += p.arena_live as u64;
         blocks.allocated = (blocks.allocated + p.planned_allocations).saturating_sub(p.arena_blocks_taken);
         blocks.freed = (blocks.freed + freed).saturating_sub(p.arena_blocks_returned);
+        let peaks = self.planned.peaks(currents(&stats));
+        for (counter, peak) in [&mut stats.allocated_bytes, &mut stats.requested_bytes, &mut stats.active_bytes, &mut stats.allocation].into_iter().zip(peaks) {
+            counter.peak = counter.peak.max(peak);
+        }
         stats
     }
 
     fn reset_peak_stats(&self) {
-        self.upstream().reset_peak_stats()
+        self.upstream().reset_peak_stats();
+        self.planned.reset_peaks(currents(&self.stats()));
     }
 
     /// The upstream's segments, with each region's block cut into its arena buffers.

@@ -29,6 +29,7 @@ impl<B: MemoryResource> PlannedPool<B> {
         let schedule = &serving.schedule;
         let position = Word::position(word).min(schedule.steps.len());
         let wraps = self.wraps.load(Relaxed) - cold.wraps_at_epoch;
+        self.disarm_peak(cold, wraps, position);
         cold.figures.add_served(schedule, wraps, position);
         let limit = cold.backoff.record_limit;
         if wraps > 0 || position == schedule.steps.len() {
@@ -147,6 +148,7 @@ impl<B: MemoryResource> PlannedPool<B> {
             cold.epoch = 1;
         }
         cold.wraps_at_epoch = self.wraps.load(Relaxed);
+        self.arm_peak(cold, &schedule, position);
         let epoch = cold.epoch;
         let pool_addrs = (0..schedule.allocations).map(|_| AtomicU64::new(0)).collect();
         cold.serving = Some(Arc::new(Serving { epoch, schedule, bases: bases.into(), regions: cold.regions.ranges(), pool_addrs }));

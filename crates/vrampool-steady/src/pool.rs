@@ -40,6 +40,7 @@ use vrampool_core::{fork, MemoryResource, PoolError, StreamId};
 
 use crate::figures::Figures;
 use crate::idle::{Backoff, IdleCount};
+use crate::peaks::Peaks;
 use crate::record::Recorder;
 use crate::regions::Regions;
 use crate::schedule::Planning;
@@ -136,6 +137,7 @@ impl<B: MemoryResource> PlannedPool<B> {
             backoff,
             early: BTreeSet::new(),
             ahead: None,
+            peaks: Peaks::default(),
         };
         PlannedPool {
             planning: Planning { budget, alignment: backing.alignment() },

@@ -142,25 +142,45 @@ pub(crate) struct Served {
     pub pool: u64,
     pub live: u64,
     pub live_bytes: u64,
+    /// The live buffers' bytes as blocks: each rounded up to the schedule's alignment.
+    pub live_block_bytes: u64,
 }
 
 impl Served {
-    fn take(&mut self, step: &Step) {
+    fn take(&mut self, step: &Step, alignment: u64) {
+        let block = step.size().next_multiple_of(alignment);
         match (step.is_free(), step.in_arena()) {
             (false, true) => {
                 self.arena += 1;
                 self.arena_bytes += step.size();
                 self.live += 1;
                 self.live_bytes += step.size();
+                self.live_block_bytes += block;
             }
             (false, false) => self.pool += 1,
             (true, true) => {
                 self.live -= 1;
                 self.live_bytes -= step.size();
+                self.live_block_bytes -= block;
             }
             (true, false) => {}
         }
     }
+
+    /// Raises each live figure to `other`'s where that is higher.
+    fn raise(&mut self, other: &Served) {
+        self.live = self.live.max(other.live);
+        self.live_bytes = self.live_bytes.max(other.live_bytes);
+        self.live_block_bytes = self.live_block_bytes.max(other.live_block_bytes);
+    }
+}
+
+/// The most arena buffers (and bytes, and block bytes) live at once in an iteration, each at its
+/// own step, and the first step count by which all three were reached.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct LivePeak {
+    pub live: Served,
+    pub reached: usize,
 }
 
 /// Steps between the schedule's checkpoints of `Served`: the figures at any step cost at most this
@@ -194,6 +214,9 @@ pub(crate) struct Schedule {
     /// Allocations served from the arena, and their bytes, in one iteration.
     pub arena_buffers: u64,
     pub arena_bytes_served: u64,
+    /// The blocks' alignment: an arena buffer holds its size rounded up to it.
+    pub alignment: u64,
+    pub peak: LivePeak,
     pub planner: Planner,
 }
 
@@ -286,7 +309,7 @@ impl Schedule {
     pub fn served_in(&self, steps: usize) -> Served {
         let at = steps / CHECKPOINT_EVERY;
         let mut served = self.checkpoints[at];
-        self.steps[at * CHECKPOINT_EVERY..steps].iter().for_each(|step| served.take(step));
+        self.steps[at * CHECKPOINT_EVERY..steps].iter().for_each(|step| served.take(step, self.alignment));
         served
     }
 
@@ -456,10 +479,20 @@ pub(crate) fn plan_schedule(events: &[Recorded], planning: Planning) -> Option<S
             (true, false) => frees[at] = step.frees_index().map_or(u32::MAX, |i| i as u32),
         }
     }
-    let mut checkpoints = vec![Served::default()];
-    let mut served = Served::default();
-    for chunk in steps.chunks(CHECKPOINT_EVERY) {
-        chunk.iter().for_each(|step| served.take(step));
+    let alignment = planning.alignment.max(1);
+    let (mut checkpoints, mut served, mut peak) = (vec![Served::default()], Served::default(), LivePeak::default());
+    for (at, step) in steps.iter().enumerate() {
+        served.take(step, alignment);
+        let before = peak.live;
+        peak.live.raise(&served);
+        if peak.live != before {
+            peak.reached = at + 1;
+        }
+        if (at + 1) % CHECKPOINT_EVERY == 0 {
+            checkpoints.push(served);
+        }
+    }
+    if steps.len() % CHECKPOINT_EVERY != 0 {
         checkpoints.push(served);
     }
     // The planner that placed the largest region names the schedule's.
@@ -478,6 +511,8 @@ pub(crate) fn plan_schedule(events: &[Recorded], planning: Planning) -> Option<S
         allocations,
         arena_buffers,
         arena_bytes_served,
+        alignment,
+        peak,
         planner: largest.map_or("none", |i| planners[i]),
     })
 }

@@ -10,6 +10,7 @@ use vrampool_core::{InvalidFreeReason, PoolError, StreamId};
 use crate::ahead::Ahead;
 use crate::figures::Figures;
 use crate::idle::Backoff;
+use crate::peaks::Peaks;
 use crate::record::Recorder;
 use crate::regions::Regions;
 use crate::schedule::{Recorded, Schedule};
@@ -58,6 +59,7 @@ pub(crate) struct Cold {
     /// Free steps of the served iteration taken ahead of their turn: frees of one group
     /// (between two allocations) may come in any order. Non-empty only while the word is held.
     pub(crate) early: BTreeSet<usize>,
+    pub(crate) peaks: Peaks,
 }
 
 pub(crate) fn not_allocated(addr: u64) -> PoolError {

@@ -6,6 +6,7 @@ use vrampool_core::{MemoryResource, PoolError};
 
 use crate::figures::{ArenaBuffer, ArenaRegion, KeyPlan, PlannedStats};
 use crate::pool::PlannedPool;
+use crate::schedule::Served;
 use crate::serving::{Phase, Word};
 use crate::state::Cold;
 
@@ -78,24 +79,25 @@ impl<B: MemoryResource> PlannedPool<B> {
     pub(crate) fn figures_of(&self, cold: &Cold) -> PlannedStats {
         let mut figures = cold.figures.clone();
         let word = self.word.load(Acquire);
-        let (mut live, mut live_bytes) = (cold.loose.len() as u64, cold.loose.values().map(|l| l.size).sum::<u64>());
+        let alignment = self.planning.alignment.max(1);
+        // Live buffers' sizes: loose, made ahead, and (taken ahead of their steps) freed.
+        let mut sizes: Vec<u64> = cold.loose.values().map(|l| l.size).collect();
+        sizes.extend(Self::ahead_buffers(cold).map(|(_, size, _)| size));
+        let mut served = Served::default();
+        let mut freed_early = Vec::new();
         if let (Phase::Serving, Some(serving)) = (Word::phase(word), &cold.serving) {
             let schedule = &serving.schedule;
             let position = Word::position(word).min(schedule.steps.len());
             figures.add_served(schedule, self.wraps.load(Relaxed) - cold.wraps_at_epoch, position);
-            let served = schedule.served_in(position);
-            live += served.live;
-            live_bytes += served.live_bytes;
-            // Frees taken ahead of their steps.
-            for step in cold.early.iter().map(|&at| schedule.steps[at]).filter(|s| s.in_arena()) {
-                live -= 1;
-                live_bytes -= step.size();
-            }
+            served = schedule.served_in(position);
+            freed_early.extend(cold.early.iter().map(|&at| schedule.steps[at]).filter(|s| s.in_arena()).map(|s| s.size()));
         }
-        for (_, size, _) in Self::ahead_buffers(cold) {
-            live += 1;
-            live_bytes += size;
-        }
+        let sum = |sizes: &[u64], rounded: bool| -> u64 {
+            sizes.iter().map(|&s| if rounded { s.next_multiple_of(alignment) } else { s }).sum()
+        };
+        let live = served.live + sizes.len() as u64 - freed_early.len() as u64;
+        let live_bytes = served.live_bytes + sum(&sizes, false) - sum(&freed_early, false);
+        let live_block_bytes = served.live_block_bytes + sum(&sizes, true) - sum(&freed_early, true);
         let region = cold.regions.figures;
         PlannedStats {
             planned_allocations: figures.planned_allocations,
@@ -107,6 +109,7 @@ impl<B: MemoryResource> PlannedPool<B> {
             arena_bytes: cold.regions.bytes(),
             arena_live: live as usize,
             arena_live_bytes: live_bytes,
+            arena_live_block_bytes: live_block_bytes,
             planned_bytes: figures.planned_bytes,
             arena_blocks_taken: region.taken,
             arena_bytes_taken: region.bytes_taken,

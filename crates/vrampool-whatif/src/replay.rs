@@ -438,7 +438,7 @@ impl Replayed for Steady<'_> {
 /// arena that serves every step read as fragmentation 1.0).
 fn planned_now(mode: &PlannedMode<Pool>) -> (u64, u64, f64) {
     let stats = mode.stats();
-    let idle = mode.planned_stats().map_or(0, |p| p.arena_bytes.saturating_sub(p.arena_live_bytes));
+    let idle = mode.planned_stats().map_or(0, |p| p.arena_bytes.saturating_sub(p.arena_live_block_bytes));
     let free = stats.free_bytes().saturating_sub(stats.cached_bytes).saturating_sub(idle);
     (stats.allocated_bytes.current, stats.reserved_bytes.current, fragmentation(stats.largest_free_bytes, free))
 }

@@ -412,7 +412,16 @@ impl PoolCore {
 
     /// A block for an adaptor to cut into pieces: not scrubbed, logged nor tracked, as its pieces are.
     pub fn allocate_carved(&self, size: u64, stream: StreamId) -> Result<u64> {
-        let addr = self.allocate_block(size, stream)?;
+        // Carved before the block is counted, so that no reading counts it as allocated; what it
+        // holds is counted by its carver.
+        let rounded = self.round_request(size)?;
+        let estimate = [rounded, size, rounded, 1];
+        self.counters.fast.carve(estimate);
+        let addr = self.allocate_block(size, stream).inspect_err(|_| self.counters.fast.uncarve(estimate))?;
+        let block = self.live_block(addr).expect("a block just handed out is live");
+        let (more, less) = (block.size.saturating_sub(estimate[0]), estimate[0].saturating_sub(block.size));
+        self.counters.fast.carve([more, 0, more, 0]);
+        self.counters.fast.uncarve([less, 0, less, 0]);
         self.unlog(EventKind::Alloc, addr);
         self.forget_birth(addr);
         Ok(addr)
@@ -421,8 +430,10 @@ impl PoolCore {
     /// Frees a carved block once `users` (streams other than its own that used its pieces) pass
     /// their last use of it.
     pub fn free_carved(&self, addr: u64, size: u64, users: &[StreamId]) -> Result<()> {
+        let block = self.live_block(addr).ok_or(PoolError::InvalidFree { ptr: addr, reason: InvalidFreeReason::NotAllocated })?;
         users.iter().try_for_each(|&s| self.record_stream(addr, s))?;
         self.free(addr, Some(size), None)?;
+        self.counters.fast.uncarve([block.size, block.requested, block.size, 1]);
         self.unlog(EventKind::Free, addr);
         Ok(())
     }

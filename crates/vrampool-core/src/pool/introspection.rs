@@ -16,6 +16,11 @@ impl PoolCore {
         self.counters.read(0, 0).allocated_bytes
     }
 
+    /// `[allocated bytes, requested bytes, active bytes, blocks]` held now, from the counters alone.
+    pub fn held(&self) -> [u64; 4] {
+        self.counters.fast.currents_now()
+    }
+
     pub fn reset_peak_stats(&self) {
         self.counters.reset_peaks();
     }
