@@ -63,7 +63,7 @@ impl<B: MemoryResource> PlannedPool<B> {
     /// Arms the peak of `schedule`, served from step `position`, over what the pool holds now.
     pub(crate) fn arm_peak(&self, cold: &mut Cold, schedule: &Schedule, position: usize) {
         let live = schedule.peak.live;
-        let held = currents(&self.backing.stats());
+        let held = self.backing.held();
         let peak = [live.live_block_bytes, live.live_bytes, live.live_block_bytes, live.live];
         let peak = std::array::from_fn(|k| held[k].saturating_add(peak[k]));
         let reached = schedule.peak.reached;
