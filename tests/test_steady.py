@@ -169,8 +169,10 @@ def active_block_bytes(pool: DevicePool) -> int:
     return sum(b["size"] for s in pool.snapshot()["segments"] for b in s["blocks"] if b["state"] == "active_allocated")
 
 
-def test_steady_stats_count_arena_buffers_as_blocks_and_their_peak_not_the_region() -> None:
-    """Served iterations of SIZES (one buffer freed midway, so the peak is inside the iteration):
+@pytest.mark.parametrize("elsewhere", [False, True])
+def test_steady_stats_count_arena_buffers_as_blocks_and_their_peak_not_the_region(elsewhere: bool) -> None:
+    """Served iterations of SIZES (one buffer freed midway, so the peak is inside the iteration;
+    `elsewhere`, the 4 KiB one used on another stream, so the pool serves it in every iteration):
     allocated bytes are the snapshot's active blocks at every step; the peak seen by reading at
     every step is the peak read once after an iteration (the region's idle bytes count in
     neither); blocks and requested bytes likewise."""
@@ -189,6 +191,8 @@ def test_steady_stats_count_arena_buffers_as_blocks_and_their_peak_not_the_regio
         bufs = []
         for i, n in enumerate(SIZES):
             bufs.append(pool.allocate(n))
+            if elsewhere and n == 4 * KIB:
+                pool.record_stream(bufs[-1], 7)
             if i == 5:
                 pool.deallocate(bufs.pop(0))
             if watch:

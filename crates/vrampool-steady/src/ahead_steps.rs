@@ -65,8 +65,7 @@ impl<B: MemoryResource> PlannedPool<B> {
         }
         self.publish_bounds(cold);
         let taken = vec![BTreeMap::new(); plan.streams.len()];
-        cold.ahead =
-            Some(Ahead {
+        cold.ahead = Some(Ahead {
             plan,
             bases,
             taken,

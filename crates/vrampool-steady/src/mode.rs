@@ -181,7 +181,9 @@ impl<U: MemoryResource> MemoryResource for PlannedMode<U> {
         blocks.allocated = (blocks.allocated + p.planned_allocations).saturating_sub(p.arena_blocks_taken);
         blocks.freed = (blocks.freed + freed).saturating_sub(p.arena_blocks_returned);
         let peaks = self.planned.peaks(currents(&stats));
-        for (counter, peak) in [&mut stats.allocated_bytes, &mut stats.requested_bytes, &mut stats.active_bytes, &mut stats.allocation].into_iter().zip(peaks) {
+        for (counter, peak) in
+            [&mut stats.allocated_bytes, &mut stats.requested_bytes, &mut stats.active_bytes, &mut stats.allocation].into_iter().zip(peaks)
+        {
             counter.peak = counter.peak.max(peak);
         }
         stats

@@ -14,6 +14,8 @@ use std::time::Duration;
 use vrampool_core::StreamId;
 use vrampool_plan::{plan, quick_plan, Algorithm, Buffer, PlanOptions};
 
+use crate::peaks::Four;
+
 /// One event of an iteration as it was recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Recorded {
@@ -166,20 +168,14 @@ impl Served {
             (true, false) => {}
         }
     }
-
-    /// Raises each live figure to `other`'s where that is higher.
-    fn raise(&mut self, other: &Served) {
-        self.live = self.live.max(other.live);
-        self.live_bytes = self.live_bytes.max(other.live_bytes);
-        self.live_block_bytes = self.live_block_bytes.max(other.live_block_bytes);
-    }
 }
 
-/// The most arena buffers (and bytes, and block bytes) live at once in an iteration, each at its
-/// own step, and the first step count by which all three were reached.
+/// The most an iteration holds at once of its own buffers, the arena's and the pool's (each
+/// rounded up to the alignment), as `peaks::Four` counts them, each at its own step; and the first
+/// step count by which all four were reached.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct LivePeak {
-    pub live: Served,
+    pub most: Four,
     pub reached: usize,
 }
 
@@ -481,12 +477,26 @@ pub(crate) fn plan_schedule(events: &[Recorded], planning: Planning) -> Option<S
     }
     let alignment = planning.alignment.max(1);
     let (mut checkpoints, mut served, mut peak) = (vec![Served::default()], Served::default(), LivePeak::default());
+    // The iteration's pool buffers live, as `Four`: those it frees itself, by their allocation's size.
+    let mut pool_live: Four = [0; 4];
     for (at, step) in steps.iter().enumerate() {
         served.take(step, alignment);
-        let before = peak.live;
-        peak.live.raise(&served);
-        if peak.live != before {
-            peak.reached = at + 1;
+        let pool_size = match (step.is_free(), step.in_arena()) {
+            (false, false) => Some((step.size(), true)),
+            (true, false) => step.frees_index().map(|i| (births[i].1, false)),
+            _ => None,
+        };
+        if let Some((size, born)) = pool_size {
+            let counts = [size.next_multiple_of(alignment), size, size.next_multiple_of(alignment), 1];
+            for (live, n) in pool_live.iter_mut().zip(counts) {
+                *live = if born { *live + n } else { live.saturating_sub(n) };
+            }
+        }
+        let now = [served.live_block_bytes, served.live_bytes, served.live_block_bytes, served.live];
+        for ((most, arena), pool) in peak.most.iter_mut().zip(now).zip(pool_live) {
+            if arena + pool > *most {
+                (*most, peak.reached) = (arena + pool, at + 1);
+            }
         }
         if (at + 1) % CHECKPOINT_EVERY == 0 {
             checkpoints.push(served);

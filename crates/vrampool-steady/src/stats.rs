@@ -1,12 +1,14 @@
-//! The planned pool's figures and live buffers, read under its lock or from the serving word.
+//! The planned pool's figures, live buffers and peaks (`peaks.rs`), read under its lock or from the
+//! serving word.
 
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 
 use vrampool_core::{MemoryResource, PoolError};
 
 use crate::figures::{ArenaBuffer, ArenaRegion, KeyPlan, PlannedStats};
+use crate::peaks::Four;
 use crate::pool::PlannedPool;
-use crate::schedule::Served;
+use crate::schedule::{Schedule, Served};
 use crate::serving::{Phase, Word};
 use crate::state::Cold;
 
@@ -92,9 +94,8 @@ impl<B: MemoryResource> PlannedPool<B> {
             served = schedule.served_in(position);
             freed_early.extend(cold.early.iter().map(|&at| schedule.steps[at]).filter(|s| s.in_arena()).map(|s| s.size()));
         }
-        let sum = |sizes: &[u64], rounded: bool| -> u64 {
-            sizes.iter().map(|&s| if rounded { s.next_multiple_of(alignment) } else { s }).sum()
-        };
+        let sum =
+            |sizes: &[u64], rounded: bool| -> u64 { sizes.iter().map(|&s| if rounded { s.next_multiple_of(alignment) } else { s }).sum() };
         let live = served.live + sizes.len() as u64 - freed_early.len() as u64;
         let live_bytes = served.live_bytes + sum(&sizes, false) - sum(&freed_early, false);
         let live_block_bytes = served.live_block_bytes + sum(&sizes, true) - sum(&freed_early, true);
@@ -117,5 +118,49 @@ impl<B: MemoryResource> PlannedPool<B> {
             arena_bytes_returned: region.bytes_returned,
             plans: Vec::new(),
         }
+    }
+
+    /// How many times the epoch's steps have passed step count `reached`: once a wrap, and once in
+    /// the iteration under way if it is that far.
+    fn crossings(&self, cold: &Cold, reached: usize) -> u64 {
+        let word = self.word.load(Acquire);
+        let wraps = self.wraps.load(Relaxed) - cold.wraps_at_epoch;
+        wraps + u64::from(Word::phase(word) == Phase::Serving && Word::position(word) >= reached)
+    }
+
+    /// Arms the peak of `schedule`, served from step `position`, over what the pool holds now.
+    pub(crate) fn arm_peak(&self, cold: &mut Cold, schedule: &Schedule, position: usize) {
+        let held = self.backing.held();
+        let peak = std::array::from_fn(|k| held[k].saturating_add(schedule.peak.most[k]));
+        cold.peaks.arm(peak, schedule.peak.reached, u64::from(position >= schedule.peak.reached));
+    }
+
+    /// Settles the epoch's peak as its serving ends at step `position` after `wraps` wraps.
+    pub(crate) fn disarm_peak(&self, cold: &mut Cold, wraps: u64, position: usize) {
+        let crossings = cold.peaks.armed_step().map_or(0, |reached| wraps + u64::from(position >= reached));
+        cold.peaks.disarm(crossings);
+    }
+
+    /// Raises the peaks to what the pool holds now and `arena` (live arena buffers it does not count).
+    pub(crate) fn raise_peaks(&self, cold: &mut Cold, arena: Four) {
+        let held = self.backing.held();
+        cold.peaks.raise(std::array::from_fn(|k| held[k] + arena[k]));
+    }
+
+    /// The peaks, raised to `current` (what the arena's users hold now, arena buffers included).
+    pub fn peaks(&self, current: Four) -> Four {
+        let Ok(mut cold) = self.lock() else { return current };
+        let crossings = cold.peaks.armed_step().map_or(0, |reached| self.crossings(&cold, reached));
+        cold.peaks.settle(crossings);
+        cold.peaks.raise(current);
+        cold.peaks.seen()
+    }
+
+    /// Starts the peaks again from `current`; a served iteration's peak is due again once its steps
+    /// pass it again.
+    pub fn reset_peaks(&self, current: Four) {
+        let Ok(mut cold) = self.lock() else { return };
+        let crossings = cold.peaks.armed_step().map_or(0, |reached| self.crossings(&cold, reached));
+        cold.peaks.reset(current, crossings);
     }
 }
