@@ -99,6 +99,30 @@ def test_steady_scrubbing_holds_when_an_iteration_leaves_its_schedule(scrub: str
     assert pool.stats()["allocation.all.current"] == 0
 
 
+@pytest.mark.parametrize("scrub", ["on_alloc", "on_free"])
+def test_steady_scrubbing_covers_each_arena_buffers_whole_block(scrub: str) -> None:
+    """Iterations taking turns between ten 1024 B buffers and ten of 1000 B, each block written
+    whole (a kernel may write up to its block's end): an arena buffer holds its size rounded up
+    to 512 B, and all of that is zeros when it is handed out, and with on_free once it is freed,
+    as the pool's own blocks are."""
+    pool = DevicePool("sim", capacity=1 << 30, scrub=scrub)
+    sim = native(pool)
+    block = 1024
+    served = []
+    for it in range(8):
+        bufs = [pool.allocate(1024 if it % 2 == 0 else 1000) for _ in range(10)]
+        for i, buf in enumerate(bufs):
+            assert sim.sim_read(buf.ptr, block) == bytes(block), f"iteration {it}, buffer {i}: a previous user's bytes"
+            ctypes.memset(buf.ptr, 0x5A, block)
+        served.append(all(in_arena(pool, [b.ptr for b in bufs])))
+        for buf in bufs:
+            ptr = buf.ptr
+            pool.deallocate(buf)
+            if scrub == "on_free":
+                assert sim.sim_read(ptr, block) == bytes(block), f"iteration {it}: {ptr:#x} kept its bytes past its free"
+    assert served[2:] == [True] * 6, served
+
+
 # ---- F: leak reports, snapshots, close ----
 
 SIZES = [64 * KIB, 1000, 3 * KIB, 100, 70_000, 512, 4 * KIB, 200_000, 777, MIB]
@@ -217,6 +241,37 @@ def test_steady_stats_count_arena_buffers_as_blocks_and_their_peak_not_the_regio
     steady = pool.steady_stats()
     assert steady is not None and steady["replayed_iterations"] >= 3, steady
     assert seen["allocated_bytes.all"] < steady["arena_bytes"], "the region's idle bytes are not counted"
+
+
+def test_steady_running_totals_agree_with_the_current_and_with_the_pool_alone() -> None:
+    """Iterations of sizes the pool hands out at their size rounded up to 512 B, served from the
+    arena from the second on: for bytes (as blocks, active and as requested) and for blocks,
+    allocated - freed is the current after every call, and at the end every figure is the one the
+    pool alone gives the same program."""
+    sizes = [1000, 4 * KIB, 513, 3000, 100, 2 * KIB, 777, 4000]
+    counters = ["allocated_bytes.all", "active_bytes.all", "requested_bytes.all", "allocation.all"]
+
+    def run(steady: bool) -> Dict[str, int]:
+        pool = DevicePool("sim", capacity=1 << 30, steady=steady)
+
+        def check() -> None:
+            stats = pool.stats()
+            for c in counters:
+                assert stats[f"{c}.allocated"] - stats[f"{c}.freed"] == stats[f"{c}.current"], (c, stats)
+
+        for _ in range(4):
+            bufs = []
+            for n in sizes:
+                bufs.append(pool.allocate(n))
+                check()
+            for buf in bufs:
+                pool.deallocate(buf)
+                check()
+        assert (pool.steady_stats() or {}).get("planned_allocations", 0) == (3 * len(sizes) if steady else 0)
+        stats = pool.stats()
+        return {f"{c}.{f}": stats[f"{c}.{f}"] for c in counters for f in ("allocated", "freed", "current", "peak")}
+
+    assert run(True) == run(False)
 
 
 # ---- G: the event log ----

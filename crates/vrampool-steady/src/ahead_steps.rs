@@ -110,6 +110,7 @@ impl<B: MemoryResource> PlannedPool<B> {
                 ahead.count_live(size, self.planning.alignment, true);
                 cold.figures.planned_allocations += 1;
                 cold.figures.planned_bytes += size;
+                cold.figures.planned_block_bytes += size.next_multiple_of(self.planning.alignment);
                 (addr, Some((region, offset)))
             }
             Place::Busy(_) | Place::Misfit => {

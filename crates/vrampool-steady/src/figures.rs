@@ -45,8 +45,9 @@ pub struct PlannedStats {
     /// pool's alignment).
     pub arena_live_bytes: u64,
     pub arena_live_block_bytes: u64,
-    /// The bytes of every arena buffer handed out.
+    /// The bytes of every arena buffer handed out, as requested and as blocks.
     pub planned_bytes: u64,
+    pub planned_block_bytes: u64,
     /// Regions taken from the pool and given back to it, with their bytes.
     pub arena_blocks_taken: u64,
     pub arena_bytes_taken: u64,
@@ -79,6 +80,7 @@ pub struct ArenaRegion {
 pub(crate) struct Figures {
     pub(crate) planned_allocations: u64,
     pub(crate) planned_bytes: u64,
+    pub(crate) planned_block_bytes: u64,
     pub(crate) dynamic_allocations: u64,
     pub(crate) fallbacks: u64,
     pub(crate) recorded_iterations: u64,
@@ -93,11 +95,13 @@ impl Figures {
         let steps = if steps == schedule.steps.len() { 0 } else { steps };
         self.planned_allocations += iterations * schedule.arena_buffers;
         self.planned_bytes += iterations * schedule.arena_bytes_served;
+        self.planned_block_bytes += iterations * schedule.served_in(schedule.steps.len()).arena_block_bytes;
         self.dynamic_allocations += iterations * (schedule.allocations - schedule.arena_buffers);
         self.replayed_iterations += iterations;
         let served = schedule.served_in(steps);
         self.planned_allocations += served.arena;
         self.planned_bytes += served.arena_bytes;
+        self.planned_block_bytes += served.arena_block_bytes;
         self.dynamic_allocations += served.pool;
     }
 }

@@ -168,18 +168,21 @@ impl<U: MemoryResource> MemoryResource for PlannedMode<U> {
     fn stats(&self) -> Stats {
         let mut stats = self.upstream().stats();
         let Some(p) = self.planned.figures().ok().filter(|p| self.has_been_on(p)) else { return stats };
-        let (freed, freed_bytes) =
-            (p.planned_allocations.saturating_sub(p.arena_live as u64), p.planned_bytes.saturating_sub(p.arena_live_bytes));
-        let live = [p.arena_live_block_bytes, p.arena_live_bytes, p.arena_live_block_bytes];
-        for (bytes, live) in [&mut stats.allocated_bytes, &mut stats.requested_bytes, &mut stats.active_bytes].into_iter().zip(live) {
+        // Bytes as blocks (allocated, active) and as requested: (live, every one handed out).
+        let as_blocks = (p.arena_live_block_bytes, p.planned_block_bytes);
+        let as_requested = (p.arena_live_bytes, p.planned_bytes);
+        for (bytes, (live, handed_out)) in [&mut stats.allocated_bytes, &mut stats.requested_bytes, &mut stats.active_bytes]
+            .into_iter()
+            .zip([as_blocks, as_requested, as_blocks])
+        {
             bytes.current += live;
-            bytes.allocated = (bytes.allocated + p.planned_bytes).saturating_sub(p.arena_bytes_taken);
-            bytes.freed = (bytes.freed + freed_bytes).saturating_sub(p.arena_bytes_returned);
+            bytes.allocated = (bytes.allocated + handed_out).saturating_sub(p.arena_bytes_taken);
+            bytes.freed = (bytes.freed + handed_out.saturating_sub(live)).saturating_sub(p.arena_bytes_returned);
         }
         let blocks = &mut stats.allocation;
         blocks.current += p.arena_live as u64;
         blocks.allocated = (blocks.allocated + p.planned_allocations).saturating_sub(p.arena_blocks_taken);
-        blocks.freed = (blocks.freed + freed).saturating_sub(p.arena_blocks_returned);
+        blocks.freed = (blocks.freed + p.planned_allocations.saturating_sub(p.arena_live as u64)).saturating_sub(p.arena_blocks_returned);
         let peaks = self.planned.peaks(currents(&stats));
         for (counter, peak) in
             [&mut stats.allocated_bytes, &mut stats.requested_bytes, &mut stats.active_bytes, &mut stats.allocation].into_iter().zip(peaks)

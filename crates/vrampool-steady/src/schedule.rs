@@ -140,7 +140,9 @@ pub(crate) type Planner = &'static str;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Served {
     pub arena: u64,
+    /// The arena buffers' bytes, as requested and as blocks (each rounded up to the alignment).
     pub arena_bytes: u64,
+    pub arena_block_bytes: u64,
     pub pool: u64,
     pub live: u64,
     pub live_bytes: u64,
@@ -155,6 +157,7 @@ impl Served {
             (false, true) => {
                 self.arena += 1;
                 self.arena_bytes += step.size();
+                self.arena_block_bytes += block;
                 self.live += 1;
                 self.live_bytes += step.size();
                 self.live_block_bytes += block;

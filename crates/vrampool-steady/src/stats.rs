@@ -112,6 +112,7 @@ impl<B: MemoryResource> PlannedPool<B> {
             arena_live_bytes: live_bytes,
             arena_live_block_bytes: live_block_bytes,
             planned_bytes: figures.planned_bytes,
+            planned_block_bytes: figures.planned_block_bytes,
             arena_blocks_taken: region.taken,
             arena_bytes_taken: region.bytes_taken,
             arena_blocks_returned: region.returned,

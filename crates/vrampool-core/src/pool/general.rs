@@ -444,7 +444,8 @@ impl PoolCore {
     }
 
     /// A piece of a carved block handed out or freed: scrubbed (as `scrub` says) and logged as a
-    /// block of `size` bytes is (at the size the pool would have handed out).
+    /// block of `size` bytes is (at the size the pool would have handed out). A piece holds its
+    /// size rounded up to the alignment, and the whole of it is scrubbed, as a block is.
     pub fn piece(&self, addr: u64, size: u64, stream: StreamId, event: PieceEvent) -> Result<()> {
         let (kind, scrub) = match event {
             PieceEvent::Allocated => {
@@ -455,7 +456,7 @@ impl PoolCore {
             PieceEvent::FreedInUse => (EventKind::Free, false),
         };
         if scrub {
-            self.device.fill_zero(addr, size, stream)?;
+            self.device.fill_zero(addr, size.next_multiple_of(self.config.alignment), stream)?;
         }
         if self.log.is_some() {
             let block = self.config.padded(size).map_or(size, |rounded| self.config.block_size_for(rounded, self.tier_of(rounded)));
