@@ -130,21 +130,29 @@ impl Reservation {
 
     /// The parts of `range` that no mapping covers, in address order.
     pub fn gaps(&self, range: Segment) -> Vec<Segment> {
+        self.gaps_in(range).collect()
+    }
+
+    /// The bytes of `range` that no mapping covers (what mapping it would cost), with no
+    /// allocation: a growth asks this of every hole it might fill.
+    pub fn unmapped_bytes(&self, range: Segment) -> u64 {
+        self.gaps_in(range).map(|g| g.size).sum()
+    }
+
+    fn gaps_in(&self, range: Segment) -> impl Iterator<Item = Segment> + '_ {
         let end = range.base + range.size;
-        let mut gaps = Vec::new();
         let mut at = range.base;
         // A mapping that starts below the range may reach into it.
-        let below = self.mapped.range(..range.base).next_back().map(|(&s, &len)| (s, len));
-        for (start, len) in below.into_iter().chain(self.mapped.range(range.base..end).map(|(&s, &len)| (s, len))) {
-            if start > at {
-                gaps.push(Segment { base: at, size: start - at });
-            }
-            at = at.max(start + len);
-        }
-        if at < end {
-            gaps.push(Segment { base: at, size: end - at });
-        }
-        gaps
+        let below = self.mapped.range(..range.base).next_back();
+        let mappings = below.into_iter().chain(self.mapped.range(range.base..end)).map(|(&s, &len)| (s, len));
+        // Each mapping yields the gap before it, if any; the end yields the last gap.
+        let before_each = mappings.map(Some).chain(std::iter::once(None));
+        before_each.filter_map(move |mapping| {
+            let (start, next) = mapping.map_or((end, end), |(start, len)| (start.min(end), start + len));
+            let gap = (start > at).then(|| Segment { base: at, size: start - at });
+            at = at.max(next);
+            gap
+        })
     }
 
     /// The mappings that lie wholly inside `[lo, hi)`.
@@ -205,6 +213,8 @@ mod tests {
         assert_eq!(r.gaps(seg(0, 12 * U)), vec![seg(4 * U, 4 * U), seg(10 * U, 2 * U)]);
         assert_eq!(r.gaps(seg(2 * U, 4 * U)), vec![seg(4 * U, 2 * U)], "a mapping from below covers the start");
         assert!(r.gaps(seg(8 * U, 2 * U)).is_empty());
+        let unmapped = [seg(0, 12 * U), seg(2 * U, 4 * U), seg(8 * U, 2 * U), seg(9 * U, 3 * U)].map(|range| r.unmapped_bytes(range) / U);
+        assert_eq!(unmapped, [6, 2, 0, 2]);
         assert_eq!(r.mappings_within(0, 9 * U), vec![seg(0, 4 * U)], "the one at 8U reaches past 9U");
         assert_eq!(r.mappings_within(0, 10 * U), vec![seg(0, 4 * U), seg(8 * U, 2 * U)]);
         assert!(r.has_mapping(seg(0, 4 * U)) && !r.has_mapping(seg(0, 2 * U)) && !r.has_mapping(seg(2 * U, 2 * U)));

@@ -33,7 +33,7 @@ impl PoolCore {
         let Some(vm) = self.vm.as_ref().filter(|vm| vm.tier == tier) else { return plain };
         arena.with_vm(|vm_arena| {
             let newest = vm_arena.reservations.last().map(|r| r.base);
-            let unmapped = |r: &Reservation, range: Segment| r.gaps(range).iter().map(|g| g.size).sum::<u64>();
+            let unmapped = |r: &Reservation, range: Segment| r.unmapped_bytes(range);
             let planned = vm_arena.reservations.iter().filter_map(|r| {
                 let plan = strategy.plan_growth(r.base, rounded, vm.unit, &|range| unmapped(r, range))?;
                 let end = Segment { base: r.base + r.extent, size: plan.at_end };

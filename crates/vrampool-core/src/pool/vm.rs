@@ -15,7 +15,7 @@ impl PoolCore {
             if vm_arena.unavailable {
                 return Ok(false);
             }
-            let unmapped = |r: &Reservation, range: Segment| r.gaps(range).iter().map(|g| g.size).sum::<u64>();
+            let unmapped = |r: &Reservation, range: Segment| r.unmapped_bytes(range);
             let plans: Vec<_> =
                 vm_arena.reservations.iter().map(|r| strategy.plan_growth(r.base, rounded, unit, &|range| unmapped(r, range))).collect();
             // The cheapest hole to map again, in any range.
