@@ -408,7 +408,8 @@ def test_a_fork_while_threads_allocate_gives_a_child_that_fails_clearly_and_neve
 def test_a_fork_while_the_steady_arena_serves_gives_a_child_that_fails_clearly_and_never_hangs() -> None:
     """One thread's loop is served from the steady arena (its lock-free path) when the process
     forks, the others allocate beside it: in the child every call on the pool refuses, an arena
-    buffer's free included, and a pool made there works."""
+    buffer's free and a close included (a close would list the parent's buffers), and a pool made
+    there works."""
     done = _run(
         """
         from vrampool import DevicePool, PoolClosedError
@@ -424,7 +425,7 @@ def test_a_fork_while_the_steady_arena_serves_gives_a_child_that_fails_clearly_a
         def child():
             code = 0
             calls = (lambda: pool.allocate(4096), lambda: pool.deallocate(held[0]), lambda: pool.record_stream(held[0], 7),
-                     pool.stats, pool.steady_stats)
+                     pool.stats, pool.steady_stats, pool.close)
             for call in calls:
                 try:
                     call()

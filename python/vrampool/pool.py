@@ -389,7 +389,8 @@ class DevicePool:
 
     def close(self) -> List[Dict[str, Any]]:
         """Closes the pool; returns the blocks still live (leaks), as :meth:`leak_report` does.
-        Later calls raise ``PoolClosedError``. Free memory the device refuses to take back is a
+        Later allocations and frees raise ``PoolClosedError`` (the figures stay readable), as does
+        a close in a child of ``fork()``. Free memory the device refuses to take back is a
         ``DeviceError`` naming the bytes kept, the pool closed all the same; ``close()`` again
         tries to give them back (and returns ``[]``).
 

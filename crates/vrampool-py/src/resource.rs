@@ -127,6 +127,8 @@ impl DeviceResource {
     /// Closes the pool and the private pools (later calls are refused); returns the live blocks,
     /// or an error naming the bytes the device refused to take back (closed all the same).
     pub fn close(&self) -> Result<Vec<LiveBlockInfo>, PoolError> {
+        // In a forked child, as every other call: the live blocks are the parent's.
+        self.pool().check_process()?;
         // The idle arena is no leak: it goes back with the rest. One with live buffers stays, and
         // its buffers show as the live blocks they are, at the first close only, as the pool's do.
         let first = !self.pool().is_closed();
