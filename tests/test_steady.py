@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Sequence
 
 import pytest
 
-from vrampool import DeviceBuffer, DevicePool
+from vrampool import DeviceBuffer, DevicePool, InvalidSizeError
 from vrampool.testing import native
 
 KIB = 1 << 10
@@ -272,6 +272,26 @@ def test_steady_running_totals_agree_with_the_current_and_with_the_pool_alone() 
         return {f"{c}.{f}": stats[f"{c}.{f}"] for c in counters for f in ("allocated", "freed", "current", "peak")}
 
     assert run(True) == run(False)
+
+
+def test_a_request_refused_in_a_served_iteration_costs_it_nothing() -> None:
+    """A request for more than one block can be (128 TiB) midway through served iterations is
+    refused, and each iteration goes on from the arena: no fallback, every buffer in the arena."""
+    pool = DevicePool("sim", capacity=1 << 30)
+    served = []
+    for it in range(5):
+        bufs = []
+        for i, n in enumerate(SIZES):
+            bufs.append(pool.allocate(n))
+            if it >= 2 and i == 3:
+                with pytest.raises(InvalidSizeError):
+                    pool.allocate(1 << 48)
+        served.append(all(in_arena(pool, [b.ptr for b in bufs])))
+        for buf in bufs:
+            pool.deallocate(buf)
+    steady = pool.steady_stats()
+    assert steady is not None
+    assert (served, steady["fallbacks"]) == ([False, True, True, True, True], 0), steady
 
 
 # ---- G: the event log ----

@@ -106,6 +106,20 @@ pub enum InvalidFreeReason {
     WrongSize { expected: u64, given: u64 },
 }
 
+impl PoolError {
+    /// The error a request of `size` bytes gets from any pool, before it looks for memory: zero
+    /// bytes, or more than one block can be (`MAX_REQUEST`); None for every other size.
+    pub fn for_request(size: u64) -> Option<PoolError> {
+        match size {
+            0 => Some(PoolError::InvalidSize { size, reason: "zero bytes requested" }),
+            s if s > crate::sizes::MAX_REQUEST => Some(PoolError::InvalidSize { size, reason: TOO_LARGE }),
+            _ => None,
+        }
+    }
+}
+
+pub(crate) const TOO_LARGE: &str = "larger than one block can be (128 TiB)";
+
 impl std::fmt::Display for InvalidFreeReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

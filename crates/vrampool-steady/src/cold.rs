@@ -15,6 +15,10 @@ impl<B: MemoryResource> PlannedPool<B> {
     #[cold]
     #[inline(never)]
     pub(crate) fn allocate_cold(&self, size: u64, stream: StreamId) -> Result<u64, PoolError> {
+        // Refused before it could leave a schedule: bad input costs the iteration nothing.
+        if let Some(invalid) = PoolError::for_request(size) {
+            return Err(invalid);
+        }
         let mut guard = self.lock()?;
         let cold = &mut *guard;
         loop {

@@ -500,14 +500,15 @@ impl PoolCore {
     /// memory, as any request the pool cannot get memory for, so that callers catching
     /// out-of-memory see it. No cache is given back for it: nothing could make room.
     pub(super) fn round_request(&self, size: u64) -> Result<u64> {
-        if size == 0 {
-            return Err(PoolError::InvalidSize { size, reason: "zero bytes requested" });
+        if let Some(invalid) = PoolError::for_request(size) {
+            return Err(invalid);
         }
+        // Padding may take a size just below the largest past it.
         let rounded = self
             .config
             .padded(size)
             .filter(|&rounded| rounded <= MAX_REQUEST)
-            .ok_or(PoolError::InvalidSize { size, reason: "larger than one block can be (128 TiB)" })?;
+            .ok_or(PoolError::InvalidSize { size, reason: crate::error::TOO_LARGE })?;
         if rounded > self.capacity() {
             self.counters.num_ooms.fetch_add(1, Relaxed);
             return Err(PoolError::OutOfMemory(self.oom_report(size)));
