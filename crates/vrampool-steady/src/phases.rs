@@ -9,9 +9,9 @@ use vrampool_core::{MemoryResource, PoolError, StreamId};
 
 use crate::pool::{next_uid, signature, PlannedPool, AUTO_KEY, AUTO_PLAN_ALLOCATIONS, MAX_PLANS};
 use crate::record::Recorder;
-use crate::schedule::{plan_schedule, Planning, Schedule};
+use crate::schedule::{plan_schedule, Schedule};
 use crate::serving::{Phase, Serving, Word, EPOCH_MASK};
-use crate::state::{Cold, Loose, Pending};
+use crate::state::{Cold, Loose};
 
 impl<B: MemoryResource> PlannedPool<B> {
     // ---- phases ----
@@ -287,15 +287,12 @@ impl<B: MemoryResource> PlannedPool<B> {
             if !recorder.diverged {
                 cold.figures.recorded_iterations += 1;
             }
-            // The search may take as long as the iteration took, no longer: planning then costs a repeating
-            // program at most one more iteration's time.
-            let budget = self.planning.budget.min(recorder.age());
             cold.plans.remove(&key);
             if cold.pending.len() >= MAX_PLANS && !cold.pending.contains_key(&key) {
                 let old = cold.pending.keys().next().copied();
                 old.map(|k| cold.pending.remove(&k));
             }
-            cold.pending.insert(key, Pending { events: recorder.events, budget });
+            cold.pending.insert(key, recorder.events);
         }
         if let Some(wait) = cold.backoff.unserved(recorded) {
             self.go_idle(cold, wait);
@@ -308,8 +305,8 @@ impl<B: MemoryResource> PlannedPool<B> {
         if let Some(schedule) = cold.plans.get(&key) {
             return Some(Arc::clone(schedule));
         }
-        let pending = cold.pending.remove(&key)?;
-        let schedule = Arc::new(plan_schedule(&pending.events, Planning { budget: pending.budget, ..self.planning })?);
+        let events = cold.pending.remove(&key)?;
+        let schedule = Arc::new(plan_schedule(&events, self.planning)?);
         if cold.plans.len() >= MAX_PLANS {
             let old = cold.plans.keys().next().copied();
             old.map(|k| cold.plans.remove(&k));

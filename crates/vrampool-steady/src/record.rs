@@ -2,7 +2,6 @@
 //! buffer is which of its allocations.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
 
 use foldhash::fast::FixedState;
 
@@ -23,22 +22,11 @@ pub(crate) struct Recorder {
     limit: usize,
     /// The iteration was served until it left its schedule (its fallback is counted there).
     pub diverged: bool,
-    /// When its first event came.
-    started: Option<Instant>,
 }
 
 impl Recorder {
     pub fn new(limit: usize) -> Self {
-        Recorder {
-            events: Vec::new(),
-            born: HashMap::default(),
-            allocations: 0,
-            first: None,
-            overflowed: false,
-            limit,
-            diverged: false,
-            started: None,
-        }
+        Recorder { events: Vec::new(), born: HashMap::default(), allocations: 0, first: None, overflowed: false, limit, diverged: false }
     }
 
     /// The recording of an iteration served up to here: `prefix` as a recording would have seen it,
@@ -49,12 +37,10 @@ impl Recorder {
             Recorded::Alloc { size, stream } => Some((size, stream)),
             _ => None,
         });
-        let started = Some(Instant::now());
-        Recorder { born: live.into_iter().collect(), allocations, first, events: prefix, limit, diverged: true, overflowed: false, started }
+        Recorder { born: live.into_iter().collect(), allocations, first, events: prefix, limit, diverged: true, overflowed: false }
     }
 
     fn push(&mut self, event: Recorded) {
-        self.started.get_or_insert_with(Instant::now);
         if self.events.len() >= self.limit {
             self.overflowed = true;
         }
@@ -96,10 +82,5 @@ impl Recorder {
 
     pub fn len(&self) -> usize {
         self.events.len()
-    }
-
-    /// How long ago its first event came.
-    pub fn age(&self) -> Duration {
-        self.started.map_or(Duration::ZERO, |t| t.elapsed())
     }
 }

@@ -2,7 +2,6 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
 
 use foldhash::fast::FixedState;
 use vrampool_core::{InvalidFreeReason, PoolError, StreamId};
@@ -24,13 +23,6 @@ pub(crate) struct Loose {
     pub(crate) stream: StreamId,
 }
 
-/// An iteration's recording, kept to be planned if its key comes again.
-pub(crate) struct Pending {
-    pub(crate) events: Vec<Recorded>,
-    /// The planner's search budget: no longer than the iteration took.
-    pub(crate) budget: Duration,
-}
-
 /// Everything the cold path keeps, under the lock.
 pub(crate) struct Cold {
     /// The iteration's key (`AUTO_KEY` until its first allocation names it).
@@ -41,7 +33,7 @@ pub(crate) struct Cold {
     pub(crate) plans: HashMap<u64, Arc<Schedule>, FixedState>,
     /// Recordings not planned yet, by key: a key's recording is planned when an iteration of the key
     /// starts again, so a program whose iterations never repeat never pays for a plan.
-    pub(crate) pending: HashMap<u64, Pending, FixedState>,
+    pub(crate) pending: HashMap<u64, Vec<Recorded>, FixedState>,
     /// The epoch's serving state, while serving.
     pub(crate) serving: Option<Arc<Serving>>,
     pub(crate) epoch: u32,
