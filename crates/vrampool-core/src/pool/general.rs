@@ -1,5 +1,6 @@
 //! The general path: a request the fast path left, under one strategy's lock, and the live-block table and counters it keeps.
 
+use super::growth::Growing;
 use super::*;
 
 impl PoolCore {
@@ -153,7 +154,8 @@ impl PoolCore {
             if over > 0 {
                 let base = self.committed_at_live_peak.load(Relaxed);
                 let drifted = !live_peak && after > base + base / DRIFT_DIVISOR;
-                let _ = self.give_back_free(Some((arena.stream, tier)), if drifted { u64::MAX } else { over });
+                let growing = Growing { stream: arena.stream, tier, size: rounded };
+                let _ = self.give_back_free(Some(growing), if drifted { u64::MAX } else { over });
             }
             if live_peak {
                 self.committed_at_live_peak.fetch_max(self.committed.load(Relaxed).saturating_add(growth), Relaxed);

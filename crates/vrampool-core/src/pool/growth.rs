@@ -88,7 +88,7 @@ impl PoolCore {
     /// `need` bytes (see `choose_spares`). Before the growth of `growing` (a stream's tier), that
     /// tier's newest expandable range keeps its free tail, which the growth extends. The caches
     /// keep their blocks: see `release_free`.
-    pub(super) fn give_back_free(&self, growing: Option<(StreamId, u8)>, need: u64) -> Result<u64> {
+    pub(super) fn give_back_free(&self, growing: Option<Growing>, need: u64) -> Result<u64> {
         let mut chosen = choose_spares(self.spares(growing), need);
         chosen.sort_unstable_by_key(|s| (s.stream, s.tier, s.reservation, s.range.base));
         let (mut bytes, mut first_error) = (0, None);
@@ -147,8 +147,10 @@ impl PoolCore {
 
     /// Everything a give-back could return: every tier's wholly free segments, and the mappings
     /// of the expandable ranges that lie wholly in free space (or past the range's end, where an
-    /// unmap failed), less the free tail of the newest range of `growing`.
-    pub(super) fn spares(&self, growing: Option<(StreamId, u8)>) -> Vec<Spare> {
+    /// unmap failed), less the free tail of the newest range of the tier growing, where the growth
+    /// (`Growing::size`) extends that range: a growth that needs a new range leaves the tail free
+    /// for good (it had kept a whole 170 MiB range mapped beside the new one).
+    pub(super) fn spares(&self, growing: Option<Growing>) -> Vec<Spare> {
         let mut spares = Vec::new();
         self.for_each_holding_arena(|arena| {
             let stream = arena.stream;
@@ -164,13 +166,18 @@ impl PoolCore {
                 if self.vm.as_ref().is_none_or(|vm| vm.tier != tier_index) {
                     continue;
                 }
-                let grows = growing == Some((stream, tier_index));
+                let growth = growing.filter(|g| (g.stream, g.tier) == (stream, tier_index)).map(|g| g.size);
+                let unit = self.vm.as_ref().map_or(1, |vm| vm.unit);
                 arena.with_vm(|vm_arena| {
                     let newest = vm_arena.reservations.last().map(|r| r.base);
                     for r in &vm_arena.reservations {
                         let end = r.base + r.extent;
                         let mut free = strategy.unused_ranges(r.base);
-                        if grows && newest == Some(r.base) && free.last().is_some_and(|f| f.base + f.size == end) {
+                        let extended = growth.filter(|_| newest == Some(r.base)).is_some_and(|size| {
+                            let plan = strategy.plan_growth(r.base, size, unit, &|range| r.unmapped_bytes(range));
+                            plan.is_some_and(|p| r.extent + p.at_end <= r.size)
+                        });
+                        if extended && free.last().is_some_and(|f| f.base + f.size == end) {
                             free.pop();
                         }
                         free.push(Segment { base: end, size: r.base + r.size - end });
@@ -204,6 +211,14 @@ impl PoolCore {
             );
         });
     }
+}
+
+/// A growth under way: a request of `size` bytes (rounded) in `tier` of `stream`'s arena.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Growing {
+    pub(super) stream: StreamId,
+    pub(super) tier: u8,
+    pub(super) size: u64,
 }
 
 /// Memory a give-back can return to the device: a wholly free plain segment of a tier, or a
@@ -252,6 +267,24 @@ pub(super) fn choose_spares(spares: Vec<Spare>, need: u64) -> Vec<Spare> {
 mod tests {
     use super::*;
     use crate::sizes::MIB;
+
+    #[test]
+    fn a_growth_into_a_new_range_gives_back_the_free_tail_of_the_full_one() {
+        // 240 MiB of the expandable tier's first range (256 MiB) used once and freed: a 300 MiB
+        // block fits neither in its free tail nor at its end, so it takes a new range, and the
+        // growth past the high-water mark gives the old range's memory back first.
+        let mut config = PoolConfig::default();
+        config.apply_text("large_min:1GB").unwrap();
+        let pool = Pool::new(Arc::new(crate::device::SimDevice::new(64 << 30, crate::device::SimMode::AddressOnly)), config).unwrap();
+        let blocks: Vec<u64> = (0..30).map(|_| pool.allocate(8 * MIB, StreamId(0)).unwrap()).collect();
+        blocks.into_iter().for_each(|addr| pool.free(addr, None, None).unwrap());
+        let before = pool.stats().reserved_bytes;
+        assert_eq!(before.current, 240 * MIB);
+        let addr = pool.allocate(300 * MIB, StreamId(0)).unwrap();
+        let after = pool.stats().reserved_bytes;
+        assert!(after.peak <= 302 * MIB, "{} MiB reserved at the peak, for 300 MiB live", after.peak / MIB);
+        pool.free(addr, None, None).unwrap();
+    }
 
     fn spare(size_mib: u64, base: u64) -> Spare {
         Spare { stream: StreamId(0), tier: 1, range: Segment { base: base * MIB, size: size_mib * MIB }, reservation: None }
