@@ -147,9 +147,10 @@ impl PoolCore {
 
     /// Everything a give-back could return: every tier's wholly free segments, and the mappings
     /// of the expandable ranges that lie wholly in free space (or past the range's end, where an
-    /// unmap failed), less the free tail of the newest range of the tier growing, where the growth
-    /// (`Growing::size`) extends that range: a growth that needs a new range leaves the tail free
-    /// for good (it had kept a whole 170 MiB range mapped beside the new one).
+    /// unmap failed), less the free bytes at the end of the newest range of the tier growing, where
+    /// the growth (`Growing::size`) extends that range from them. Nothing else is kept for it: a
+    /// growth that needs a new range had kept a whole 170 MiB range mapped beside the new one, and
+    /// one that extends the last free range had kept the free ranges below it, past unmapped holes.
     pub(super) fn spares(&self, growing: Option<Growing>) -> Vec<Spare> {
         let mut spares = Vec::new();
         self.for_each_holding_arena(|arena| {
@@ -173,12 +174,17 @@ impl PoolCore {
                     for r in &vm_arena.reservations {
                         let end = r.base + r.extent;
                         let mut free = strategy.unused_ranges(r.base);
-                        let extended = growth.filter(|_| newest == Some(r.base)).is_some_and(|size| {
-                            let plan = strategy.plan_growth(r.base, size, unit, &|range| r.unmapped_bytes(range));
-                            plan.is_some_and(|p| r.extent + p.at_end <= r.size)
+                        // The free bytes a growth at the end builds on, where it does.
+                        let kept_tail = growth.filter(|_| newest == Some(r.base)).and_then(|size| {
+                            let plan = strategy.plan_growth(r.base, size, unit, &|range| r.unmapped_bytes(range))?;
+                            (r.extent + plan.at_end <= r.size).then_some(plan.tail)
                         });
-                        if extended && free.last().is_some_and(|f| f.base + f.size == end) {
-                            free.pop();
+                        if let Some(tail) = kept_tail.filter(|_| free.last().is_some_and(|f| f.base + f.size == end)) {
+                            // Only the tail's last free range: what lies below it (free ranges split
+                            // by unmapped holes) the growth leaves as it is.
+                            let last = free.pop().expect("a last free range");
+                            let below = last.size.saturating_sub(tail);
+                            free.extend((below > 0).then_some(Segment { base: last.base, size: below }));
                         }
                         free.push(Segment { base: end, size: r.base + r.size - end });
                         let mappings = free.iter().flat_map(|f| r.mappings_within(f.base, f.base + f.size));
@@ -283,6 +289,26 @@ mod tests {
         let addr = pool.allocate(300 * MIB, StreamId(0)).unwrap();
         let after = pool.stats().reserved_bytes;
         assert!(after.peak <= 302 * MIB, "{} MiB reserved at the peak, for 300 MiB live", after.peak / MIB);
+        pool.free(addr, None, None).unwrap();
+    }
+
+    #[test]
+    fn a_growth_at_the_end_gives_back_the_free_ranges_below_its_tail() {
+        // The expandable range ends [8 MiB free][8 MiB unmapped][8 MiB free]: a 30 MiB block takes
+        // the last 8 MiB and 22 MiB mapped past them, past the high-water mark, so the first 8 MiB
+        // (which the growth does not use) go back first.
+        let pool = Pool::new(Arc::new(crate::device::SimDevice::new(64 << 30, crate::device::SimMode::AddressOnly)), PoolConfig::default())
+            .unwrap();
+        let [a, b, c] = [0; 3].map(|_| pool.allocate(8 * MIB, StreamId(0)).unwrap());
+        pool.free(b, None, None).unwrap();
+        pool.trim().unwrap();
+        pool.free(a, None, None).unwrap();
+        pool.free(c, None, None).unwrap();
+        assert_eq!(pool.stats().reserved_bytes.current, 16 * MIB);
+        let addr = pool.allocate(30 * MIB, StreamId(0)).unwrap();
+        assert_eq!(addr, c, "the free tail, grown");
+        let reserved = pool.stats().reserved_bytes;
+        assert_eq!((reserved.current, reserved.peak), (30 * MIB, 30 * MIB));
         pool.free(addr, None, None).unwrap();
     }
 

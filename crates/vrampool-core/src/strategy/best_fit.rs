@@ -619,7 +619,8 @@ impl Strategy for BestFit {
         }
         // Whole units, at least one (a range that already fits but was not found still gains one).
         let units = |bytes: u64| bytes.div_ceil(unit).max(1) * unit;
-        let at_end = units(size.saturating_sub(self.free_size(self.node(marker).prev)));
+        let tail = self.free_size(self.node(marker).prev);
+        let at_end = units(size.saturating_sub(tail));
         let end = self.node(marker).addr;
         let mut best: Option<Segment> = None;
         for (&addr, &h) in self.holes.range(base..end) {
@@ -644,7 +645,7 @@ impl Strategy for BestFit {
                 }
             }
         }
-        Some(GrowthPlan { at_end, hole: best })
+        Some(GrowthPlan { tail, at_end, hole: best })
     }
 
     fn map_hole(&mut self, range: Segment) -> bool {

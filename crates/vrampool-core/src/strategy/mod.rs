@@ -49,6 +49,8 @@ pub struct Usage {
 /// `Strategy::plan_growth`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GrowthPlan {
+    /// The free bytes at the segment's end, which a growth at the end extends.
+    pub tail: u64,
     /// Bytes to add at the segment's end: what its free tail lacks, in whole units.
     pub at_end: u64,
     /// The cheapest part of an unmapped hole that, mapped again, joins free neighbours into a

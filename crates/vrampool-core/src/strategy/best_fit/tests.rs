@@ -441,10 +441,10 @@ fn free_chunks_inside_become_holes_that_map_back() {
 
     // 3 MiB: 1 MiB free before the hole plus its low 2 MiB, rather than 4 MiB at the end.
     let plan = b.plan_growth(0, 3 * MIB, U, &holes_cost).unwrap();
-    assert_eq!(plan, GrowthPlan { at_end: 4 * MIB, hole: Some(seg(2 * MIB, 2 * MIB)) });
+    assert_eq!(plan, GrowthPlan { tail: 0, at_end: 4 * MIB, hole: Some(seg(2 * MIB, 2 * MIB)) });
     // 6 MiB: only the whole hole (with both neighbours) fits.
     assert_eq!(b.plan_growth(0, 6 * MIB, U, &holes_cost).unwrap().hole, Some(seg(2 * MIB, 4 * MIB)));
-    assert_eq!(b.plan_growth(0, 7 * MIB, U, &holes_cost).unwrap(), GrowthPlan { at_end: 8 * MIB, hole: None });
+    assert_eq!(b.plan_growth(0, 7 * MIB, U, &holes_cost).unwrap(), GrowthPlan { tail: 0, at_end: 8 * MIB, hole: None });
     assert!(b.plan_growth(64 * MIB, MIB, U, &holes_cost).is_none(), "no segment there");
     // What a part of the hole costs to map decides between parts that fit.
     let high_is_mapped = |h: Segment| if h.base >= 4 * MIB { 0 } else { h.size };
