@@ -25,22 +25,29 @@ impl PoolCore {
         self.trim()
     }
 
-    /// What a growth of `tier` for a block of `rounded` bytes will ask of the device: what an
-    /// expandable range would map (at its end, or in a hole), else a plain segment.
-    pub(super) fn growth_estimate(&self, arena: &Arena, tier: u8, rounded: u64) -> u64 {
+    /// What a growth of `tier` for a block of `rounded` bytes will ask of the device (what an
+    /// expandable range would map, at its end or in a hole, else a plain segment), and where it
+    /// can extend the newest range at its end, the free bytes there that it extends.
+    pub(super) fn growth_estimate(&self, arena: &Arena, tier: u8, rounded: u64) -> (u64, Option<u64>) {
         let strategy = self.lock_tier(arena, tier);
         let plain = strategy.segment_size_for(rounded);
-        let Some(vm) = self.vm.as_ref().filter(|vm| vm.tier == tier) else { return plain };
+        let Some(vm) = self.vm.as_ref().filter(|vm| vm.tier == tier) else { return (plain, None) };
         arena.with_vm(|vm_arena| {
             let newest = vm_arena.reservations.last().map(|r| r.base);
             let unmapped = |r: &Reservation, range: Segment| r.unmapped_bytes(range);
+            let mut tail = None;
             let planned = vm_arena.reservations.iter().filter_map(|r| {
                 let plan = strategy.plan_growth(r.base, rounded, vm.unit, &|range| unmapped(r, range))?;
                 let end = Segment { base: r.base + r.extent, size: plan.at_end };
-                let at_end = (newest == Some(r.base) && r.extent + plan.at_end <= r.size).then(|| unmapped(r, end));
+                let extends = newest == Some(r.base) && r.extent + plan.at_end <= r.size;
+                if extends {
+                    tail = Some(plan.tail);
+                }
+                let at_end = extends.then(|| unmapped(r, end));
                 at_end.into_iter().chain(plan.hole.map(|h| unmapped(r, h))).min()
             });
-            planned.min().unwrap_or_else(|| round_up(rounded, vm.unit).unwrap_or(plain))
+            let bytes = planned.min().unwrap_or_else(|| round_up(rounded, vm.unit).unwrap_or(plain));
+            (bytes, tail)
         })
     }
 
@@ -148,9 +155,10 @@ impl PoolCore {
     /// Everything a give-back could return: every tier's wholly free segments, and the mappings
     /// of the expandable ranges that lie wholly in free space (or past the range's end, where an
     /// unmap failed), less the free bytes at the end of the newest range of the tier growing, where
-    /// the growth (`Growing::size`) extends that range from them. Nothing else is kept for it: a
-    /// growth that needs a new range had kept a whole 170 MiB range mapped beside the new one, and
-    /// one that extends the last free range had kept the free ranges below it, past unmapped holes.
+    /// the growth extends that range from them (`Growing::extended_tail`). Nothing else is kept for
+    /// it: a growth that needs a new range had kept a whole 170 MiB range mapped beside the new
+    /// one, and one that extends the last free range had kept the free ranges below it, past
+    /// unmapped holes.
     pub(super) fn spares(&self, growing: Option<Growing>) -> Vec<Spare> {
         let mut spares = Vec::new();
         self.for_each_holding_arena(|arena| {
@@ -167,18 +175,13 @@ impl PoolCore {
                 if self.vm.as_ref().is_none_or(|vm| vm.tier != tier_index) {
                     continue;
                 }
-                let growth = growing.filter(|g| (g.stream, g.tier) == (stream, tier_index)).map(|g| g.size);
-                let unit = self.vm.as_ref().map_or(1, |vm| vm.unit);
+                let extended_tail = growing.filter(|g| (g.stream, g.tier) == (stream, tier_index)).and_then(|g| g.extended_tail);
                 arena.with_vm(|vm_arena| {
                     let newest = vm_arena.reservations.last().map(|r| r.base);
                     for r in &vm_arena.reservations {
                         let end = r.base + r.extent;
                         let mut free = strategy.unused_ranges(r.base);
-                        // The free bytes a growth at the end builds on, where it does.
-                        let kept_tail = growth.filter(|_| newest == Some(r.base)).and_then(|size| {
-                            let plan = strategy.plan_growth(r.base, size, unit, &|range| r.unmapped_bytes(range))?;
-                            (r.extent + plan.at_end <= r.size).then_some(plan.tail)
-                        });
+                        let kept_tail = extended_tail.filter(|_| newest == Some(r.base));
                         if let Some(tail) = kept_tail.filter(|_| free.last().is_some_and(|f| f.base + f.size == end)) {
                             // Only the tail's last free range: what lies below it (free ranges split
                             // by unmapped holes) the growth leaves as it is.
@@ -219,12 +222,13 @@ impl PoolCore {
     }
 }
 
-/// A growth under way: a request of `size` bytes (rounded) in `tier` of `stream`'s arena.
+/// A growth under way in `tier` of `stream`'s arena; where it extends the newest expandable range
+/// at its end, the free bytes there that it extends (`PoolCore::growth_estimate`).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Growing {
     pub(super) stream: StreamId,
     pub(super) tier: u8,
-    pub(super) size: u64,
+    pub(super) extended_tail: Option<u64>,
 }
 
 /// Memory a give-back can return to the device: a wholly free plain segment of a tier, or a
