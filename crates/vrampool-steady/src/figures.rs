@@ -93,9 +93,10 @@ impl Figures {
     pub(crate) fn add_served(&mut self, schedule: &Schedule, iterations: u64, steps: usize) {
         let iterations = iterations + u64::from(steps > 0 && steps == schedule.steps.len());
         let steps = if steps == schedule.steps.len() { 0 } else { steps };
+        let whole = schedule.served_in(schedule.steps.len());
         self.planned_allocations += iterations * schedule.arena_buffers;
-        self.planned_bytes += iterations * schedule.arena_bytes_served;
-        self.planned_block_bytes += iterations * schedule.served_in(schedule.steps.len()).arena_block_bytes;
+        self.planned_bytes += iterations * whole.arena_bytes;
+        self.planned_block_bytes += iterations * whole.arena_block_bytes;
         self.dynamic_allocations += iterations * (schedule.allocations - schedule.arena_buffers);
         self.replayed_iterations += iterations;
         let served = schedule.served_in(steps);

@@ -210,9 +210,8 @@ pub(crate) struct Schedule {
     /// The most bytes of arena buffers live at once (per stream, summed): no plan needs less.
     pub lower_bound_bytes: u64,
     pub allocations: u64,
-    /// Allocations served from the arena, and their bytes, in one iteration.
+    /// Allocations served from the arena in one iteration (their bytes: `served_in`).
     pub arena_buffers: u64,
-    pub arena_bytes_served: u64,
     /// The blocks' alignment: an arena buffer holds its size rounded up to it.
     pub alignment: u64,
     pub peak: LivePeak,
@@ -428,16 +427,13 @@ pub(crate) fn plan_schedule(events: &[Recorded], planning: Planning) -> Option<S
     let stream_index =
         |s: StreamId| stream_order[stream_order.binary_search_by_key(&s, |&(t, _)| t).expect("every stream has a region")].1 as usize;
     let mut steps = Vec::with_capacity(events.len());
-    let (mut allocations, mut arena_buffers, mut arena_bytes_served) = (0u64, 0u64, 0u64);
+    let (mut allocations, mut arena_buffers) = (0u64, 0u64);
     for event in events {
         steps.push(match *event {
             Recorded::Alloc { size, stream } => {
                 let offset = offsets[allocations as usize];
                 allocations += 1;
-                if offset.is_some() {
-                    arena_buffers += 1;
-                    arena_bytes_served += size;
-                }
+                arena_buffers += u64::from(offset.is_some());
                 Step::alloc(size, stream_index(stream), offset, (allocations - 1) as u32)
             }
             Recorded::Free { index, on } => match offsets[index as usize] {
@@ -523,7 +519,6 @@ pub(crate) fn plan_schedule(events: &[Recorded], planning: Planning) -> Option<S
         lower_bound_bytes,
         allocations,
         arena_buffers,
-        arena_bytes_served,
         alignment,
         peak,
         planner: largest.map_or("none", |i| planners[i]),
@@ -618,7 +613,7 @@ mod tests {
         ];
         let s = plan_schedule(&events, PLANNING).unwrap();
         assert_eq!(s.steps.len(), events.len() - 1, "record_stream is no step");
-        assert_eq!((s.allocations, s.arena_buffers, s.arena_bytes_served), (5, 2, 8192));
+        assert_eq!((s.allocations, s.arena_buffers, s.served_in(s.steps.len()).arena_bytes), (5, 2, 8192));
         assert_eq!(&*s.streams, &[S0, S1]);
         assert_eq!(&*s.region_bytes, &[4096, 4096]);
         assert_eq!(&*s.used_elsewhere, &[false, false, false, true, false]);

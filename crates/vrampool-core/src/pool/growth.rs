@@ -92,9 +92,9 @@ impl PoolCore {
 
     /// Gives back to the device wholly free segments and wholly free mappings of the expandable
     /// ranges, in every tier and stream: all of them for a `need` of `u64::MAX`, else enough for
-    /// `need` bytes (see `choose_spares`). Before the growth of `growing` (a stream's tier), that
-    /// tier's newest expandable range keeps its free tail, which the growth extends. The caches
-    /// keep their blocks: see `release_free`.
+    /// `need` bytes (see `choose_spares`). Before the growth of `growing`, that tier's newest
+    /// expandable range keeps the free bytes at its end that the growth extends (see `spares`).
+    /// The caches keep their blocks: see `release_free`.
     pub(super) fn give_back_free(&self, growing: Option<Growing>, need: u64) -> Result<u64> {
         let mut chosen = choose_spares(self.spares(growing), need);
         chosen.sort_unstable_by_key(|s| (s.stream, s.tier, s.reservation, s.range.base));
