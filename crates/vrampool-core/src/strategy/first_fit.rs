@@ -5,12 +5,14 @@
 //! could go back, and its peak crept from 1.115x to 1.393x of the bound over 100 passes. A carve
 //! scans the free ranges below the one it takes: one per slab made or large block (so one per
 //! allocation of a run of one object, which the pool caches only where this first fit would
-//! place it again), and coalescing keeps them to a few per segment.
+//! place it again), and coalescing keeps them to a few per segment; the scan skips whole chunks
+//! of ranges too small (`free_ranges`).
 
 use std::collections::hash_map::Entry;
 use std::collections::BTreeMap;
 
 use super::addr_map::AddrMap;
+use super::free_ranges::{FreeRanges, Range};
 use super::{Block, BlockInfo, Segment, Usage};
 
 /// What a run is to its caller: a block handed out whole, or a slab it cuts up itself. A free
@@ -26,10 +28,7 @@ pub enum RunKind {
 pub struct FirstFit {
     /// Base -> size, of segments.
     segments: BTreeMap<u64, u64>,
-    /// End -> base, of free ranges. Design: keyed by end, a carve off a range's front and a freed
-    /// run merged into the range above it change a value in place, where keys by base would
-    /// remove one entry and insert another.
-    free: BTreeMap<u64, u64>,
+    free: FreeRanges,
     /// Base -> size and kind, of live runs.
     live: AddrMap<(u64, RunKind)>,
     reserved: u64,
@@ -44,18 +43,19 @@ impl FirstFit {
             return;
         }
         self.segments.insert(s.base, s.size);
-        self.free.insert(end, s.base);
+        self.free.insert(Range { base: s.base, end });
         self.reserved += s.size;
     }
 
     /// The lowest free range of at least `size` bytes gives its first `size` bytes.
     pub fn allocate(&mut self, size: u64, kind: RunKind) -> Option<Block> {
-        let (&end, base) = self.free.iter_mut().find(|(&end, base)| end - **base >= size)?;
-        let addr = *base;
-        if end - addr == size {
-            self.free.remove(&end);
+        let pos = self.free.first_fit(size)?;
+        let range = self.free.get(pos);
+        let addr = range.base;
+        if range.len() == size {
+            self.free.remove(pos);
         } else {
-            *base += size;
+            self.free.set(pos, Range { base: addr + size, end: range.end });
         }
         self.live.insert(addr, (size, kind));
         self.allocated += size;
@@ -76,14 +76,20 @@ impl FirstFit {
         let end = addr + size;
         // Free ranges lie within one segment each: a range ending at `addr` is this segment's
         // unless `addr` is its base, and one starting at `end` unless `end` is its end.
-        let base = if addr == seg { None } else { self.free.remove(&addr) }.unwrap_or(addr);
-        if end != seg + seg_size {
-            if let Some((_, above)) = self.free.range_mut(end + 1..).next().filter(|(_, above)| **above == end) {
-                *above = base;
-                return Some(size);
+        // No free range begins in the run: the first at or above `addr` is the first at or above `end`.
+        let (below, above) = self.free.around(addr);
+        let below = below.filter(|&p| addr != seg && self.free.get(p).end == addr);
+        let above = above.filter(|&p| end != seg + seg_size && self.free.get(p).base == end);
+        match (below, above) {
+            (Some(below), Some(above)) => {
+                // `below` lies before `above`, in its chunk or an earlier one, so it stays where it is.
+                let top = self.free.remove(above).end;
+                self.free.set(below, Range { base: self.free.get(below).base, end: top });
             }
+            (Some(below), None) => self.free.set(below, Range { base: self.free.get(below).base, end }),
+            (None, Some(above)) => self.free.set(above, Range { base: addr, end: self.free.get(above).end }),
+            (None, None) => self.free.insert(Range { base: addr, end }),
         }
-        self.free.insert(end, base);
         Some(size)
     }
 
@@ -92,13 +98,15 @@ impl FirstFit {
     /// merged range would start lower).
     pub fn placed_next(&self, addr: u64) -> bool {
         let Some(&(size, RunKind::Block)) = self.live.get(&addr) else { return false };
-        let at_segment_base = || self.segments.contains_key(&addr);
-        !self.free.range(..=addr).any(|(&end, &base)| end - base >= size || (end == addr && !at_segment_base()))
+        // Every free range that begins below the run ends at or below it.
+        let fits_below = self.free.first_fit(size).is_some_and(|p| self.free.get(p).base < addr);
+        let merges_below = || self.free.around(addr).0.is_some_and(|p| self.free.get(p).end == addr) && !self.segments.contains_key(&addr);
+        !fits_below && !merges_below()
     }
 
     /// Whether the segment at `base` holds no run.
     fn is_free(&self, base: u64, size: u64) -> bool {
-        self.free.get(&(base + size)) == Some(&base)
+        self.free.at_or_above(base).is_some_and(|p| self.free.get(p) == Range { base, end: base + size })
     }
 
     /// Segments holding no run.
@@ -112,7 +120,8 @@ impl FirstFit {
         for s in segments {
             if self.segments.get(&s.base) == Some(&s.size) && self.is_free(s.base, s.size) {
                 self.segments.remove(&s.base);
-                self.free.remove(&(s.base + s.size));
+                let whole = self.free.at_or_above(s.base).expect("a free segment is one free range");
+                self.free.remove(whole);
                 self.reserved -= s.size;
                 out.push(*s);
             }
@@ -125,7 +134,7 @@ impl FirstFit {
         Usage {
             reserved: self.reserved,
             allocated: self.allocated,
-            largest_free: self.free.iter().map(|(&end, &base)| end - base).max().unwrap_or(0),
+            largest_free: self.free.largest(),
             segments: self.segments.len() as u64,
             live_blocks: self.live.len() as u64,
         }
@@ -139,11 +148,7 @@ impl FirstFit {
             .map(|(&base, &size)| {
                 let within = live.partition_point(|&(a, _)| a < base)..live.partition_point(|&(a, _)| a < base + size);
                 let mut list: Vec<BlockInfo> = live[within].iter().map(|&(addr, size)| BlockInfo { addr, size, allocated: true }).collect();
-                list.extend(self.free.range(base + 1..=base + size).map(|(&end, &addr)| BlockInfo {
-                    addr,
-                    size: end - addr,
-                    allocated: false,
-                }));
+                list.extend(self.free.within(base, base + size).map(|r| BlockInfo { addr: r.base, size: r.len(), allocated: false }));
                 list.sort_by_key(|b| b.addr);
                 (Segment { base, size }, list)
             })

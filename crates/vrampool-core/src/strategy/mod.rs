@@ -11,6 +11,7 @@ mod buddy;
 #[cfg(test)]
 mod conformance;
 mod first_fit;
+mod free_ranges;
 mod slab;
 
 pub use best_fit::{BestFit, BestFitConfig};
