@@ -46,7 +46,7 @@ impl PoolCore {
                 return Ok(self.hand_out(addr, block, true));
             }
         }
-        self.allocate_slow(&self.arena(stream), size, rounded, stream)
+        self.allocate_slow(self.arena(stream), size, rounded, stream)
     }
 
     #[inline(never)]
@@ -328,7 +328,7 @@ impl PoolCore {
                 return;
             }
         }
-        let mut strategy = self.lock_tier(&arena, block.tier);
+        let mut strategy = self.lock_tier(arena, block.tier);
         if let Some(index) = class.filter(|_| kept_if_placed_next && strategy.placed_next(addr)) {
             arena.kept_run.keep(addr, index);
             return;
@@ -523,24 +523,16 @@ impl PoolCore {
         self.config.tier_of(rounded)
     }
 
-    pub(super) fn arena(&self, stream: StreamId) -> ArenaRef<'_> {
+    pub(super) fn arena(&self, stream: StreamId) -> &Arena {
         if stream == StreamId(0) {
-            return ArenaRef::Default(&self.default_arena);
+            return &self.default_arena;
         }
-        let map = self.arenas.pin_owned();
-        // Arenas are never removed, so the reference stays valid for the pool's life; the guard
-        // keeps papaya from reclaiming it meanwhile.
-        if map.get(&stream).is_none() {
-            map.get_or_insert_with(stream, || Arena::for_config(&self.config, stream));
-        }
-        ArenaRef::Stream(map, stream)
+        self.arenas.get_or_make(stream, || Arena::for_config(&self.config, stream))
     }
 
     pub(super) fn for_each_arena(&self, mut f: impl FnMut(&Arena)) {
         f(&self.default_arena);
-        for (_, arena) in self.arenas.pin_owned().iter() {
-            f(arena);
-        }
+        self.arenas.for_each(f);
     }
 
     #[inline(always)]

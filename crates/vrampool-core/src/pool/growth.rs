@@ -117,11 +117,11 @@ impl PoolCore {
         for group in chosen.chunk_by(|a, b| (a.stream, a.tier) == (b.stream, b.tier)) {
             let (stream, tier) = (group[0].stream, group[0].tier);
             let arena = self.arena(stream);
-            let mut strategy = self.lock_tier(&arena, tier);
+            let mut strategy = self.lock_tier(arena, tier);
             let plain: Vec<Segment> = group.iter().filter(|s| s.reservation.is_none()).map(|s| s.range).collect();
             released.extend(strategy.release_segments(&plain).into_iter().map(|s| (s, stream, tier)));
             if self.vm.as_ref().is_some_and(|vm| vm.tier == tier) {
-                let (unmapped, error) = self.unmap_spares(&mut **strategy, &arena, group);
+                let (unmapped, error) = self.unmap_spares(&mut **strategy, arena, group);
                 bytes += unmapped;
                 if let Some(e) = error {
                     first_error.get_or_insert(e);
@@ -141,7 +141,7 @@ impl PoolCore {
                 Err(e) => {
                     // Still the pool's: back into its tier, where snapshots show it and the next
                     // trim, close or drop tries again.
-                    self.lock_tier(&self.arena(stream), tier).add_segment(segment);
+                    self.lock_tier(self.arena(stream), tier).add_segment(segment);
                     first_error.get_or_insert(e);
                 }
             }

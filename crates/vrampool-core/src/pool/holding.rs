@@ -68,8 +68,8 @@ impl PoolCore {
         f(&self.default_arena);
         for (stream, growths) in self.holding.streams() {
             let arena = self.arena(stream);
-            f(&arena);
-            if !holds_memory(&arena) {
+            f(arena);
+            if !holds_memory(arena) {
                 self.holding.forget_unless_grown(stream, growths);
             }
         }

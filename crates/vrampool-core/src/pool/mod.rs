@@ -35,11 +35,13 @@ use crate::sizes::{class_size, round_up, MAX_REQUEST, MIN_BLOCK};
 use crate::stats::{CounterValues, Counters, Fast, Stats};
 use crate::strategy::{Block, BlockInfo, Segment, Strategy};
 use crate::thread_cache::{self, CacheOfThread, CacheOwner, PoolCache, PoolHandle, HOME_STREAM};
+use arenas::Arenas;
 use holding::Holding;
 pub use pause::PauseReport;
 
 type FastMap<K, V> = papaya::HashMap<K, V, FixedState>;
 
+mod arenas;
 mod general;
 mod growth;
 mod holding;
@@ -159,7 +161,7 @@ pub struct PoolCore {
     // Every papaya map here is pinned with an owned guard (`pin_owned`): a thread's exit may
     // give its cache back, or drop the pool, from a thread-local destructor, when the state
     // behind papaya's thread-local guards is already gone (pinning then panics, which aborts).
-    arenas: FastMap<StreamId, Arena>,
+    arenas: Arenas,
     /// The arenas that may hold memory (see `holding`).
     holding: Holding,
     /// Live blocks: the lock-free direct-mapped table, and the map for blocks whose slot was taken.
@@ -215,7 +217,7 @@ impl Pool {
             default_arena,
             thread_classes,
             thread_class_of,
-            arenas: FastMap::default(),
+            arenas: Arenas::default(),
             holding: Holding::default(),
             live: LiveTable::default(),
             overflow: FastMap::default(),
@@ -271,7 +273,7 @@ impl CacheOwner for PoolCore {
         for (stream, addr) in blocks {
             // Thread caches hold only the first tier's blocks (`thread_classes`).
             let arena = self.arena(StreamId(stream));
-            let mut strategy = self.lock_tier(&arena, 0);
+            let mut strategy = self.lock_tier(arena, 0);
             let freed = self.file_back(&mut **strategy, addr);
             debug_assert!(freed.is_some(), "a cached block belongs to its arena's first tier");
         }
@@ -451,22 +453,6 @@ impl PoolCore {
 
     pub fn is_closed(&self) -> bool {
         self.gate.any(FastGate::CLOSED)
-    }
-}
-
-/// An arena: the default one, or one held through a papaya guard.
-enum ArenaRef<'a> {
-    Default(&'a Arena),
-    Stream(papaya::HashMapRef<'a, StreamId, Arena, FixedState, papaya::OwnedGuard<'a>>, StreamId),
-}
-
-impl std::ops::Deref for ArenaRef<'_> {
-    type Target = Arena;
-    fn deref(&self) -> &Arena {
-        match self {
-            Self::Default(a) => a,
-            Self::Stream(map, stream) => map.get(stream).expect("arenas are never removed"),
-        }
     }
 }
 

@@ -227,7 +227,7 @@ impl PoolCore {
         f: impl FnOnce(&mut dyn Strategy, &mut VmArena, usize) -> R,
     ) -> Option<R> {
         let arena = self.arena(stream);
-        let mut strategy = self.lock_tier(&arena, vm.tier);
+        let mut strategy = self.lock_tier(arena, vm.tier);
         arena.with_vm(|vm_arena| {
             let i = vm_arena.reservations.iter().position(|r| r.contains(addr))?;
             Some(f(&mut **strategy, vm_arena, i))
