@@ -33,6 +33,7 @@ mod private_pools;
 pub mod registry;
 mod resource;
 pub mod ring;
+mod sharded_map;
 pub mod sizes;
 pub mod stats;
 mod steal_cell;

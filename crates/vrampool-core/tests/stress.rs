@@ -1,7 +1,8 @@
 //! Many threads allocating and freeing on a host-backed device; each block carries a pattern
 //! that must survive until its free, so any overlap between live blocks shows up.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Barrier};
 
 use vrampool_core::sizes::{KIB, MIB};
 use vrampool_core::strategy::StrategyKind;
@@ -38,21 +39,45 @@ unsafe fn intact(addr: u64, size: u64, tag: u64) -> bool {
     spots(size).iter().all(|&off| std::ptr::read_unaligned((addr + off) as *const u64) == tag)
 }
 
+/// How the threads use the pool.
+#[derive(Clone, Copy)]
+struct Shape {
+    /// Each block goes to one of this many streams, which the threads take turns at.
+    streams: u64,
+    /// Live blocks a thread holds at most.
+    max_live: usize,
+    /// Track leaks (a birth time for every live block).
+    track_leaks: bool,
+    /// Blocks of at most 68 KiB (else up to 25 MiB).
+    small: bool,
+}
+
+const TWO_STREAMS: Shape = Shape { streams: 2, max_live: 64, track_leaks: false, small: false };
+
 fn run(strategy: StrategyKind) {
+    run_shaped(strategy, TWO_STREAMS);
+}
+
+fn run_shaped(strategy: StrategyKind, shape: Shape) {
     let dev = Arc::new(SimDevice::new(16 << 30, SimMode::HostBacked));
-    let pool = Arc::new(Pool::new(dev.clone() as Arc<dyn Device>, PoolConfig { strategy, ..PoolConfig::default() }).unwrap());
+    let config = PoolConfig { strategy, track_leaks: shape.track_leaks, ..PoolConfig::default() };
+    let pool = Arc::new(Pool::new(dev.clone() as Arc<dyn Device>, config).unwrap());
+    let (barrier, held) = (Arc::new(Barrier::new(THREADS as usize)), Arc::new(AtomicUsize::new(0)));
     let threads: Vec<_> = (0..THREADS)
         .map(|t| {
-            let pool = Arc::clone(&pool);
+            let (pool, barrier, held) = (Arc::clone(&pool), Arc::clone(&barrier), Arc::clone(&held));
             std::thread::spawn(move || {
                 let mut rng = 0x9E37_79B9_7F4A_7C15 ^ (t + 1);
-                let stream = StreamId(t % 2);
                 let mut live: Vec<(u64, u64, u64)> = Vec::new();
                 for i in 0..OPS_PER_THREAD {
+                    let stream = StreamId((t + i / 1_000) % shape.streams);
                     let r = next(&mut rng);
-                    if live.len() < 64 && (r % 2 == 0 || live.is_empty()) {
+                    // Up to the most live, then about as many frees as allocations.
+                    let grow = live.len() < shape.max_live / 2 || r % 2 == 0;
+                    if live.len() < shape.max_live && (grow || live.is_empty()) {
                         let size = match r % 100 {
                             0..=69 => 8 + (r >> 8) % (4 * KIB),
+                            _ if shape.small => 4 * KIB + (r >> 8) % (64 * KIB),
                             70..=94 => 4 * KIB + (r >> 8) % (MIB),
                             _ => MIB + (r >> 8) % (24 * MIB),
                         };
@@ -71,6 +96,15 @@ fn run(strategy: StrategyKind) {
                         pool.trim().unwrap();
                     }
                 }
+                // Every thread's live blocks, and none else, are in the leak report.
+                held.fetch_add(live.len(), Relaxed);
+                barrier.wait();
+                if t == 0 {
+                    let report = pool.live_blocks();
+                    assert_eq!(report.len(), held.load(Relaxed));
+                    assert!(report.iter().all(|b| b.age_ns.is_some() == shape.track_leaks));
+                }
+                barrier.wait();
                 for (addr, size, tag) in live {
                     // SAFETY: as above.
                     assert!(unsafe { intact(addr, size, tag) });
@@ -95,6 +129,13 @@ fn run(strategy: StrategyKind) {
 #[test]
 fn eight_threads_hybrid() {
     run(StrategyKind::Hybrid);
+}
+
+/// More live blocks than the live table has slots (the rest go to its overflow map), with their
+/// birth times, on more streams than the table of arenas has slots.
+#[test]
+fn eight_threads_on_many_streams_with_thousands_of_live_blocks_each() {
+    run_shaped(StrategyKind::Hybrid, Shape { streams: 200, max_live: 4_000, track_leaks: true, small: true });
 }
 
 #[test]

@@ -76,10 +76,10 @@ impl PoolCore {
         if let Removal::Refused(block) = removal {
             return Err(wrong_size(&block));
         }
-        let block = match self.overflow.pin_owned().remove_if(&addr, |_, b| Self::size_agrees(b, size)) {
-            Ok(Some((_, block))) => *block,
+        let block = match self.overflow.remove_if(addr, |b| Self::size_agrees(b, size)) {
+            Ok(Some(block)) => block,
             Ok(None) => return Err(PoolError::InvalidFree { ptr: addr, reason: InvalidFreeReason::NotAllocated }),
-            Err((_, block)) => return Err(wrong_size(block)),
+            Err(block) => return Err(wrong_size(&block)),
         };
         self.free_removed(addr, block, stream)
     }
@@ -107,8 +107,8 @@ impl PoolCore {
     }
 
     #[cold]
-    pub(super) fn forget_birth_in(births: &FastMap<u64, u64>, addr: u64) {
-        births.pin_owned().remove(&addr);
+    pub(super) fn forget_birth_in(births: &ShardedMap<u64>, addr: u64) {
+        births.remove(addr);
     }
 
     // ---- the slow path ----
@@ -277,7 +277,7 @@ impl PoolCore {
     #[inline(never)]
     pub(super) fn insert_live(&self, addr: u64, block: LiveBlock) {
         if !self.live.revive(addr, block) && !self.live.insert(addr, block) {
-            self.overflow.pin_owned().insert(addr, block);
+            self.overflow.insert(addr, block);
         }
     }
 
@@ -285,7 +285,7 @@ impl PoolCore {
     pub(super) fn record_birth(&self, addr: u64, block: LiveBlock) {
         self.log(EventKind::Alloc, addr, block.size, StreamId(block.stream));
         if let Some(births) = &self.births {
-            births.pin_owned().insert(addr, self.now_ns());
+            births.insert(addr, self.now_ns());
         }
     }
 
@@ -395,7 +395,7 @@ impl PoolCore {
     }
 
     pub(super) fn live_block(&self, addr: u64) -> Option<LiveBlock> {
-        self.live.get(addr).or_else(|| self.overflow.pin_owned().get(&addr).copied())
+        self.live.get(addr).or_else(|| self.overflow.get(addr))
     }
 
     /// Zero-fills a block just handed out (`scrub: on_alloc`); when the device fails to, the

@@ -65,13 +65,12 @@ impl PoolCore {
 
     /// Every live block (for leak reports), by address; with its age when `track_leaks` is on.
     pub fn live_blocks(&self) -> Vec<LiveBlockInfo> {
-        let overflow = self.overflow.pin_owned();
-        let births = self.births.as_ref().map(|b| b.pin_owned());
+        let births: Option<HashMap<u64, u64>> = self.births.as_ref().map(|b| b.entries().into_iter().collect());
         let now = self.now_ns();
         let mut blocks: Vec<_> = self
             .live
             .iter()
-            .chain(overflow.iter().map(|(&addr, &b)| (addr, b)))
+            .chain(self.overflow.entries())
             .map(|(addr, b)| {
                 let age_ns = births.as_ref().and_then(|m| m.get(&addr).map(|&born| now.saturating_sub(born)));
                 LiveBlockInfo { addr, size: b.size, requested: b.requested, stream: StreamId(b.stream), age_ns }

@@ -19,7 +19,6 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
-use foldhash::fast::FixedState;
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::arena::Arena;
@@ -31,6 +30,7 @@ use crate::event_log::{EventKind, EventLog, LogEvent, PieceEvent};
 use crate::expandable::{pieces, Expandable, Reservation, PIECES_PER_HIGH_WATER};
 use crate::fast_gate::FastGate;
 use crate::live_table::{LiveBlock, LiveTable, Removal};
+use crate::sharded_map::ShardedMap;
 use crate::sizes::{class_size, round_up, MAX_REQUEST, MIN_BLOCK};
 use crate::stats::{CounterValues, Counters, Fast, Stats};
 use crate::strategy::{Block, BlockInfo, Segment, Strategy};
@@ -38,8 +38,6 @@ use crate::thread_cache::{self, CacheOfThread, CacheOwner, PoolCache, PoolHandle
 use arenas::Arenas;
 use holding::Holding;
 pub use pause::PauseReport;
-
-type FastMap<K, V> = papaya::HashMap<K, V, FixedState>;
 
 mod arenas;
 mod general;
@@ -158,15 +156,13 @@ pub struct PoolCore {
     /// For the fastest path, per 512-byte granule of request size: the thread-cache class of the
     /// requests in it, if any (see `thread_class_table`).
     thread_class_of: Box<[ThreadClass]>,
-    // Every papaya map here is pinned with an owned guard (`pin_owned`): a thread's exit may
-    // give its cache back, or drop the pool, from a thread-local destructor, when the state
-    // behind papaya's thread-local guards is already gone (pinning then panics, which aborts).
+    /// The arenas of the other streams.
     arenas: Arenas,
     /// The arenas that may hold memory (see `holding`).
     holding: Holding,
     /// Live blocks: the lock-free direct-mapped table, and the map for blocks whose slot was taken.
     live: LiveTable<LIVE_TABLE_SLOTS>,
-    overflow: FastMap<u64, LiveBlock>,
+    overflow: ShardedMap<LiveBlock>,
     /// Streams other than a block's own that used it (`record_stream`), by block address.
     recorded: Mutex<HashMap<u64, Vec<StreamId>>>,
     deferred: Mutex<Vec<DeferredFree>>,
@@ -179,7 +175,7 @@ pub struct PoolCore {
     /// Bytes unmapped by a pause and not yet mapped again.
     paused_bytes: AtomicU64,
     /// Allocation times of live blocks (ns since `started`), when `track_leaks` is on.
-    births: Option<FastMap<u64, u64>>,
+    births: Option<ShardedMap<u64>>,
     started: Instant,
 }
 
@@ -194,7 +190,7 @@ impl Pool {
         let thread_class_of = thread_class_table(&config, &default_arena, thread_classes);
         let vm = Expandable::new(&config, device.as_ref(), device_total);
         let log = config.record_events.then(EventLog::new);
-        let births = config.track_leaks.then(FastMap::default);
+        let births = config.track_leaks.then(ShardedMap::default);
         let gate = FastGate::default();
         gate.set(FastGate::SMALL_CAP, below_thread_blocks(&thread_class_of, cap));
         // `thread_class_table` is empty when an option must see every call.
@@ -220,7 +216,7 @@ impl Pool {
             arenas: Arenas::default(),
             holding: Holding::default(),
             live: LiveTable::default(),
-            overflow: FastMap::default(),
+            overflow: ShardedMap::default(),
             recorded: Mutex::default(),
             deferred: Mutex::default(),
             counters: Counters::default(),
