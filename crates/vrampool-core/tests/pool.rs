@@ -645,8 +645,8 @@ thread_local! {
 #[test]
 fn a_pool_dropped_by_a_thread_local_destructor_at_thread_exit_does_not_abort() {
     // HELD is set first, so it is destroyed last at the thread's exit: after the thread's block
-    // cache (given back to the pool) and after papaya's thread-local state. Its drop is then the
-    // pool's last owner going: everything the pool's drop pins must not need that state.
+    // cache (given back to the pool) and the other thread-local state. Its drop is then the
+    // pool's last owner going: nothing the pool's drop does may need that state.
     let dev = Arc::new(SimDevice::new(GIB, SimMode::HostBacked));
     let pool = Arc::new(Pool::new(dev.clone() as Arc<dyn Device>, PoolConfig::default()).unwrap());
     let (go, wait) = std::sync::mpsc::channel::<()>();
