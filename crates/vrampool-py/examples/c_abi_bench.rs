@@ -2,14 +2,15 @@
 //! as the module exports them), timed natively with no Python in the loop, on the simulated
 //! device (`device:sim`) at `steady:true` (the default) and `steady:false`.
 //!
-//! Workloads (every one on device 0, stream null; the free passes the size, as PyTorch does):
+//! Workloads (on device 0, stream null unless named; the free passes the size, as PyTorch does):
 //! - `pair`: a 512 B malloc + free, repeated;
 //! - `step`: a repeating step of 200 buffers of 512 B..4 MiB (a fixed list), each freed three
 //!   allocations later, so that every step ends with nothing live;
 //! - `random`: 64 live buffers; each op frees a random one and allocates 512 B..1 MiB, from an
 //!   LCG whose sequence never repeats;
 //! - each on two threads at once (each its own loop) against one: the ratio of throughputs (2.0
-//!   is perfect scaling), beside the same ratio for the core pool's and glibc's 512 B pairs.
+//!   is perfect scaling), beside the same ratio for the core pool's and glibc's 512 B pairs; step
+//!   and random also with each thread on a stream of its own.
 //!
 //! Each is timed in turns alternating with two references, as `benches/pair_ratio.rs` does (this
 //! machine's speed drifts): the core pool's own 512 B pair (`vrampool_core::Pool` on a
@@ -53,18 +54,21 @@ fn last_error() -> String {
     String::from_utf8_lossy(buffer.split(|&b| b == 0).next().unwrap_or_default()).into_owned()
 }
 
+/// A stream handle: null (the default stream), or any other value on the simulated device.
+type Stream = *mut c_void;
+
 #[inline(always)]
-fn abi_malloc(size: usize) -> *mut c_void {
-    // SAFETY: the exported entry; a null stream is the default stream.
-    let ptr = unsafe { vrampool_malloc(black_box(size), 0, null_mut()) };
+fn abi_malloc(size: usize, stream: Stream) -> *mut c_void {
+    // SAFETY: the exported entry.
+    let ptr = unsafe { vrampool_malloc(black_box(size), 0, stream) };
     assert!(!ptr.is_null(), "vrampool_malloc({size}): {}", last_error());
     ptr
 }
 
 #[inline(always)]
-fn abi_free(ptr: *mut c_void, size: usize) {
-    // SAFETY: `ptr` is a live block of `size` bytes from `abi_malloc`.
-    unsafe { vrampool_free(black_box(ptr), size, 0, null_mut()) }
+fn abi_free(ptr: *mut c_void, size: usize, stream: Stream) {
+    // SAFETY: `ptr` is a live block of `size` bytes from `abi_malloc` on `stream`.
+    unsafe { vrampool_free(black_box(ptr), size, 0, stream) }
 }
 
 /// Knuth's MMIX LCG: a period of 2^64, so a run never sees its sequence repeat.
@@ -94,7 +98,7 @@ struct AbiPair;
 impl Work for AbiPair {
     fn run(&mut self, n: u32) {
         for _ in 0..n {
-            abi_free(abi_malloc(PAIR), PAIR);
+            abi_free(abi_malloc(PAIR, null_mut()), PAIR, null_mut());
         }
     }
 }
@@ -102,12 +106,13 @@ impl Work for AbiPair {
 struct Step {
     sizes: Vec<usize>,
     ptrs: Vec<*mut c_void>,
+    stream: Stream,
 }
 
 impl Step {
-    fn new() -> Self {
+    fn new(stream: Stream) -> Self {
         let mut rng = Lcg(42);
-        Self { sizes: (0..STEP_BUFFERS).map(|_| rng.size(22)).collect(), ptrs: vec![null_mut(); STEP_BUFFERS] }
+        Self { sizes: (0..STEP_BUFFERS).map(|_| rng.size(22)).collect(), ptrs: vec![null_mut(); STEP_BUFFERS], stream }
     }
 }
 
@@ -116,13 +121,13 @@ impl Work for Step {
     fn run(&mut self, n: u32) {
         for _ in 0..n as usize / STEP_BUFFERS {
             for i in 0..STEP_BUFFERS {
-                self.ptrs[i] = abi_malloc(self.sizes[i]);
+                self.ptrs[i] = abi_malloc(self.sizes[i], self.stream);
                 if i >= 3 {
-                    abi_free(self.ptrs[i - 3], self.sizes[i - 3]);
+                    abi_free(self.ptrs[i - 3], self.sizes[i - 3], self.stream);
                 }
             }
             for i in STEP_BUFFERS - 3..STEP_BUFFERS {
-                abi_free(self.ptrs[i], self.sizes[i]);
+                abi_free(self.ptrs[i], self.sizes[i], self.stream);
             }
         }
     }
@@ -131,13 +136,14 @@ impl Work for Step {
 struct Random {
     rng: Lcg,
     live: Vec<(*mut c_void, usize)>,
+    stream: Stream,
 }
 
 impl Random {
-    fn new(seed: u64) -> Self {
+    fn new(seed: u64, stream: Stream) -> Self {
         let mut rng = Lcg(seed);
-        let live = (0..LIVE).map(|_| rng.size(20)).map(|size| (abi_malloc(size), size)).collect();
-        Self { rng, live }
+        let live = (0..LIVE).map(|_| rng.size(20)).map(|size| (abi_malloc(size, stream), size)).collect();
+        Self { rng, live, stream }
     }
 }
 
@@ -145,16 +151,16 @@ impl Work for Random {
     fn run(&mut self, n: u32) {
         for _ in 0..n {
             let slot = &mut self.live[self.rng.next() as usize % LIVE];
-            abi_free(slot.0, slot.1);
+            abi_free(slot.0, slot.1, self.stream);
             let size = self.rng.size(20);
-            *slot = (abi_malloc(size), size);
+            *slot = (abi_malloc(size, self.stream), size);
         }
     }
 }
 
 impl Drop for Random {
     fn drop(&mut self) {
-        self.live.iter().for_each(|&(ptr, size)| abi_free(ptr, size));
+        self.live.iter().for_each(|&(ptr, size)| abi_free(ptr, size, self.stream));
     }
 }
 
@@ -260,8 +266,11 @@ fn child(steady: &str, quick: bool, only: Option<&str>) {
         Arc::new(Pool::new(Arc::new(SimDevice::new(1 << 36, SimMode::AddressOnly)) as Arc<dyn Device>, PoolConfig::default()).unwrap());
     let mut core = CorePair(pool.clone());
     let wanted = |name: &str| only.is_none_or(|only| name.starts_with(only));
-    let works: [(&str, Make); 3] =
-        [("pair", &|_| Box::new(AbiPair)), ("step", &|_| Box::new(Step::new())), ("random", &|seed| Box::new(Random::new(seed)))];
+    let works: [(&str, Make); 3] = [
+        ("pair", &|_| Box::new(AbiPair)),
+        ("step", &|_| Box::new(Step::new(null_mut()))),
+        ("random", &|seed| Box::new(Random::new(seed, null_mut()))),
+    ];
     for (name, make) in works.into_iter().filter(|(name, _)| wanted(name)) {
         let values = interleaved(&mut *make(7), &mut core, turns, n);
         println!("{name}\t{}", values.map(|v| v.to_string()).join("\t"));
@@ -269,12 +278,20 @@ fn child(steady: &str, quick: bool, only: Option<&str>) {
     let core_pair = |_: u64| Box::new(CorePair(pool.clone())) as Box<dyn Work>;
     let glibc_pair = |_: u64| Box::new(GlibcPair) as Box<dyn Work>;
     let abi_pair = |_: u64| Box::new(AbiPair) as Box<dyn Work>;
-    let random = |seed: u64| Box::new(Random::new(seed)) as Box<dyn Work>;
-    let step = |_: u64| Box::new(Step::new()) as Box<dyn Work>;
-    for (name, make) in [("pair, 2 threads", &abi_pair as Make), ("step, 2 threads", &step), ("random, 2 threads", &random)]
-        .into_iter()
-        .filter(|(name, _)| wanted(name))
-    {
+    let random = |seed: u64| Box::new(Random::new(seed, null_mut())) as Box<dyn Work>;
+    let step = |_: u64| Box::new(Step::new(null_mut())) as Box<dyn Work>;
+    // The two threads make their works with seeds 1 and 2: a stream each.
+    let own_stream = |seed: u64| (seed * 16) as Stream;
+    let random_streams = |seed: u64| Box::new(Random::new(seed, own_stream(seed))) as Box<dyn Work>;
+    let step_streams = |seed: u64| Box::new(Step::new(own_stream(seed))) as Box<dyn Work>;
+    let rows: [(&str, Make); 5] = [
+        ("pair, 2 threads", &abi_pair),
+        ("step, 2 threads", &step),
+        ("random, 2 threads", &random),
+        ("step, 2 threads, 2 streams", &step_streams),
+        ("random, 2 threads, 2 streams", &random_streams),
+    ];
+    for (name, make) in rows.into_iter().filter(|(name, _)| wanted(name)) {
         let r = scaling(&[make, &core_pair, &glibc_pair], turns / 4, 10 * n);
         println!("{name}\t{}\t{}\t{}\tNaN\tNaN", r[0], r[1], r[2]);
     }
