@@ -469,9 +469,9 @@ fn carved_blocks_count_as_reserved_never_as_allocated() {
 fn more_live_blocks_than_table_slots_spill_to_the_overflow_map() {
     let dev = Arc::new(SimDevice::new(4 * GIB, SimMode::AddressOnly));
     let pool = Pool::new(dev as Arc<dyn Device>, PoolConfig::default()).unwrap();
-    // 40,000 live blocks: more than the live table's 16,384 slots.
-    let blocks: Vec<u64> = (0..40_000).map(|_| pool.allocate(512, S0).unwrap()).collect();
-    assert_eq!(pool.live_blocks().len(), 40_000);
+    // 100,000 live blocks: more than the live table's 65,536 slots.
+    let blocks: Vec<u64> = (0..100_000).map(|_| pool.allocate(512, S0).unwrap()).collect();
+    assert_eq!(pool.live_blocks().len(), 100_000);
     for &b in blocks.iter().step_by(2) {
         pool.record_stream(b, StreamId(0)).unwrap();
         pool.free(b, Some(512), None).unwrap();
