@@ -157,28 +157,48 @@ pub(crate) fn guard<T>(what: &str, fallback: T, body: impl FnOnce() -> T) -> T {
 
 // ---- allocation ----
 
-/// Allocates, or says why not (the message a C++ exception would carry).
-fn malloc_inner(size: usize, device: c_int, stream: *mut c_void) -> Result<u64, String> {
-    let resource = ABI.device(device).map_err(|e| format!("vrampool_malloc: {e}"))?;
+/// Allocates: the block's address, or 0 with why not in `reason` (empty after a panic, which the
+/// guard recorded). The fast path moves no message: a failure is built out of line.
+#[inline(always)]
+fn try_malloc(size: usize, device: c_int, stream: *mut c_void, reason: &mut String) -> u64 {
+    guard("malloc", 0, || {
+        let Some(resource) = ABI.devices.get(device) else { return malloc_on_new_device(size, device, stream, reason) };
+        let stream = StreamId::canonical(stream as u64);
+        match resource.allocate(size as u64, stream) {
+            Ok(addr) => addr,
+            Err(e) => malloc_refused(resource, e, size, device, stream, reason),
+        }
+    })
+}
+
+/// The first allocation on `device`: makes its resource, then allocates.
+#[cold]
+#[inline(never)]
+fn malloc_on_new_device(size: usize, device: c_int, stream: *mut c_void, reason: &mut String) -> u64 {
+    let resource = match ABI.device(device) {
+        Ok(resource) => resource,
+        Err(e) => {
+            *reason = format!("vrampool_malloc: {e}");
+            return 0;
+        }
+    };
     let stream = StreamId::canonical(stream as u64);
-    resource.allocate(size as u64, stream).map_err(|e| match resource.oom_record(&e, stream, size as u64) {
+    resource.allocate(size as u64, stream).unwrap_or_else(|e| malloc_refused(resource, e, size, device, stream, reason))
+}
+
+/// Why the pool refused: the out-of-memory record (kept for `last_oom`) or the error's message.
+#[cold]
+#[inline(never)]
+fn malloc_refused(resource: &DeviceResource, e: PoolError, size: usize, device: c_int, stream: StreamId, reason: &mut String) -> u64 {
+    *reason = match resource.oom_record(&e, stream, size as u64) {
         Some(oom) => {
             let message = oom.message.clone();
             ABI.failures.record_oom(oom);
             message
         }
         None => format!("vrampool_malloc of {size} bytes on device {device}: {e}"),
-    })
-}
-
-/// A block (null for 0 bytes), or why not.
-#[inline(always)]
-fn try_malloc(size: usize, device: c_int, stream: *mut c_void) -> Result<*mut c_void, String> {
-    if size == 0 {
-        return Ok(null_mut());
-    }
-    // `String::new()` allocates nothing: the fast path stays free of allocation.
-    guard("malloc", Err(String::new()), || malloc_inner(size, device, stream)).map(|addr| addr as *mut c_void)
+    };
+    0
 }
 
 /// The slow end of a failed allocation: counts and records it; under `raise_on_failure`, the
@@ -218,12 +238,17 @@ fn to_c_message(message: &str, room: &mut [u8]) {
 /// use it.
 #[no_mangle]
 pub extern "C" fn vrampool_malloc(size: usize, device: c_int, stream: *mut c_void) -> *mut c_void {
-    match try_malloc(size, device, stream) {
-        Ok(ptr) => ptr,
-        Err(reason) => {
+    if size == 0 {
+        return null_mut();
+    }
+    // `String::new()` allocates nothing: the fast path stays free of allocation.
+    let mut reason = String::new();
+    match try_malloc(size, device, stream, &mut reason) {
+        0 => {
             malloc_failed(reason);
             null_mut()
         }
+        addr => addr as *mut c_void,
     }
 }
 
@@ -238,9 +263,13 @@ pub extern "C" fn vrampool_torch_malloc_or_message(
     message: *mut c_char,
     capacity: usize,
 ) -> *mut c_void {
-    match try_malloc(size, device, stream) {
-        Ok(ptr) => ptr,
-        Err(reason) => {
+    if size == 0 {
+        return null_mut();
+    }
+    let mut reason = String::new();
+    match try_malloc(size, device, stream, &mut reason) {
+        addr @ 1.. => addr as *mut c_void,
+        0 => {
             if let Some(text) = malloc_failed(reason) {
                 if !message.is_null() {
                     // SAFETY: the C caller passes `message` with room for `capacity` bytes.
@@ -262,15 +291,20 @@ pub extern "C" fn vrampool_free(ptr: *mut c_void, size: usize, device: c_int, st
         return;
     }
     guard("free", (), || {
-        let size = (size != 0).then_some(size as u64);
-        let result = match ABI.devices.get(device) {
-            Some(resource) => resource.free(ptr as u64, size, Some(StreamId::canonical(stream as u64))).map_err(|e| e.to_string()),
-            None => Err(format!("no vrampool pool on device {device}")),
+        let Some(resource) = ABI.devices.get(device) else {
+            return free_refused(ptr, size, device, &format_args!("no vrampool pool on device {device}"));
         };
-        if let Err(e) = result {
-            ABI.refuse(Failure::Free, format!("vrampool_free({ptr:p}, {}, device {device}): refused: {e}", size.unwrap_or(0)));
+        let bytes = (size != 0).then_some(size as u64);
+        if let Err(e) = resource.free(ptr as u64, bytes, Some(StreamId::canonical(stream as u64))) {
+            free_refused(ptr, size, device, &e);
         }
     })
+}
+
+#[cold]
+#[inline(never)]
+fn free_refused(ptr: *mut c_void, size: usize, device: c_int, why: &dyn std::fmt::Display) {
+    ABI.refuse(Failure::Free, format!("vrampool_free({ptr:p}, {size}, device {device}): refused: {why}"));
 }
 
 // ---- PyTorch's optional hooks ----

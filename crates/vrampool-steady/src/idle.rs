@@ -29,7 +29,9 @@ const SHARDS: usize = 8;
 #[derive(Default)]
 struct Shard(AtomicU64);
 
-/// Allocations made while idle, per shard of threads: exact, and a thread only writes its own line.
+/// Allocations made while idle, per shard of threads. A count is a load and a store, not a locked
+/// add: two threads sharing a shard (past `SHARDS` threads) may lose counts, which only makes the
+/// wait longer.
 #[derive(Default)]
 pub(crate) struct IdleCount {
     shards: [Shard; SHARDS],
@@ -59,7 +61,9 @@ impl IdleCount {
     /// Counts an allocation; true when the wait is over (checked every `CHECK_EVERY` of a shard's).
     #[inline(always)]
     pub fn count(&self) -> bool {
-        let n = self.shards[shard()].0.fetch_add(1, Relaxed) + 1;
+        let counter = &self.shards[shard()].0;
+        let n = counter.load(Relaxed) + 1;
+        counter.store(n, Relaxed);
         n % CHECK_EVERY == 0 && self.total() >= self.until.load(Relaxed)
     }
 

@@ -214,7 +214,7 @@ impl<B: MemoryResource> PlannedPool<B> {
 
     /// Allocates `size` bytes for `stream`: from the arena when this allocation is its schedule's
     /// next step there, else from the pool.
-    #[inline]
+    #[inline(always)]
     pub fn allocate(&self, size: u64, stream: StreamId) -> Result<u64, PoolError> {
         // Tests in the order of how often each path runs, with no jump table (an indirect jump).
         let word = self.word.load(Acquire);
