@@ -172,19 +172,19 @@ impl PoolCore {
                     range,
                     reservation: None,
                 }));
-                if self.vm.as_ref().is_none_or(|vm| vm.tier != tier_index) {
-                    continue;
-                }
+                let Some(vm) = self.vm.as_ref().filter(|vm| vm.tier == tier_index) else { continue };
                 let extended_tail = growing.filter(|g| (g.stream, g.tier) == (stream, tier_index)).and_then(|g| g.extended_tail);
                 arena.with_vm(|vm_arena| {
                     let newest = vm_arena.reservations.last().map(|r| r.base);
                     for r in &vm_arena.reservations {
                         let end = r.base + r.extent;
-                        let mut free = strategy.unused_ranges(r.base);
+                        // A mapping is whole units and never spans a hole, so a wholly free one lies
+                        // in one free range of a unit or more.
+                        let mut free = strategy.free_ranges_at_least(r.base, vm.unit);
                         let kept_tail = extended_tail.filter(|_| newest == Some(r.base));
                         if let Some(tail) = kept_tail.filter(|_| free.last().is_some_and(|f| f.base + f.size == end)) {
-                            // Only the tail's last free range: what lies below it (free ranges split
-                            // by unmapped holes) the growth leaves as it is.
+                            // Only the tail's last free range: what lies below it the growth leaves
+                            // as it is.
                             let last = free.pop().expect("a last free range");
                             let below = last.size.saturating_sub(tail);
                             free.extend((below > 0).then_some(Segment { base: last.base, size: below }));

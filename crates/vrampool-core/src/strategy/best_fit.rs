@@ -258,7 +258,12 @@ impl BestFit {
 
     /// Every free range, bin by bin.
     fn free_nodes(&self) -> impl Iterator<Item = u32> + '_ {
-        let mut bin = self.next_bin(0);
+        self.free_nodes_from(0)
+    }
+
+    /// The free ranges of bin `first` and the bins above it, bin by bin.
+    fn free_nodes_from(&self, first: usize) -> impl Iterator<Item = u32> + '_ {
+        let mut bin = self.next_bin(first);
         let mut i = bin.map_or(NIL, |b| self.bin_heads[b]);
         std::iter::from_fn(move || {
             while i == NIL {
@@ -556,6 +561,17 @@ impl Strategy for BestFit {
         unused
     }
 
+    fn free_ranges_at_least(&self, base: u64, least: u64) -> Vec<Segment> {
+        let (Some(&marker), true) = (self.ends.get(&base), self.segments.contains_key(&base)) else { return Vec::new() };
+        let end = self.node(marker).addr;
+        // From the bins of `least` up: a growth asks this of every expandable range, where most
+        // free ranges are small.
+        let free = self.free_nodes_from(bin_of(least)).map(|i| self.node(i)).filter(|n| n.size >= least && (base..end).contains(&n.addr));
+        let mut ranges: Vec<Segment> = free.map(|n| Segment { base: n.addr, size: n.size }).collect();
+        ranges.sort_unstable_by_key(|r| r.base);
+        ranges
+    }
+
     fn unmap_free_ranges(&mut self, base: u64, ranges: &[Segment]) -> Vec<Segment> {
         let (Some(&marker), Some(&(_, head))) = (self.ends.get(&base), self.segments.get(&base)) else { return Vec::new() };
         let mut unmapped = Vec::new();
@@ -622,7 +638,7 @@ impl Strategy for BestFit {
         let tail = self.free_size(self.node(marker).prev);
         let at_end = units(size.saturating_sub(tail));
         let end = self.node(marker).addr;
-        let mut best: Option<Segment> = None;
+        let mut best: Option<(u64, Segment)> = None;
         for (&addr, &h) in self.holes.range(base..end) {
             let Node { size: hole, prev, next, .. } = *self.node(h);
             let (before, after) = (self.free_size(prev), self.free_size(next));
@@ -640,12 +656,13 @@ impl Strategy for BestFit {
                 options[1] = Some(Segment { base: addr + hole - n, size: n });
             }
             for option in options.into_iter().flatten() {
-                if best.is_none_or(|b| (cost(option), option.size) < (cost(b), b.size)) {
-                    best = Some(option);
+                let key = cost(option);
+                if best.is_none_or(|(best_key, b)| (key, option.size) < (best_key, b.size)) {
+                    best = Some((key, option));
                 }
             }
         }
-        Some(GrowthPlan { tail, at_end, hole: best })
+        Some(GrowthPlan { tail, at_end, hole: best.map(|(_, hole)| hole) })
     }
 
     fn map_hole(&mut self, range: Segment) -> bool {

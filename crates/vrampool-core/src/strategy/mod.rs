@@ -134,6 +134,12 @@ pub trait Strategy: Send {
         Vec::new()
     }
 
+    /// The free ranges of the expandable segment at `base` of at least `least` bytes (each as
+    /// long as it runs up to a block or a hole), in address order.
+    fn free_ranges_at_least(&self, _base: u64, _least: u64) -> Vec<Segment> {
+        Vec::new()
+    }
+
     /// Turns each of `ranges` (in address order, whole multiples of the alignment) that lies in
     /// free space of the expandable segment at `base` into a hole that no block is cut from;
     /// returns the ones it turned (a range that holds a block or a hole is left as it is).

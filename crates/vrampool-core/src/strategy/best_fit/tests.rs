@@ -271,6 +271,18 @@ fn check_invariants(b: &BestFit) {
             i = n.next;
         }
         assert_eq!(b.unused_ranges(base), walked, "segment at {base}");
+        // Its free ranges of at least a size are its free nodes of that size or more.
+        for least in [1, MIN_BLOCK, 4 * MIN_BLOCK + 1, 1 << 20, 2 << 20] {
+            let (mut free, mut i) = (Vec::new(), b.segments[&base].1);
+            while i != marker {
+                let n = *b.node(i);
+                if !n.allocated && n.size >= least {
+                    free.push(seg(n.addr, n.size));
+                }
+                i = n.next;
+            }
+            assert_eq!(b.free_ranges_at_least(base, least), free, "segment at {base}, at least {least}");
+        }
     }
 }
 
