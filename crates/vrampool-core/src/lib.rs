@@ -49,6 +49,6 @@ pub use event_log::{EventKind, LogEvent};
 pub use pool::{BlockState, LiveBlockInfo, PauseReport, Pool, PoolCore, SegmentSnapshot};
 pub use private_pools::{PrivatePools, TagInfo};
 pub use registry::DeviceRegistry;
-pub use resource::{MemoryResource, PoolId, PoolSegment};
+pub use resource::{CachedFree, MemoryResource, PoolId, PoolSegment};
 pub use stats::Stats;
 pub use strategy::StrategyKind;

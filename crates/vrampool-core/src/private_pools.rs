@@ -19,7 +19,7 @@ use crate::device::{Device, StreamId};
 use crate::error::{PoolError, Result};
 use crate::event_log::PieceEvent;
 use crate::pool::{LiveBlockInfo, Pool, PoolCore};
-use crate::resource::{MemoryResource, PoolId, PoolSegment};
+use crate::resource::{CachedFree, MemoryResource, PoolId, PoolSegment};
 use crate::stats::{CounterValues, Stats};
 
 mod tags;
@@ -232,6 +232,26 @@ impl<U: MemoryResource> MemoryResource for PrivatePools<U> {
         }
     }
 
+    #[inline(always)]
+    fn allocate_cached(&self, size: u64, stream: StreamId) -> Option<u64> {
+        if self.open_count.load(Relaxed) != 0 {
+            return None;
+        }
+        self.upstream.allocate_cached(size, stream)
+    }
+
+    #[inline(always)]
+    fn free_cached(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> CachedFree {
+        if self.pool_count.load(Relaxed) != 0 {
+            return CachedFree::Untouched;
+        }
+        self.upstream.free_cached(addr, size, stream)
+    }
+
+    fn free_parked(&self, addr: u64, stream: Option<StreamId>) -> Result<()> {
+        self.upstream.free_parked(addr, stream)
+    }
+
     fn record_stream(&self, addr: u64, stream: StreamId) -> Result<()> {
         match self.owner(addr) {
             None => self.upstream.record_stream(addr, stream),
@@ -433,6 +453,27 @@ mod tests {
         let again = p.free(a, Some(4096), None).unwrap_err();
         assert!(matches!(again, PoolError::InvalidFree { reason: InvalidFreeReason::NotAllocated, .. }), "{again}");
         assert!(p.record_stream(a, StreamId(5)).is_err());
+    }
+
+    #[test]
+    fn the_cached_lane_stays_out_of_private_pools() {
+        let p = private_pools();
+        let a = p.allocate(512, S0).unwrap();
+        p.free(a, Some(512), None).unwrap();
+        let b = p.allocate(512, S0).unwrap();
+        assert_eq!(p.free_cached(b, Some(512), None), CachedFree::Done, "no private pool: the upstream's lane");
+        p.begin(GRAPH).unwrap();
+        assert_eq!(p.allocate_cached(512, S0), None, "an open private pool takes every allocation");
+        let private = p.allocate(512, S0).unwrap();
+        assert_eq!(pool_of(&p, private), Some(GRAPH));
+        p.end(GRAPH);
+        assert_eq!(p.free_cached(private, Some(512), None), CachedFree::Untouched, "a private pool's block is routed by free");
+        p.free(private, Some(512), None).unwrap();
+        assert!(p.release(GRAPH));
+        // The thread used the private pool last: the upstream's cache is its again after a call.
+        let c = p.allocate(512, S0).unwrap();
+        assert_eq!(p.free_cached(c, Some(512), None), CachedFree::Done, "the lane is back once no private pool is left");
+        assert_eq!(p.allocate_cached(512, S0), Some(c));
     }
 
     #[test]

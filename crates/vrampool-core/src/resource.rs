@@ -36,6 +36,17 @@ pub struct PoolSegment {
     pub segment: SegmentSnapshot,
 }
 
+/// How far the cached path of a free went (`MemoryResource::free_cached`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CachedFree {
+    /// Freed.
+    Done,
+    /// Taken out of the live table, and held: `MemoryResource::free_parked` ends the free.
+    Parked,
+    /// Nothing done: `free` does it all.
+    Untouched,
+}
+
 /// Device memory handed out by address, stream-ordered, with the pool's figures.
 pub trait MemoryResource: Send + Sync {
     /// At least `size` bytes for use on `stream`.
@@ -62,6 +73,25 @@ pub trait MemoryResource: Send + Sync {
     fn set_limit(&self, limit: Option<Limit>) -> Result<()>;
     /// Every block handed out is aligned to this.
     fn alignment(&self) -> u64;
+
+    /// The fastest path alone, for a caller that pays for a panic guard around `allocate`: a
+    /// block from the calling thread's cache where the resource would take it from there, else
+    /// None with nothing done (the caller then calls `allocate`). It cannot fail, and it calls
+    /// nothing that can panic: relaxed loads, the thread's cache and the pool's live table.
+    #[inline(always)]
+    fn allocate_cached(&self, _size: u64, _stream: StreamId) -> Option<u64> {
+        None
+    }
+    /// The fastest path of a free alone, as `allocate_cached`: `Done`, `Parked` (end it with
+    /// `free_parked`) or `Untouched` (call `free`).
+    #[inline(always)]
+    fn free_cached(&self, _addr: u64, _size: Option<u64>, _stream: Option<StreamId>) -> CachedFree {
+        CachedFree::Untouched
+    }
+    /// Ends a free that `free_cached` left `Parked`.
+    fn free_parked(&self, addr: u64, stream: Option<StreamId>) -> Result<()> {
+        self.free(addr, None, stream)
+    }
 
     /// A block that an adaptor cuts into pieces of its own (the planned arena's regions): as `allocate`,
     /// but the block itself is neither scrubbed, logged nor tracked as a leak, since each piece is
@@ -95,6 +125,17 @@ impl MemoryResource for PoolCore {
     #[inline]
     fn free(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> Result<()> {
         PoolCore::free(self, addr, size, stream)
+    }
+    #[inline(always)]
+    fn allocate_cached(&self, size: u64, stream: StreamId) -> Option<u64> {
+        PoolCore::allocate_cached(self, size, stream)
+    }
+    #[inline(always)]
+    fn free_cached(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> CachedFree {
+        PoolCore::free_cached(self, addr, size, stream)
+    }
+    fn free_parked(&self, addr: u64, stream: Option<StreamId>) -> Result<()> {
+        PoolCore::free_parked(self, addr, stream)
     }
     fn record_stream(&self, addr: u64, stream: StreamId) -> Result<()> {
         PoolCore::record_stream(self, addr, stream)
@@ -145,6 +186,17 @@ macro_rules! forward_memory_resource {
             #[inline]
             fn free(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> Result<()> {
                 MemoryResource::free(&**self, addr, size, stream)
+            }
+            #[inline(always)]
+            fn allocate_cached(&self, size: u64, stream: StreamId) -> Option<u64> {
+                MemoryResource::allocate_cached(&**self, size, stream)
+            }
+            #[inline(always)]
+            fn free_cached(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> CachedFree {
+                MemoryResource::free_cached(&**self, addr, size, stream)
+            }
+            fn free_parked(&self, addr: u64, stream: Option<StreamId>) -> Result<()> {
+                MemoryResource::free_parked(&**self, addr, stream)
             }
             fn record_stream(&self, addr: u64, stream: StreamId) -> Result<()> {
                 MemoryResource::record_stream(&**self, addr, stream)
@@ -222,6 +274,48 @@ mod tests {
         round_trip(&Arc::new(pool()));
         let core: &PoolCore = &p;
         round_trip(core);
+    }
+
+    /// Frees through the cached lane as a C entry does: the lane, then what it leaves.
+    fn free_by_lane(resource: &dyn MemoryResource, addr: u64, size: u64) -> Result<CachedFree> {
+        let lane = resource.free_cached(addr, Some(size), None);
+        match lane {
+            CachedFree::Done => {}
+            CachedFree::Parked => resource.free_parked(addr, None)?,
+            CachedFree::Untouched => resource.free(addr, Some(size), None)?,
+        }
+        Ok(lane)
+    }
+
+    /// The cached lane hands out and takes back what `allocate` and `free` would, and leaves
+    /// the rest to them, with nothing done.
+    fn cached_lane(resource: &dyn MemoryResource) {
+        let a = resource.allocate(512, StreamId(0)).unwrap();
+        free_by_lane(resource, a, 512).unwrap();
+        let b = resource.allocate(512, StreamId(0)).unwrap();
+        assert_eq!(free_by_lane(resource, b, 512).unwrap(), CachedFree::Done, "a small block goes to the thread's cache");
+        assert_eq!(resource.allocate_cached(512, StreamId(0)), Some(b), "and comes back from it");
+        assert_eq!(resource.stats().allocation.current, 1);
+        assert_eq!(resource.free_cached(b, Some(4096), None), CachedFree::Untouched, "a wrong size is left to free");
+        assert!(resource.free(b, Some(4096), None).is_err());
+        assert_eq!(resource.free_cached(b, Some(512), Some(StreamId(7))), CachedFree::Untouched, "so is another stream");
+        assert_eq!(free_by_lane(resource, b, 512).unwrap(), CachedFree::Done);
+        assert_eq!(resource.free_cached(b, Some(512), None), CachedFree::Untouched, "a double free is left to free");
+        assert!(resource.free(b, Some(512), None).is_err(), "which refuses it");
+        assert_eq!(resource.allocate_cached(8 << 20, StreamId(0)), None, "a large block is the general path's");
+        let large = resource.allocate(8 << 20, StreamId(0)).unwrap();
+        assert_eq!(free_by_lane(resource, large, 8 << 20).unwrap(), CachedFree::Parked, "out of the table, not cached");
+        assert!(resource.free(large, Some(8 << 20), None).is_err(), "freed once only");
+        assert_eq!(resource.stats().allocation.current, 0);
+    }
+
+    #[test]
+    fn the_cached_lane_does_what_allocate_and_free_do() {
+        let p = pool();
+        cached_lane(&p);
+        cached_lane(&Arc::new(pool()));
+        let core: &PoolCore = &pool();
+        cached_lane(core);
     }
 
     #[test]

@@ -39,7 +39,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 use vrampool_core::failures::{Failure, FailureLog};
 use vrampool_core::registry::RegistryError;
-use vrampool_core::{AllocatorConfig, DeviceKind, DeviceRegistry, Limit, MemoryResource, PoolError, PoolId, SimMode, StreamId};
+use vrampool_core::{AllocatorConfig, CachedFree, DeviceKind, DeviceRegistry, Limit, MemoryResource, PoolError, PoolId, SimMode, StreamId};
 
 use crate::resource::{Backend, DeviceResource};
 
@@ -241,7 +241,10 @@ pub extern "C" fn vrampool_malloc(size: usize, device: c_int, stream: *mut c_voi
     if size == 0 {
         return null_mut();
     }
-    // `String::new()` allocates nothing: the fast path stays free of allocation.
+    if let Some(addr) = malloc_cached(size, device, stream) {
+        return addr;
+    }
+    // `String::new()` allocates nothing.
     let mut reason = String::new();
     match try_malloc(size, device, stream, &mut reason) {
         0 => {
@@ -250,6 +253,15 @@ pub extern "C" fn vrampool_malloc(size: usize, device: c_int, stream: *mut c_voi
         }
         addr => addr as *mut c_void,
     }
+}
+
+/// A block from the thread's cache, if the device's pool would take it from there. Outside the
+/// guard: that path calls nothing that can panic (`MemoryResource::allocate_cached`), and the
+/// guard's frame is a third of the entry's own cost.
+#[inline(always)]
+fn malloc_cached(size: usize, device: c_int, stream: *mut c_void) -> Option<*mut c_void> {
+    let resource = ABI.devices.get(device)?;
+    resource.allocate_cached(size as u64, StreamId::canonical(stream as u64)).map(|addr| addr as *mut c_void)
 }
 
 /// `vrampool_torch_malloc` (`csrc/malloc.c`, PyTorch's entry) without the throw: as
@@ -265,6 +277,9 @@ pub extern "C" fn vrampool_torch_malloc_or_message(
 ) -> *mut c_void {
     if size == 0 {
         return null_mut();
+    }
+    if let Some(addr) = malloc_cached(size, device, stream) {
+        return addr;
     }
     let mut reason = String::new();
     match try_malloc(size, device, stream, &mut reason) {
@@ -290,12 +305,22 @@ pub extern "C" fn vrampool_free(ptr: *mut c_void, size: usize, device: c_int, st
     if ptr.is_null() {
         return;
     }
+    let (addr, bytes, on) = (ptr as u64, (size != 0).then_some(size as u64), Some(StreamId::canonical(stream as u64)));
+    // The cached path first, outside the guard, as in `malloc_cached`.
+    let resource = ABI.devices.get(device);
+    let cached = resource.map_or(CachedFree::Untouched, |r| r.free_cached(addr, bytes, on));
+    if cached == CachedFree::Done {
+        return;
+    }
     guard("free", (), || {
-        let Some(resource) = ABI.devices.get(device) else {
+        let Some(resource) = resource else {
             return free_refused(ptr, size, device, &format_args!("no vrampool pool on device {device}"));
         };
-        let bytes = (size != 0).then_some(size as u64);
-        if let Err(e) = resource.free(ptr as u64, bytes, Some(StreamId::canonical(stream as u64))) {
+        let freed = match cached {
+            CachedFree::Parked => resource.free_parked(addr, on),
+            _ => resource.free(addr, bytes, on),
+        };
+        if let Err(e) = freed {
             free_refused(ptr, size, device, &e);
         }
     })

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use vrampool_core::failures::OomRecord;
 use vrampool_core::stats::Stats;
 use vrampool_core::{
-    Device, DeviceError, IpcHandles, Limit, LiveBlockInfo, MemoryResource, Pool, PoolConfig, PoolError, PoolSegment, PrivatePools,
-    SimDevice, SimMode, StreamId,
+    CachedFree, Device, DeviceError, IpcHandles, Limit, LiveBlockInfo, MemoryResource, Pool, PoolConfig, PoolError, PoolSegment,
+    PrivatePools, SimDevice, SimMode, StreamId,
 };
 use vrampool_cuda::{CudaDevice, Export};
 use vrampool_steady::PlannedMode;
@@ -148,6 +148,17 @@ impl MemoryResource for DeviceResource {
     #[inline]
     fn free(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> Result<(), PoolError> {
         self.stack.free(addr, size, stream)
+    }
+    #[inline(always)]
+    fn allocate_cached(&self, size: u64, stream: StreamId) -> Option<u64> {
+        self.stack.allocate_cached(size, stream)
+    }
+    #[inline(always)]
+    fn free_cached(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> CachedFree {
+        self.stack.free_cached(addr, size, stream)
+    }
+    fn free_parked(&self, addr: u64, stream: Option<StreamId>) -> Result<(), PoolError> {
+        self.stack.free_parked(addr, stream)
     }
     fn record_stream(&self, addr: u64, stream: StreamId) -> Result<(), PoolError> {
         self.stack.record_stream(addr, stream)

@@ -67,6 +67,19 @@ impl IdleCount {
         n % CHECK_EVERY == 0 && self.total() >= self.until.load(Relaxed)
     }
 
+    /// Whether this thread's next count is one at which the wait is checked (`count` then).
+    #[inline(always)]
+    pub fn at_check(&self) -> bool {
+        (self.shards[shard()].0.load(Relaxed) + 1) % CHECK_EVERY == 0
+    }
+
+    /// Counts an allocation that is not at a check (see `at_check`).
+    #[inline(always)]
+    pub fn add_one(&self) {
+        let counter = &self.shards[shard()].0;
+        counter.store(counter.load(Relaxed) + 1, Relaxed);
+    }
+
     pub fn total(&self) -> u64 {
         self.shards.iter().map(|s| s.0.load(Relaxed)).sum()
     }

@@ -24,7 +24,7 @@
 //! ```
 
 use vrampool_core::stats::Stats;
-use vrampool_core::{BlockState, Limit, LiveBlockInfo, MemoryResource, PieceEvent, PoolError, PoolSegment, StreamId};
+use vrampool_core::{BlockState, CachedFree, Limit, LiveBlockInfo, MemoryResource, PieceEvent, PoolError, PoolSegment, StreamId};
 
 use crate::figures::{ArenaBuffer, ArenaRegion, PlannedStats};
 use crate::peaks::currents;
@@ -151,6 +151,20 @@ impl<U: MemoryResource> MemoryResource for PlannedMode<U> {
     #[inline]
     fn free(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> Result<(), PoolError> {
         self.planned.free(addr, size, stream)
+    }
+
+    #[inline(always)]
+    fn allocate_cached(&self, size: u64, stream: StreamId) -> Option<u64> {
+        self.planned.allocate_cached(size, stream)
+    }
+
+    #[inline(always)]
+    fn free_cached(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> CachedFree {
+        self.planned.free_cached(addr, size, stream)
+    }
+
+    fn free_parked(&self, addr: u64, stream: Option<StreamId>) -> Result<(), PoolError> {
+        self.planned.free_parked(addr, stream)
     }
 
     fn record_stream(&self, addr: u64, stream: StreamId) -> Result<(), PoolError> {

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use foldhash::fast::FixedState;
 use parking_lot::{Mutex, MutexGuard};
-use vrampool_core::{fork, MemoryResource, PoolError, StreamId};
+use vrampool_core::{fork, CachedFree, MemoryResource, PoolError, StreamId};
 
 use crate::figures::Figures;
 use crate::idle::{Backoff, IdleCount};
@@ -252,6 +252,51 @@ impl<B: MemoryResource> PlannedPool<B> {
         self.free_cold(addr, size, stream)
     }
 
+    /// `allocate` where it is the schedule's next step in the arena, or where the pool alone
+    /// serves it (the arena off, or idle and its count not at a check) and the pool's thread cache
+    /// holds the block; else None with nothing done.
+    #[inline(always)]
+    pub fn allocate_cached(&self, size: u64, stream: StreamId) -> Option<u64> {
+        let word = self.word.load(Acquire);
+        if Word::is_serving(word) && !self.watched {
+            return match self.serve_in_arena(word, |s| s.allocation(word, size, stream)) {
+                Served::Arena(addr) => Some(addr),
+                _ => None,
+            };
+        }
+        if word == Word::OFF {
+            return self.backing.allocate_cached(size, stream);
+        }
+        if word != Word::IDLE || self.idle.at_check() {
+            return None;
+        }
+        let addr = self.backing.allocate_cached(size, stream)?;
+        self.idle.add_one();
+        Some(addr)
+    }
+
+    /// `free` where it is the schedule's next step in the arena, or where the pool alone serves
+    /// it, as far as the pool's cached path goes.
+    #[inline(always)]
+    pub fn free_cached(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> CachedFree {
+        let word = self.word.load(Acquire);
+        if Word::is_serving(word) && !self.watched {
+            return match self.serve_in_arena(word, |s| s.free(word, addr, size, stream)) {
+                Served::Arena(_) => CachedFree::Done,
+                _ => CachedFree::Untouched,
+            };
+        }
+        if (word == Word::IDLE || word == Word::OFF) && !self.in_bounds(addr) {
+            return self.backing.free_cached(addr, size, stream);
+        }
+        CachedFree::Untouched
+    }
+
+    /// Ends a free of the pool's that `free_cached` left parked.
+    pub fn free_parked(&self, addr: u64, stream: Option<StreamId>) -> Result<(), PoolError> {
+        self.backing.free_parked(addr, stream)
+    }
+
     /// Marks the live buffer at `addr` as used on `stream` too (`Tensor.record_stream`). A pool
     /// buffer's reuse then waits for that stream (the pool's rule); an arena buffer's region is
     /// retired (replaced once none of its buffers is live), since its bytes may still be in use there
@@ -293,6 +338,19 @@ impl<B: MemoryResource> PlannedPool<B> {
         }
         let Some((take, next, wraps)) = self.with_serving(word, |s| s.free(word, addr, size, stream)) else { return Served::Missed };
         self.take_step(word, next, wraps, take)
+    }
+
+    /// Takes the schedule's next step where `step` finds it is one in the arena; a step of the
+    /// pool's is left untaken (`Missed`), for `allocate` or `free` to take.
+    #[inline(always)]
+    fn serve_in_arena(&self, word: u64, step: impl FnOnce(&Serving) -> Option<(Take, u64, bool)>) -> Served {
+        if fork::forked_since(self.generation) {
+            return Served::Missed;
+        }
+        match self.with_serving(word, step) {
+            Some((take @ (Take::Arena(_) | Take::ArenaFreed { .. }), next, wraps)) => self.take_step(word, next, wraps, take),
+            _ => Served::Missed,
+        }
     }
 
     /// Moves the word from `word` to `next`, where no other call moved it first.

@@ -5,7 +5,7 @@
 use std::sync::mpsc;
 use std::sync::Arc;
 
-use vrampool_core::{MemoryResource, Pool, PoolConfig, SimDevice, SimMode, StreamId};
+use vrampool_core::{CachedFree, MemoryResource, Pool, PoolConfig, SimDevice, SimMode, StreamId};
 use vrampool_steady::PlannedMode;
 
 fn steady() -> (PlannedMode<Pool>, Arc<SimDevice>) {
@@ -111,4 +111,78 @@ fn a_program_that_never_repeats_stops_being_recorded() {
     let random = mode.planned_stats().unwrap();
     assert!(random.idle_allocations > 60_000, "{random:?}");
     assert_eq!((random.planned_allocations, random.recorded_iterations), (0, 0));
+}
+
+/// Allocates as the C entries do: the cached lane, else `allocate`; counts the lane's hits.
+fn tagged_by_lane(mode: &PlannedMode<Pool>, sim: &SimDevice, size: u64, pattern: u8, hits: &mut u64) -> Tagged {
+    let addr = match mode.allocate_cached(size, StreamId(0)) {
+        Some(addr) => {
+            *hits += 1;
+            addr
+        }
+        None => mode.allocate(size, StreamId(0)).unwrap(),
+    };
+    sim.write(addr, &vec![pattern; size as usize]).unwrap();
+    Tagged(addr, size, pattern)
+}
+
+/// Frees as the C entries do: the cached lane, then what it leaves.
+fn free_by_lane(mode: &PlannedMode<Pool>, sim: &SimDevice, Tagged(addr, size, pattern): Tagged) {
+    assert!(sim.read(addr, size).unwrap().iter().all(|&b| b == pattern), "a live buffer at {addr:#x} was overwritten");
+    match mode.free_cached(addr, Some(size), None) {
+        CachedFree::Done => {}
+        CachedFree::Parked => mode.free_parked(addr, None).unwrap(),
+        CachedFree::Untouched => mode.free(addr, Some(size), None).unwrap(),
+    }
+}
+
+#[test]
+fn the_cached_lane_serves_the_arenas_steps_and_leaves_the_rest_to_the_calls() {
+    let (mode, sim) = steady();
+    let mut hits = 0;
+    for round in 0..30u64 {
+        let mut live = std::collections::VecDeque::new();
+        for i in 0..12u64 {
+            // Buffers of 4-20 KiB, and one of 8 MiB a round, which the pool serves.
+            let size = if i == 5 { 8 << 20 } else { 4096 * (1 + i % 5) };
+            live.push_back(tagged_by_lane(&mode, &sim, size, (round * 12 + i) as u8 | 1, &mut hits));
+            if live.len() > 3 {
+                free_by_lane(&mode, &sim, live.pop_front().unwrap());
+            }
+        }
+        live.into_iter().for_each(|b| free_by_lane(&mode, &sim, b));
+    }
+    let stats = mode.planned_stats().unwrap();
+    assert!(stats.planned_allocations >= 25 * 11, "the loop is served from the arena: {stats:?}");
+    // A round's first step can come through `allocate`, which moves the arena from one round to
+    // the next; every other arena step, and nothing else, comes through the lane.
+    assert!(hits <= stats.planned_allocations && hits + 30 >= stats.planned_allocations, "{hits} hits: {stats:?}");
+    assert_eq!(stats.planned_allocations + stats.dynamic_allocations, 30 * 12);
+    assert_eq!((stats.arena_live, mode.stats().allocation.current), (0, 0));
+}
+
+#[test]
+fn through_the_lane_a_program_backs_off_and_a_loop_after_it_is_served() {
+    let (mode, sim) = steady();
+    let mut hits = 0;
+    for i in 0..30_000u64 {
+        let b = tagged_by_lane(&mode, &sim, 512 * (1 + i % 97), 1 + (i % 200) as u8, &mut hits);
+        free_by_lane(&mode, &sim, b);
+    }
+    let pairs = mode.planned_stats().unwrap();
+    assert!(pairs.idle_allocations > 27_000, "counted while idle, the lane's hits too: {pairs:?}");
+    assert!(hits > 10_000, "idle, the thread's cache serves the small ones: {hits}");
+    // The lane leaves the counts at which the wait is checked to `allocate`: the wait ends.
+    let served = (0..20_000).find(|_| {
+        let mut live = std::collections::VecDeque::new();
+        for i in 0..12u64 {
+            live.push_back(tagged_by_lane(&mode, &sim, 4096 * (1 + i % 5), 1 + i as u8, &mut hits));
+            if live.len() > 3 {
+                free_by_lane(&mode, &sim, live.pop_front().unwrap());
+            }
+        }
+        live.into_iter().for_each(|b| free_by_lane(&mode, &sim, b));
+        mode.planned_stats().unwrap().planned_allocations > 0
+    });
+    assert!(served.is_some(), "{:?}", mode.planned_stats().unwrap());
 }

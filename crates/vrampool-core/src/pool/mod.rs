@@ -30,6 +30,7 @@ use crate::event_log::{EventKind, EventLog, LogEvent, PieceEvent};
 use crate::expandable::{pieces, Expandable, Reservation, PIECES_PER_HIGH_WATER};
 use crate::fast_gate::FastGate;
 use crate::live_table::{LiveBlock, LiveTable, Removal};
+use crate::resource::CachedFree;
 use crate::sharded_map::ShardedMap;
 use crate::sizes::{class_size, round_up, MAX_REQUEST, MIN_BLOCK};
 use crate::stats::{CounterValues, Counters, Fast, Stats};
@@ -325,13 +326,23 @@ impl PoolCore {
     // registers (a `Result` with the error's figures returns through memory).
     #[inline]
     pub fn allocate(&self, size: u64, stream: StreamId) -> Result<u64> {
+        match self.allocate_cached(size, stream) {
+            Some(addr) => Ok(addr),
+            None => self.allocate_general(size, stream),
+        }
+    }
+
+    /// The fastest path alone: a block from this thread's cache, or None with nothing done. It
+    /// cannot fail, and it makes no call that can panic (see `MemoryResource::allocate_cached`).
+    #[inline]
+    pub fn allocate_cached(&self, size: u64, stream: StreamId) -> Option<u64> {
         match self.allocate_from_thread_cache(size, stream) {
-            FastAlloc::Hit(addr) => Ok(addr),
+            FastAlloc::Hit(addr) => Some(addr),
             FastAlloc::PeaksDue(addr) => {
                 self.counters.fast.checkpoint();
-                Ok(addr)
+                Some(addr)
             }
-            FastAlloc::Miss => self.allocate_general(size, stream),
+            FastAlloc::Miss => None,
         }
     }
 
@@ -377,15 +388,26 @@ impl PoolCore {
     // Inlined, as `allocate` is.
     #[inline]
     pub fn free(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> Result<()> {
+        match self.free_cached(addr, size, stream) {
+            CachedFree::Done => Ok(()),
+            CachedFree::Parked => self.free_parked(addr, stream),
+            CachedFree::Untouched => self.free_general(addr, size, stream),
+        }
+    }
+
+    /// The fastest path of a free alone: into this thread's cache (`Done`), or out of the live
+    /// table only (`Parked`: `free_parked` ends it), or nothing done. It makes no call.
+    #[inline]
+    pub fn free_cached(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> CachedFree {
         // The fastest path takes no size as 0, which no block has (a free naming 0 bytes goes to
         // the general path, which refuses it), and no stream but the default one.
         if size == Some(0) || stream.is_some_and(|s| s.0 != HOME_STREAM) {
-            return self.free_general(addr, size, stream);
+            return CachedFree::Untouched;
         }
         match self.free_to_thread_cache(addr, size.unwrap_or(0)) {
-            FastFree::Cached => Ok(()),
-            FastFree::Removed => self.free_parked(addr, stream),
-            FastFree::Untouched => self.free_general(addr, size, stream),
+            FastFree::Cached => CachedFree::Done,
+            FastFree::Removed => CachedFree::Parked,
+            FastFree::Untouched => CachedFree::Untouched,
         }
     }
 
@@ -417,7 +439,7 @@ impl PoolCore {
 
     /// The rest of a free whose block the fastest path took out of the table, and holds.
     #[inline(never)]
-    fn free_parked(&self, addr: u64, stream: Option<StreamId>) -> Result<()> {
+    pub fn free_parked(&self, addr: u64, stream: Option<StreamId>) -> Result<()> {
         let Some(block) = self.live.parked(addr) else { unreachable!("only the block's holder unparks its slot") };
         if let Err(forked) = self.check_process() {
             self.insert_live(addr, block);
