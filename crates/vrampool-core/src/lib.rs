@@ -46,9 +46,9 @@ pub use device::{Device, EventId, HostBuffer, MemInfo, SimDevice, SimMode, Strea
 pub use error::{DeviceError, InvalidFreeReason, OomReport, PoolError};
 pub use event_log::PieceEvent;
 pub use event_log::{EventKind, LogEvent};
-pub use pool::{BlockState, LiveBlockInfo, PauseReport, Pool, PoolCore, SegmentSnapshot};
+pub use pool::{BlockState, CachedFree, LiveBlockInfo, PauseReport, Pool, PoolCore, SegmentSnapshot};
 pub use private_pools::{PrivatePools, TagInfo};
 pub use registry::DeviceRegistry;
-pub use resource::{CachedFree, MemoryResource, PoolId, PoolSegment};
+pub use resource::{MemoryResource, PoolId, PoolSegment};
 pub use stats::Stats;
 pub use strategy::StrategyKind;

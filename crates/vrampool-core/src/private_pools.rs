@@ -18,8 +18,8 @@ use crate::config::{Limit, PoolConfig};
 use crate::device::{Device, StreamId};
 use crate::error::{PoolError, Result};
 use crate::event_log::PieceEvent;
-use crate::pool::{LiveBlockInfo, Pool, PoolCore};
-use crate::resource::{CachedFree, MemoryResource, PoolId, PoolSegment};
+use crate::pool::{CachedFree, LiveBlockInfo, Pool, PoolCore};
+use crate::resource::{MemoryResource, PoolId, PoolSegment};
 use crate::stats::{CounterValues, Stats};
 
 mod tags;

@@ -13,7 +13,7 @@ use crate::config::Limit;
 use crate::device::StreamId;
 use crate::error::Result;
 use crate::event_log::PieceEvent;
-use crate::pool::{Pool, PoolCore, SegmentSnapshot};
+use crate::pool::{CachedFree, Pool, PoolCore, SegmentSnapshot};
 use crate::stats::Stats;
 
 /// The id of a private pool: PyTorch's `MempoolId_t` (a pair of `unsigned long long`, passed by
@@ -34,17 +34,6 @@ impl PoolId {
 pub struct PoolSegment {
     pub pool: PoolId,
     pub segment: SegmentSnapshot,
-}
-
-/// How far the cached path of a free went (`MemoryResource::free_cached`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CachedFree {
-    /// Freed.
-    Done,
-    /// Taken out of the live table, and held: `MemoryResource::free_parked` ends the free.
-    Parked,
-    /// Nothing done: `free` does it all.
-    Untouched,
 }
 
 /// Device memory handed out by address, stream-ordered, with the pool's figures.

@@ -30,7 +30,6 @@ use crate::event_log::{EventKind, EventLog, LogEvent, PieceEvent};
 use crate::expandable::{pieces, Expandable, Reservation, PIECES_PER_HIGH_WATER};
 use crate::fast_gate::FastGate;
 use crate::live_table::{LiveBlock, LiveTable, Removal};
-use crate::resource::CachedFree;
 use crate::sharded_map::ShardedMap;
 use crate::sizes::{class_size, round_up, MAX_REQUEST, MIN_BLOCK};
 use crate::stats::{CounterValues, Counters, Fast, Stats};
@@ -243,6 +242,17 @@ enum FastAlloc {
     PeaksDue(u64),
     /// Nothing done: the general path serves the request.
     Miss,
+}
+
+/// How far the cached path of a free went (`MemoryResource::free_cached`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CachedFree {
+    /// Freed.
+    Done,
+    /// Taken out of the live table, and held: `MemoryResource::free_parked` ends the free.
+    Parked,
+    /// Nothing done: `free` does it all.
+    Untouched,
 }
 
 /// How far the fastest path of a free went.
