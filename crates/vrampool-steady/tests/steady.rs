@@ -186,3 +186,41 @@ fn through_the_lane_a_program_backs_off_and_a_loop_after_it_is_served() {
     });
     assert!(served.is_some(), "{:?}", mode.planned_stats().unwrap());
 }
+
+#[test]
+fn threads_on_the_lane_and_the_calls_at_once_never_share_bytes() {
+    let (mode, sim) = steady();
+    // One loop alone until it is served, then four threads at once, two through the lane and two
+    // through the calls: the lane's steps race the calls' for the same schedule.
+    let lane_round = |mode: &PlannedMode<Pool>, sim: &SimDevice, thread: u8, hits: &mut u64| {
+        let mut live = std::collections::VecDeque::new();
+        for i in 0..12u64 {
+            live.push_back(tagged_by_lane(mode, sim, 4096 * (1 + (i + u64::from(thread)) % 5), thread * 16 + i as u8 + 1, hits));
+            if live.len() > 3 {
+                free_by_lane(mode, sim, live.pop_front().unwrap());
+            }
+        }
+        live.into_iter().for_each(|b| free_by_lane(mode, sim, b));
+    };
+    let mut hits = 0;
+    (0..20).for_each(|_| lane_round(&mode, &sim, 0, &mut hits));
+    assert!(hits >= 15 * 12, "one thread's loop is served through the lane: {hits}");
+    std::thread::scope(|s| {
+        for t in 0..4u8 {
+            let (mode, sim) = (&mode, &sim);
+            s.spawn(move || {
+                let mut hits = 0;
+                for _ in 0..150 {
+                    if t % 2 == 0 {
+                        lane_round(mode, sim, t, &mut hits);
+                    } else {
+                        round(mode, sim, t);
+                    }
+                }
+            });
+        }
+    });
+    let stats = mode.planned_stats().unwrap();
+    assert_eq!((stats.arena_live, mode.stats().allocation.current), (0, 0));
+    assert_eq!(stats.planned_allocations + stats.dynamic_allocations, (20 + 4 * 150) * 12);
+}
