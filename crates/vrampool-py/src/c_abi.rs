@@ -158,7 +158,7 @@ pub(crate) fn guard<T>(what: &str, fallback: T, body: impl FnOnce() -> T) -> T {
 // ---- allocation ----
 
 /// Allocates: the block's address, or 0 with why not in `reason` (empty after a panic, which the
-/// guard recorded). The fast path moves no message: a failure is built out of line.
+/// guard recorded). No message is built or moved unless the call fails (out of line).
 #[inline(always)]
 fn try_malloc(size: usize, device: c_int, stream: *mut c_void, reason: &mut String) -> u64 {
     guard("malloc", 0, || {
@@ -255,9 +255,9 @@ pub extern "C" fn vrampool_malloc(size: usize, device: c_int, stream: *mut c_voi
     }
 }
 
-/// A block from the thread's cache, if the device's pool would take it from there. Outside the
-/// guard: that path calls nothing that can panic (`MemoryResource::allocate_cached`), and the
-/// guard's frame is a third of the entry's own cost.
+/// A block from the cached lane (the thread's cache, or the steady arena's next step), where the
+/// device's resource would take it from there. Outside the guard: that path calls nothing that can
+/// panic (`MemoryResource::allocate_cached`), and the guard's frame is a third of the entry's cost.
 #[inline(always)]
 fn malloc_cached(size: usize, device: c_int, stream: *mut c_void) -> Option<*mut c_void> {
     let resource = ABI.devices.get(device)?;
