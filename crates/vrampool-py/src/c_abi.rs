@@ -238,20 +238,27 @@ fn to_c_message(message: &str, room: &mut [u8]) {
 /// use it.
 #[no_mangle]
 pub extern "C" fn vrampool_malloc(size: usize, device: c_int, stream: *mut c_void) -> *mut c_void {
+    allocate_or_why(size, device, stream).unwrap_or_else(|reason| {
+        malloc_failed(reason);
+        null_mut()
+    })
+}
+
+/// The block (null for 0 bytes), or why not (empty after a panic, which the guard recorded):
+/// the cached lane first, then the guarded path.
+#[inline(always)]
+fn allocate_or_why(size: usize, device: c_int, stream: *mut c_void) -> Result<*mut c_void, String> {
     if size == 0 {
-        return null_mut();
+        return Ok(null_mut());
     }
     if let Some(addr) = malloc_cached(size, device, stream) {
-        return addr;
+        return Ok(addr);
     }
     // `String::new()` allocates nothing.
     let mut reason = String::new();
     match try_malloc(size, device, stream, &mut reason) {
-        0 => {
-            malloc_failed(reason);
-            null_mut()
-        }
-        addr => addr as *mut c_void,
+        0 => Err(reason),
+        addr => Ok(addr as *mut c_void),
     }
 }
 
@@ -275,26 +282,16 @@ pub extern "C" fn vrampool_torch_malloc_or_message(
     message: *mut c_char,
     capacity: usize,
 ) -> *mut c_void {
-    if size == 0 {
-        return null_mut();
-    }
-    if let Some(addr) = malloc_cached(size, device, stream) {
-        return addr;
-    }
-    let mut reason = String::new();
-    match try_malloc(size, device, stream, &mut reason) {
-        addr @ 1.. => addr as *mut c_void,
-        0 => {
-            if let Some(text) = malloc_failed(reason) {
-                if !message.is_null() {
-                    // SAFETY: the C caller passes `message` with room for `capacity` bytes.
-                    let room = unsafe { std::slice::from_raw_parts_mut(message.cast::<u8>(), capacity) };
-                    to_c_message(&text, room);
-                }
+    allocate_or_why(size, device, stream).unwrap_or_else(|reason| {
+        if let Some(text) = malloc_failed(reason) {
+            if !message.is_null() {
+                // SAFETY: the C caller passes `message` with room for `capacity` bytes.
+                let room = unsafe { std::slice::from_raw_parts_mut(message.cast::<u8>(), capacity) };
+                to_c_message(&text, room);
             }
-            null_mut()
         }
-    }
+        null_mut()
+    })
 }
 
 /// Frees a block `vrampool_malloc` returned. Null is a no-op; `size` 0 means "not known"; a
