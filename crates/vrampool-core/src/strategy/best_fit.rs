@@ -655,8 +655,12 @@ impl Strategy for BestFit {
                 let n = units(size.saturating_sub(after));
                 options[1] = Some(Segment { base: addr + hole - n, size: n });
             }
+            // A hole is unmapped space, so each option costs its size, unless a mapping that failed
+            // to go is left inside it: asked once for the whole hole, the options only then.
+            let whole = options[2].expect("the whole hole");
+            let unmapped = cost(whole) == hole;
             for option in options.into_iter().flatten() {
-                let key = cost(option);
+                let key = if unmapped { option.size } else { cost(option) };
                 if best.is_none_or(|(best_key, b)| (key, option.size) < (best_key, b.size)) {
                     best = Some((key, option));
                 }
