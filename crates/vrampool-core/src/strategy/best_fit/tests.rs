@@ -459,7 +459,7 @@ fn free_chunks_inside_become_holes_that_map_back() {
     assert_eq!(b.plan_growth(0, 7 * MIB, U, &holes_cost).unwrap(), GrowthPlan { tail: 0, at_end: 8 * MIB, hole: None });
     assert!(b.plan_growth(64 * MIB, MIB, U, &holes_cost).is_none(), "no segment there");
     // What a part of the hole costs to map decides between parts that fit.
-    let high_is_mapped = |h: Segment| if h.base >= 4 * MIB { 0 } else { h.size };
+    let high_is_mapped = |h: Segment| (h.base + h.size).min(4 * MIB).saturating_sub(h.base);
     assert_eq!(
         b.plan_growth(0, 3 * MIB, U, &high_is_mapped).unwrap().hole,
         Some(seg(4 * MIB, 2 * MIB)),
