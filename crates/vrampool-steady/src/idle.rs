@@ -61,9 +61,7 @@ impl IdleCount {
     /// Counts an allocation; true when the wait is over (checked every `CHECK_EVERY` of a shard's).
     #[inline(always)]
     pub fn count(&self) -> bool {
-        let counter = &self.shards[shard()].0;
-        let n = counter.load(Relaxed) + 1;
-        counter.store(n, Relaxed);
+        let n = self.add_one();
         n % CHECK_EVERY == 0 && self.total() >= self.until.load(Relaxed)
     }
 
@@ -73,11 +71,14 @@ impl IdleCount {
         (self.shards[shard()].0.load(Relaxed) + 1) % CHECK_EVERY == 0
     }
 
-    /// Counts an allocation that is not at a check (see `at_check`).
+    /// Counts an allocation without checking the wait (for one not at a check: see `at_check`);
+    /// this thread's shard's count after it.
     #[inline(always)]
-    pub fn add_one(&self) {
+    pub fn add_one(&self) -> u64 {
         let counter = &self.shards[shard()].0;
-        counter.store(counter.load(Relaxed) + 1, Relaxed);
+        let n = counter.load(Relaxed) + 1;
+        counter.store(n, Relaxed);
+        n
     }
 
     pub fn total(&self) -> u64 {
