@@ -112,11 +112,17 @@ pub struct PoolCache {
     /// The owning thread (`this_thread`).
     thread: usize,
     lists: StealCell<Lists>,
+    /// The lane this thread allocates in, on every stream (`pool/lanes.rs`; owner only).
+    lane: Cell<u8>,
+    /// Allocations that found their tier's lock taken since `window` began (owner only).
+    contended: Cell<u32>,
+    /// When the count of contended allocations began, in the pool's nanoseconds (owner only).
+    window: Cell<u64>,
 }
 
 // SAFETY: other threads reach a cache only through a `CacheOfThread`, which touches nothing but
-// `lists`, a `StealCell`; `since_checkpoint`, the one field that is not thread-safe, is used by
-// the owner only (see the type's doc).
+// `lists`, a `StealCell`; `since_checkpoint`, `lane` and `contended`, the fields that are not
+// thread-safe, are used by the owner only (see the type's doc).
 unsafe impl Sync for PoolCache {}
 
 impl PoolCache {
@@ -153,6 +159,28 @@ impl PoolCache {
             }
             _ => false,
         }
+    }
+
+    /// The lane this thread allocates in.
+    #[inline(always)]
+    pub fn lane(&self) -> u8 {
+        self.lane.get()
+    }
+
+    /// Counts an allocation that found its tier's lock taken at `now`; true when this is the
+    /// `count`th within `window` nanoseconds (and the count starts again).
+    pub fn note_contention(&self, now: u64, count: u32, window: u64) -> bool {
+        if now.saturating_sub(self.window.get()) > window {
+            self.window.set(now);
+            self.contended.set(0);
+        }
+        let n = self.contended.get() + 1;
+        self.contended.set(if n >= count { 0 } else { n });
+        n >= count
+    }
+
+    pub fn set_lane(&self, lane: u8) {
+        self.lane.set(lane);
     }
 
     /// Counts `bytes` allocated; true when the pool's peaks are due for an update.
@@ -355,6 +383,9 @@ fn find_or_make(caches: *mut Caches, pool: &PoolHandle<'_>) -> Option<*const Poo
         owner: pool.owner.clone(),
         counters: (pool.register)(),
         since_checkpoint: Cell::new(0),
+        lane: Cell::new(0),
+        contended: Cell::new(0),
+        window: Cell::new(0),
         thread: this_thread(),
         lists: StealCell::new(Lists { home: StreamCache::new(HOME_STREAM), others: Vec::new(), slots: HashMap::default() }),
     });

@@ -60,6 +60,21 @@ impl Arenas {
         self.locked(stream, make, slot)
     }
 
+    /// The arena of `stream` if it has one.
+    pub fn get(&self, stream: StreamId) -> Option<&Arena> {
+        let slot = &self.slots[Self::slot_of(stream)];
+        if slot.stream.load(Acquire) == stream.0 {
+            let arena = slot.arena.load(Acquire);
+            if !arena.is_null() {
+                // SAFETY: as in `get_or_make`.
+                return Some(unsafe { &*arena });
+            }
+        }
+        let arena: *const Arena = &**self.map.lock().get(&stream)?;
+        // SAFETY: as in `locked`.
+        Some(unsafe { &*arena })
+    }
+
     #[cold]
     fn locked(&self, stream: StreamId, make: impl FnOnce() -> Arena, slot: &Slot) -> &Arena {
         let arena: *const Arena = &**self.map.lock().entry(stream).or_insert_with(|| Box::new(make()));

@@ -21,6 +21,7 @@ impl PoolCore {
         }
         let rounded = self.round_request(size)?;
         self.complete_deferred_frees();
+        let stream = self.lane_key(stream);
         // Fast path: a cached block of the size the strategy would hand out, from this thread's
         // cache, else from the shared magazines; no lock either way.
         let tier = self.tier_of(rounded);
@@ -87,7 +88,7 @@ impl PoolCore {
     /// The rest of a free, once its block is out of the live table.
     #[inline(never)]
     pub(super) fn free_removed(&self, addr: u64, block: LiveBlock, stream: Option<StreamId>) -> Result<()> {
-        let owner = StreamId(block.stream);
+        let owner = lanes::real(StreamId(block.stream));
         if !self.gate.any(FastGate::RECORDED) && stream.is_none_or(|s| s == owner) {
             self.forget_birth(addr);
             self.log(EventKind::Free, addr, block.size, owner);
@@ -117,17 +118,18 @@ impl PoolCore {
         let tier = self.tier_of(rounded);
         // Handed out after the strategy's lock is released: counting may give a thread cache's
         // blocks back, which takes that lock.
-        let hand_out = |block: Block| {
+        let hand_out_in = |block: Block, key: StreamId| {
             let class = self.cache_class(block.size, tier).map_or(0, class_tag);
-            self.hand_out(block.addr, LiveBlock { size: block.size, requested: size, stream: stream.0, tier, class }, false)
+            self.hand_out(block.addr, LiveBlock { size: block.size, requested: size, stream: key.0, tier, class }, false)
         };
+        let hand_out = |block: Block| hand_out_in(block, stream);
         // With memory on more streams than this, a growth neither flushes the caches nor gives back
         // first: each visits every stream holding memory, which made a program that allocates on
         // thousands of streams quadratic (4,000 streams: 29 s). The retry on out of memory below
         // still does both.
         if self.config.reclaim && self.holding.len() <= RECLAIM_MAX_STREAMS {
             // Bound first, so that the guard is gone before `hand_out`.
-            let cached = self.allocate_filed(arena, tier, &mut **self.lock_tier(arena, tier), rounded);
+            let cached = self.allocate_filed(arena, tier, &mut **self.lock_tier_to_allocate(arena, tier), rounded);
             if let Some(block) = cached {
                 return Ok(hand_out(block));
             }
@@ -164,6 +166,10 @@ impl PoolCore {
         for attempt in 0..2 {
             if let Some(block) = self.allocate_in(arena, tier, rounded)? {
                 return Ok(hand_out(block));
+            }
+            // No room on the device: another lane of the stream may have some free.
+            if let Some((block, key)) = self.allocate_in_other_lane(stream, tier, rounded) {
+                return Ok(hand_out_in(block, key));
             }
             if attempt == 0 {
                 // Out of memory: give back every cached segment (all streams) and try once more.
@@ -304,7 +310,7 @@ impl PoolCore {
         ];
         // Paused memory is unmapped: the resume zero-fills all of it instead.
         let scrub = self.config.scrub == Scrub::OnFree && !self.gate.any(FastGate::PAUSED);
-        if scrub && self.device.fill_zero(addr, block.size, StreamId(block.stream)).is_err() {
+        if scrub && self.device.fill_zero(addr, block.size, lanes::real(StreamId(block.stream))).is_err() {
             self.count(&counts, 0);
             return;
         }
@@ -344,7 +350,17 @@ impl PoolCore {
     /// it here; only reads (introspection) lock `Arena::tiers` directly.
     #[inline(always)]
     pub(super) fn lock_tier<'a>(&self, arena: &'a Arena, tier: u8) -> MutexGuard<'a, Box<dyn Strategy>> {
-        let mut strategy = arena.tiers[tier as usize].lock();
+        self.file_kept_run(arena, tier, arena.tiers[tier as usize].lock())
+    }
+
+    /// `lock_tier` once the lock is taken.
+    #[inline(always)]
+    pub(super) fn file_kept_run<'a>(
+        &self,
+        arena: &'a Arena,
+        tier: u8,
+        mut strategy: MutexGuard<'a, Box<dyn Strategy>>,
+    ) -> MutexGuard<'a, Box<dyn Strategy>> {
         if let Some(addr) = (tier == 0).then(|| arena.kept_run.take()).flatten() {
             let freed = self.file_back(&mut **strategy, addr);
             debug_assert!(freed.is_some(), "a kept run belongs to the first tier");
@@ -403,7 +419,7 @@ impl PoolCore {
     #[cold]
     pub(super) fn scrub_new_block(&self, addr: u64) -> Result<()> {
         let Some(block) = self.live_block(addr) else { return Ok(()) };
-        if let Err(e) = self.device.fill_zero(addr, block.size, StreamId(block.stream)) {
+        if let Err(e) = self.device.fill_zero(addr, block.size, lanes::real(StreamId(block.stream))) {
             let _ = self.free(addr, None, None);
             return Err(e.into());
         }
@@ -538,7 +554,7 @@ impl PoolCore {
     #[inline(always)]
     pub(super) fn log(&self, kind: EventKind, addr: u64, size: u64, stream: StreamId) {
         if let Some(log) = &self.log {
-            Self::log_in(log, kind, addr, size, stream);
+            Self::log_in(log, kind, addr, size, lanes::real(stream));
         }
     }
 

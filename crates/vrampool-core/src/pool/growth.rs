@@ -105,7 +105,7 @@ impl PoolCore {
         // A stream that cannot be waited for keeps its memory.
         let mut idle = Vec::new();
         for stream in chosen.iter().map(|s| s.stream).collect::<std::collections::BTreeSet<_>>() {
-            match self.device.synchronize_stream(stream) {
+            match self.device.synchronize_stream(lanes::real(stream)) {
                 Ok(()) => idle.push(stream),
                 Err(e) => {
                     first_error.get_or_insert(e);

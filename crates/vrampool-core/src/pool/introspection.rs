@@ -48,7 +48,7 @@ impl PoolCore {
                         })
                         .collect();
                     out.push(SegmentSnapshot {
-                        stream: arena.stream,
+                        stream: lanes::real(arena.stream),
                         strategy: strategy.name(),
                         base: segment.base,
                         size: segment.size,
@@ -73,7 +73,7 @@ impl PoolCore {
             .chain(self.overflow.entries())
             .map(|(addr, b)| {
                 let age_ns = births.as_ref().and_then(|m| m.get(&addr).map(|&born| now.saturating_sub(born)));
-                LiveBlockInfo { addr, size: b.size, requested: b.requested, stream: StreamId(b.stream), age_ns }
+                LiveBlockInfo { addr, size: b.size, requested: b.requested, stream: lanes::real(StreamId(b.stream)), age_ns }
             })
             .collect();
         blocks.sort_by_key(|b| b.addr);

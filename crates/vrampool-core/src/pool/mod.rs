@@ -44,6 +44,7 @@ mod general;
 mod growth;
 mod holding;
 mod introspection;
+mod lanes;
 mod pause;
 mod stream_order;
 mod vm;
@@ -160,8 +161,9 @@ pub struct PoolCore {
     /// For the fastest path, per 512-byte granule of request size: the thread-cache class of the
     /// requests in it, if any (see `thread_class_table`).
     thread_class_of: Box<[ThreadClass]>,
-    /// The arenas of the other streams.
+    /// The arenas of the other streams, and of the lanes past the first (`lanes.rs`).
     arenas: Arenas,
+    lanes: lanes::Lanes,
     /// The arenas that may hold memory (see `holding`).
     holding: Holding,
     /// Live blocks: the lock-free direct-mapped table, and the map for blocks whose slot was taken.
@@ -218,6 +220,7 @@ impl Pool {
             thread_classes,
             thread_class_of,
             arenas: Arenas::default(),
+            lanes: lanes::Lanes::default(),
             holding: Holding::default(),
             live: LiveTable::default(),
             overflow: ShardedMap::default(),
@@ -509,7 +512,7 @@ impl Drop for PoolCore {
             e.events.into_iter().for_each(|ev| self.device.release_event(ev));
         }
         self.for_each_arena(|arena| {
-            let _ = self.device.synchronize_stream(arena.stream);
+            let _ = self.device.synchronize_stream(lanes::real(arena.stream));
         });
         // An expandable segment's runs show in the snapshot too: they go with their reservation.
         segments.retain(|s| !reservations.iter().any(|r| r.contains(s.base)));

@@ -158,7 +158,7 @@ impl PoolCore {
         let mut streams = std::collections::BTreeSet::new();
         self.for_each_arena(|arena| {
             if arena.with_vm(|v| !v.reservations.is_empty()) {
-                streams.insert(arena.stream);
+                streams.insert(lanes::real(arena.stream));
             }
         });
         streams.extend(self.recorded.lock().values().flatten().copied());
@@ -284,7 +284,7 @@ impl PoolCore {
     fn restore(&self, state: &Paused, mapped: &[(StreamId, Segment)]) -> Result<()> {
         if self.config.scrub != Scrub::Off {
             for &(stream, m) in mapped {
-                self.device.fill_zero(m.base, m.size, stream)?;
+                self.device.fill_zero(m.base, m.size, lanes::real(stream))?;
             }
             // The fills are queued on the arenas' streams; the copies below are not ordered after them.
             self.wait_for(mapped.iter().map(|&(stream, _)| stream).collect())?;

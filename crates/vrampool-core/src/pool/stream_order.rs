@@ -7,7 +7,7 @@ impl PoolCore {
     /// another stream): its reuse waits for an event on each of them.
     #[cold]
     pub(super) fn free_used_elsewhere(&self, addr: u64, block: LiveBlock, stream: Option<StreamId>) -> Result<()> {
-        let owner = StreamId(block.stream);
+        let owner = lanes::real(StreamId(block.stream));
         let recorded = self.take_recorded_streams(addr);
         let mut users = recorded.clone();
         if let Some(s) = stream.filter(|&s| s != owner && !users.contains(&s)) {
@@ -40,7 +40,7 @@ impl PoolCore {
     pub fn record_stream(&self, addr: u64, stream: StreamId) -> Result<()> {
         self.ensure_open()?;
         let owner = match self.live_block(addr) {
-            Some(block) => StreamId(block.stream),
+            Some(block) => lanes::real(StreamId(block.stream)),
             None => return Err(PoolError::InvalidFree { ptr: addr, reason: InvalidFreeReason::NotAllocated }),
         };
         if owner != stream {
@@ -58,7 +58,7 @@ impl PoolCore {
     pub(super) fn record_events(&self, users: &[StreamId]) -> Result<Vec<EventId>> {
         let mut events = Vec::with_capacity(users.len());
         for &s in users {
-            match self.device.record_event(s) {
+            match self.device.record_event(lanes::real(s)) {
                 Ok(e) => events.push(e),
                 Err(err) => {
                     events.into_iter().for_each(|e| self.device.release_event(e));
