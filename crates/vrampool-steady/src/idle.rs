@@ -5,6 +5,9 @@
 //! written on that path but the thread's own counter).
 
 use std::cell::Cell;
+use std::collections::HashMap;
+
+use foldhash::fast::FixedState;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// Unserved iterations in a row after which recording stops for a while.
@@ -14,6 +17,11 @@ const IDLE_MIN: u64 = 4096;
 /// The wait is at least this many allocations per event the unserved iterations recorded: what
 /// recording them cost, at most a sixteenth of the calls that follow.
 const IDLE_PER_EVENT: u64 = 16;
+/// And this many per event of the recordings planned meanwhile (and not served): planning costs
+/// tens of times what recording does per event (`step, 2 threads` in c_abi_bench: two threads'
+/// interleaved steps, each iteration new, planned 8 at a time between short waits, spent 13% of the
+/// time planning).
+const IDLE_PER_PLANNED_EVENT: u64 = 512;
 /// The wait doubles with each backoff in a row, up to this many times.
 const MAX_LEVEL: u32 = 12;
 /// A recording that reaches this many events is given up (a program that never comes back to
@@ -99,9 +107,11 @@ impl IdleCount {
 /// When to stop recording, and for how long.
 #[derive(Debug)]
 pub(crate) struct Backoff {
-    /// Iterations in a row not served from a schedule, and the events recorded in them.
+    /// Iterations in a row not served from a schedule, the events recorded in them, and the events
+    /// of the recordings planned meanwhile.
     unserved: u32,
     recorded_events: u64,
+    planned_events: u64,
     /// Backoffs since an iteration was last served: each doubles the wait.
     level: u32,
     /// The events a recording may reach before it is given up.
@@ -110,13 +120,18 @@ pub(crate) struct Backoff {
 
 impl Default for Backoff {
     fn default() -> Self {
-        Backoff { unserved: 0, recorded_events: 0, level: 0, record_limit: FIRST_RECORD_LIMIT }
+        Backoff { unserved: 0, recorded_events: 0, planned_events: 0, level: 0, record_limit: FIRST_RECORD_LIMIT }
     }
 }
 
 impl Backoff {
     pub fn served(&mut self) {
-        (self.unserved, self.recorded_events, self.level) = (0, 0, 0);
+        (self.unserved, self.recorded_events, self.planned_events, self.level) = (0, 0, 0, 0);
+    }
+
+    /// A recording of `events` planned.
+    pub fn planned(&mut self, events: usize) {
+        self.planned_events += events as u64;
     }
 
     /// An iteration that was recorded (`events` of it), not served; the wait to start, in
@@ -135,16 +150,89 @@ impl Backoff {
     }
 
     fn back_off(&mut self) -> u64 {
-        let wait = (IDLE_PER_EVENT * self.recorded_events).max(IDLE_MIN) << self.level;
+        let cost = IDLE_PER_EVENT * self.recorded_events + IDLE_PER_PLANNED_EVENT * self.planned_events;
+        let wait = cost.max(IDLE_MIN) << self.level;
         self.level = (self.level + 1).min(MAX_LEVEL);
-        (self.unserved, self.recorded_events) = (0, 0);
+        (self.unserved, self.recorded_events, self.planned_events) = (0, 0, 0);
         wait
+    }
+}
+
+/// The most plans of one key skipped in a row: 2^8 - 1.
+const MAX_SKIP_LEVEL: u32 = 8;
+
+/// Keys whose schedules keep diverging before they serve a whole iteration, and how many of their
+/// recordings to leave unplanned. Design: planning costs far more per event than recording (the
+/// quick plan and the search: microseconds a buffer), and the backoff above counts iterations, not
+/// plans; two threads on one stream interleave their steps, so each iteration under the shared key
+/// differs from the last, and planning each one took 58% of the time (c_abi_bench, `step, 2
+/// threads`). After the n-th wasted plan in a row, the key's next 2^(n-1) - 1 recordings stay
+/// unplanned (their iterations run on the pool, recorded); a schedule that serves a whole iteration
+/// halves the count.
+#[derive(Debug, Default)]
+pub(crate) struct WastedPlans {
+    /// Per key: (wasted plans in a row, recordings still to leave unplanned).
+    keys: HashMap<u64, (u32, u64), FixedState>,
+}
+
+impl WastedPlans {
+    /// A schedule of `key` left midway before serving a whole iteration.
+    pub fn wasted(&mut self, key: u64) {
+        let (plans, skip) = self.keys.entry(key).or_default();
+        *plans += 1;
+        *skip = (1 << (*plans - 1).min(MAX_SKIP_LEVEL)) - 1;
+    }
+
+    /// A schedule of `key` served a whole iteration: its next recording is planned, and the count
+    /// of wasted plans halves (a program that alternates between serving and interleaving keeps
+    /// most of its backoff).
+    pub fn served(&mut self, key: u64) {
+        if let Some((plans, skip)) = self.keys.get_mut(&key) {
+            (*plans, *skip) = (*plans / 2, 0);
+            if *plans == 0 {
+                self.keys.remove(&key);
+            }
+        }
+    }
+
+    /// Whether to leave `key`'s recording unplanned this time (counted).
+    pub fn skip(&mut self, key: u64) -> bool {
+        match self.keys.get_mut(&key) {
+            Some((_, skip)) if *skip > 0 => {
+                *skip -= 1;
+                true
+            }
+            _ => false,
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_whose_plans_keep_diverging_is_planned_ever_more_rarely_until_one_serves() {
+        let mut w = WastedPlans::default();
+        assert!(!w.skip(7), "a key planned for the first time");
+        let planned_of = |w: &mut WastedPlans, tries: u32| (0..tries).filter(|_| !w.skip(7)).count();
+        w.wasted(7);
+        assert_eq!(planned_of(&mut w, 1), 1, "after one wasted plan the next recording is planned");
+        w.wasted(7);
+        assert_eq!(planned_of(&mut w, 2), 1, "after two, one in two");
+        w.wasted(7);
+        assert_eq!(planned_of(&mut w, 4), 1);
+        (0..20).for_each(|_| w.wasted(7));
+        assert_eq!(planned_of(&mut w, 1 << MAX_SKIP_LEVEL), 1, "at most 2^8 - 1 skipped");
+        assert!(!w.skip(8), "other keys are not held back");
+        w.served(7);
+        assert!(!w.skip(7), "a schedule that served has the next recording planned");
+        w.wasted(7);
+        assert_eq!(planned_of(&mut w, 1 << MAX_SKIP_LEVEL), 1, "and halves the count: 23 wasted, then 11 + 1");
+        (0..5).for_each(|_| w.served(7));
+        w.wasted(7);
+        assert!(!w.skip(7), "served often enough, the key starts over");
+    }
 
     #[test]
     fn the_wait_grows_with_what_recording_cost_and_doubles_until_served() {
@@ -160,6 +248,10 @@ mod tests {
         b.served();
         (1..BACKOFF_AFTER).for_each(|_| assert!(b.unserved(2).is_none()));
         assert_eq!(b.unserved(2), Some(IDLE_MIN), "served, the wait starts over");
+        b.planned(100);
+        (1..BACKOFF_AFTER).for_each(|_| assert!(b.unserved(2).is_none()));
+        let recorded = IDLE_PER_EVENT * 2 * u64::from(BACKOFF_AFTER);
+        assert_eq!(b.unserved(2), Some((recorded + IDLE_PER_PLANNED_EVENT * 100) << 1), "plans made meanwhile lengthen it");
     }
 
     #[test]

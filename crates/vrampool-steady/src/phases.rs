@@ -34,6 +34,9 @@ impl<B: MemoryResource> PlannedPool<B> {
         let limit = cold.backoff.record_limit;
         if wraps > 0 || position == schedule.steps.len() {
             cold.backoff.served();
+            cold.wasted.served(cold.key);
+        } else if diverged {
+            cold.wasted.wasted(cold.key);
         }
         if position == schedule.steps.len() || (position == 0 && !(diverged && cold.named)) {
             cold.recorder = Recorder::new(limit);
@@ -91,11 +94,13 @@ impl<B: MemoryResource> PlannedPool<B> {
         let lead = cold.recorder.len();
         let schedule = self.schedule_of(cold, key);
         let fresh = !cold.recorder.overflowed && !cold.recorder.diverged;
-        if let Some(schedule) = schedule.filter(|s| fresh && s.starts_with(lead, size, stream)) {
-            if self.serve(cold, schedule, lead) {
+        if let Some(schedule) = schedule {
+            if fresh && schedule.starts_with(lead, size, stream) && self.serve(cold, schedule, lead) {
                 cold.key = key;
                 return true;
             }
+            // Planned for nothing: the iteration already left it.
+            cold.wasted.wasted(key);
         }
         if cold.key == AUTO_KEY {
             cold.key = key;
@@ -305,7 +310,11 @@ impl<B: MemoryResource> PlannedPool<B> {
         if let Some(schedule) = cold.plans.get(&key) {
             return Some(Arc::clone(schedule));
         }
+        if !cold.pending.contains_key(&key) || cold.wasted.skip(key) {
+            return None;
+        }
         let events = cold.pending.remove(&key)?;
+        cold.backoff.planned(events.len());
         let schedule = Arc::new(plan_schedule(&events, self.planning)?);
         if cold.plans.len() >= MAX_PLANS {
             let old = cold.plans.keys().next().copied();
