@@ -236,4 +236,23 @@ mod tests {
         pool.trim().unwrap();
         assert_eq!(pool.stats().reserved_bytes.current, 0);
     }
+
+    #[test]
+    fn the_event_log_leak_reports_and_snapshots_name_the_stream_of_a_lane_block() {
+        let config = PoolConfig { record_events: true, track_leaks: true, scrub: Scrub::OnFree, ..PoolConfig::default() };
+        let pool = Pool::new(Arc::new(SimDevice::new(GIB, SimMode::AddressOnly)), config).unwrap();
+        (0..CONTENDED_TO_MOVE).for_each(|_| pool.note_contention());
+        let stream = StreamId(0x7f00_1234_5000);
+        let blocks: Vec<u64> = [4 * KIB, 300 * KIB, 3 * MIB].iter().map(|&size| pool.allocate(size, stream).unwrap()).collect();
+        assert!(blocks.iter().all(|&a| real(StreamId(pool.live_block(a).unwrap().stream)) == stream));
+        assert!(blocks.iter().all(|&a| pool.live_block(a).unwrap().stream != stream.0), "lane blocks");
+        let leaks = pool.live_blocks();
+        assert_eq!(leaks.len(), 3);
+        assert!(leaks.iter().all(|b| b.stream == stream && b.age_ns.is_some()));
+        assert!(pool.snapshot().iter().all(|s| s.stream == stream));
+        blocks.iter().for_each(|&a| pool.free(a, None, None).unwrap());
+        let events = pool.take_events();
+        assert!(events.len() >= 6, "{events:?}");
+        assert!(events.iter().all(|e| e.stream == stream), "{events:?}");
+    }
 }
