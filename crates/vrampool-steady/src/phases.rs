@@ -13,6 +13,11 @@ use crate::schedule::{plan_schedule, Schedule};
 use crate::serving::{Phase, Serving, Word, EPOCH_MASK};
 use crate::state::{Cold, Loose};
 
+/// A plan more than a `POOR_PLAN_DIVISOR`th above its iteration's live bound may cost more than the
+/// pool (see `costs_more_than_the_pool`); the planner's plans of training steps are within a few
+/// hundredths.
+const POOR_PLAN_DIVISOR: u64 = 8;
+
 impl<B: MemoryResource> PlannedPool<B> {
     // ---- phases ----
 
@@ -315,13 +320,30 @@ impl<B: MemoryResource> PlannedPool<B> {
         }
         let events = cold.pending.remove(&key)?;
         cold.backoff.planned(events.len());
-        let schedule = Arc::new(plan_schedule(&events, self.planning)?);
+        let schedule = plan_schedule(&events, self.planning)?;
+        if self.costs_more_than_the_pool(&schedule) {
+            cold.wasted.wasted(key);
+            return None;
+        }
+        let schedule = Arc::new(schedule);
         if cold.plans.len() >= MAX_PLANS {
             let old = cold.plans.keys().next().copied();
             old.map(|k| cold.plans.remove(&k));
         }
         cold.plans.insert(key, Arc::clone(&schedule));
         Some(schedule)
+    }
+
+    /// Whether serving `schedule` would reserve more than the pool alone: its arena is well above
+    /// the iteration's live bound and larger than the most the pool has reserved. Design: a
+    /// sequence of ever larger buffers each copied from the last (a KV cache grown a token at a
+    /// time) is hard to colour within the time the planner has: one such decode planned at 1.74x its
+    /// bound, where the pool, placing each buffer when it comes, reserved 1.30x; served, the steady
+    /// state would hold 30 MiB where the first pass held 22. Such an iteration stays on the pool.
+    fn costs_more_than_the_pool(&self, schedule: &Schedule) -> bool {
+        let arena: u64 = schedule.region_bytes.iter().sum();
+        let bound = schedule.lower_bound_bytes;
+        arena > bound + bound / POOR_PLAN_DIVISOR && arena > self.backing.stats().reserved_bytes.peak
     }
 
     // ---- the mode, the arena's memory, figures ----

@@ -224,3 +224,34 @@ fn threads_on_the_lane_and_the_calls_at_once_never_share_bytes() {
     assert_eq!((stats.arena_live, mode.stats().allocation.current), (0, 0));
     assert_eq!(stats.planned_allocations + stats.dynamic_allocations, (20 + 4 * 150) * 12);
 }
+
+/// One decode pass: per layer, a key and a value cache each grown by `unit` bytes a token, a
+/// copy at a time (the new buffer is allocated while the old one lives), beside an activation.
+fn decode(mode: &PlannedMode<Pool>, sim: &SimDevice, layers: usize, tokens: u64, unit: u64) {
+    let mut caches: Vec<Tagged> = (0..2 * layers).map(|i| tagged(mode, sim, 128 * unit, i as u8 + 1)).collect();
+    for token in 1..=tokens {
+        for layer in 0..layers {
+            let activation = tagged(mode, sim, 2 << 20, 200);
+            for cache in &mut caches[2 * layer..2 * layer + 2] {
+                let grown = tagged(mode, sim, (128 + token) * unit, cache.2);
+                free(mode, sim, std::mem::replace(cache, grown));
+            }
+            free(mode, sim, activation);
+        }
+    }
+    caches.into_iter().for_each(|b| free(mode, sim, b));
+}
+
+#[test]
+fn a_decode_whose_plan_would_reserve_more_than_the_pool_stays_on_the_pool_and_does_not_creep() {
+    let (mode, sim) = steady();
+    decode(&mode, &sim, 8, 96, 4096);
+    let first = mode.stats().reserved_bytes.peak;
+    for _ in 0..9 {
+        decode(&mode, &sim, 8, 96, 4096);
+    }
+    let stats = mode.planned_stats().unwrap();
+    assert_eq!(mode.stats().reserved_bytes.peak, first, "the steady state holds what the first pass did: {stats:?}");
+    assert_eq!(stats.planned_allocations, 0, "its plan (1.7x the bound) is not served");
+    assert_eq!(stats.arena_bytes, 0);
+}
