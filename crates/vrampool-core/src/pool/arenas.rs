@@ -144,6 +144,11 @@ mod tests {
         let mut count = 0;
         arenas.for_each(|_| count += 1);
         assert_eq!(count, streams.len());
+        for &stream in &streams {
+            let found = arenas.get(stream).map(|a| a as *const Arena as usize);
+            assert_eq!(found, Some(seen[0][&stream.0]), "`get` finds the arena `get_or_make` made");
+        }
+        assert!(arenas.get(StreamId(5 * SLOTS as u64 * 0x1000)).is_none(), "`get` makes none");
         let published = arenas.slots.iter().filter(|s| !s.arena.load(Relaxed).is_null()).count();
         assert!(published > SLOTS / 2, "streams spread over the slots: {published} of {SLOTS}");
     }
