@@ -227,28 +227,31 @@ fn threads_on_the_lane_and_the_calls_at_once_never_share_bytes() {
 
 /// One decode pass: per layer, a key and a value cache each grown by `unit` bytes a token, a
 /// copy at a time (the new buffer is allocated while the old one lives), beside an activation.
-fn decode(mode: &PlannedMode<Pool>, sim: &SimDevice, layers: usize, tokens: u64, unit: u64) {
-    let mut caches: Vec<Tagged> = (0..2 * layers).map(|i| tagged(mode, sim, 128 * unit, i as u8 + 1)).collect();
+fn decode(mode: &PlannedMode<Pool>, layers: usize, tokens: u64, unit: u64) {
+    let take = |size: u64| (mode.allocate(size, StreamId(0)).unwrap(), size);
+    let give = |(addr, size): (u64, u64)| mode.free(addr, Some(size), None).unwrap();
+    let mut caches: Vec<(u64, u64)> = (0..2 * layers).map(|_| take(128 * unit)).collect();
     for token in 1..=tokens {
         for layer in 0..layers {
-            let activation = tagged(mode, sim, 2 << 20, 200);
+            let activation = take(2 << 20);
             for cache in &mut caches[2 * layer..2 * layer + 2] {
-                let grown = tagged(mode, sim, (128 + token) * unit, cache.2);
-                free(mode, sim, std::mem::replace(cache, grown));
+                let grown = take((128 + token) * unit);
+                give(std::mem::replace(cache, grown));
             }
-            free(mode, sim, activation);
+            give(activation);
         }
     }
-    caches.into_iter().for_each(|b| free(mode, sim, b));
+    caches.into_iter().for_each(give);
 }
 
 #[test]
 fn a_decode_whose_plan_would_reserve_more_than_the_pool_stays_on_the_pool_and_does_not_creep() {
-    let (mode, sim) = steady();
-    decode(&mode, &sim, 8, 96, 4096);
+    let sim = Arc::new(SimDevice::new(1 << 32, SimMode::AddressOnly));
+    let mode = PlannedMode::steady(Pool::new(sim, PoolConfig::default()).unwrap());
+    decode(&mode, 8, 96, 4096);
     let first = mode.stats().reserved_bytes.peak;
     for _ in 0..9 {
-        decode(&mode, &sim, 8, 96, 4096);
+        decode(&mode, 8, 96, 4096);
     }
     let stats = mode.planned_stats().unwrap();
     assert_eq!(mode.stats().reserved_bytes.peak, first, "the steady state holds what the first pass did: {stats:?}");
