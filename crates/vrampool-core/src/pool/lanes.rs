@@ -19,7 +19,8 @@
 //! with no event.
 //!
 //! Streams are device pointers or small integers, below 2^56 (user-space addresses are, with
-//! five-level paging too); a stream at or above it never takes a lane.
+//! five-level paging too); a stream at or above it never takes a lane, and one in [2^56, 2^58)
+//! would read as a lane of a smaller stream (`real`), which no handle a driver gives out is.
 
 use std::sync::atomic::{
     AtomicBool, AtomicU32,
