@@ -50,29 +50,27 @@ impl Arenas {
     pub fn get_or_make(&self, stream: StreamId, make: impl FnOnce() -> Arena) -> &Arena {
         debug_assert_ne!(stream.0, EMPTY, "the default stream's arena is the pool's own");
         let slot = &self.slots[Self::slot_of(stream)];
-        if slot.stream.load(Acquire) == stream.0 {
-            let arena = slot.arena.load(Acquire);
-            if !arena.is_null() {
-                // SAFETY: a published pointer is to a boxed arena in `map` (see `locked`).
-                return unsafe { &*arena };
-            }
-        }
-        self.locked(stream, make, slot)
+        Self::published(slot, stream).unwrap_or_else(|| self.locked(stream, make, slot))
     }
 
     /// The arena of `stream` if it has one.
     pub fn get(&self, stream: StreamId) -> Option<&Arena> {
-        let slot = &self.slots[Self::slot_of(stream)];
-        if slot.stream.load(Acquire) == stream.0 {
-            let arena = slot.arena.load(Acquire);
-            if !arena.is_null() {
-                // SAFETY: as in `get_or_make`.
-                return Some(unsafe { &*arena });
-            }
+        Self::published(&self.slots[Self::slot_of(stream)], stream).or_else(|| {
+            let arena: *const Arena = &**self.map.lock().get(&stream)?;
+            // SAFETY: as in `locked`.
+            Some(unsafe { &*arena })
+        })
+    }
+
+    /// The arena `slot` publishes for `stream`, if it does.
+    #[inline(always)]
+    fn published(slot: &Slot, stream: StreamId) -> Option<&Arena> {
+        if slot.stream.load(Acquire) != stream.0 {
+            return None;
         }
-        let arena: *const Arena = &**self.map.lock().get(&stream)?;
-        // SAFETY: as in `locked`.
-        Some(unsafe { &*arena })
+        let arena = slot.arena.load(Acquire);
+        // SAFETY: a published pointer is to a boxed arena in `map` (see `locked`).
+        (!arena.is_null()).then(|| unsafe { &*arena })
     }
 
     #[cold]
