@@ -121,8 +121,8 @@ pub struct PoolCache {
 }
 
 // SAFETY: other threads reach a cache only through a `CacheOfThread`, which touches nothing but
-// `lists`, a `StealCell`; `since_checkpoint`, `lane` and `contended`, the fields that are not
-// thread-safe, are used by the owner only (see the type's doc).
+// `lists`, a `StealCell`; `since_checkpoint`, `lane`, `contended` and `window`, the fields that
+// are not thread-safe, are used by the owner only (see the type's doc).
 unsafe impl Sync for PoolCache {}
 
 impl PoolCache {
