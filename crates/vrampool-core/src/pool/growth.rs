@@ -155,7 +155,8 @@ impl PoolCore {
     /// Everything a give-back could return: every tier's wholly free segments, and the mappings
     /// of the expandable ranges that lie wholly in free space (or past the range's end, where an
     /// unmap failed), less the free bytes at the end of the newest range of the tier growing, where
-    /// the growth extends that range from them (`Growing::extended_tail`). Nothing else is kept for
+    /// the growth extends that range from them (`Growing::extended_tail`), and less what the other
+    /// lanes of its stream that a thread is in hold (`is_occupied_sibling`). Nothing else is kept for
     /// it: a growth that needs a new range had kept a whole 170 MiB range mapped beside the new
     /// one, and one that extends the last free range had kept the free ranges below it, past
     /// unmapped holes.
@@ -163,6 +164,9 @@ impl PoolCore {
         let mut spares = Vec::new();
         self.for_each_holding_arena(|arena| {
             let stream = arena.stream;
+            if growing.is_some_and(|g| self.is_occupied_sibling(g.stream, stream)) {
+                return;
+            }
             for tier_index in 0..arena.tiers.len() as u8 {
                 // A kept run's segment may be otherwise free: the lock files the run back first.
                 let strategy = self.lock_tier(arena, tier_index);

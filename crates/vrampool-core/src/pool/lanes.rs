@@ -10,13 +10,13 @@
 //! caches and magazines keep each lane's blocks apart. Everything a device or a caller sees gets
 //! the stream itself (`real`).
 //!
-//! A lane grows its own memory, and the growth's give-back returns what other lanes (and the lane
-//! a thread left) hold idle. Design: a lane that took blocks from another whenever its own had no
-//! fit kept taking them, since each one it freed went back to the other lane (two threads on one
-//! stream, random sizes: a tenth of the allocations crossed lanes, 1.1-1.25x one thread's
-//! throughput against 1.4x when lanes keep to themselves). All lanes of a stream are one stream to
-//! the device, so when the device has no room a lane does take a block another lane has free,
-//! with no event.
+//! A lane grows its own memory, and the growth's give-back returns what lanes no thread is in (the
+//! ones threads left) hold idle, never what a lane in use holds (`is_occupied_sibling`). Design: a
+//! lane that took blocks from another whenever its own had no fit kept taking them, since each one
+//! it freed went back to the other lane (two threads on one stream, random sizes: a tenth of the
+//! allocations crossed lanes, 1.1-1.25x one thread's throughput against 1.4x when lanes keep to
+//! themselves). All lanes of a stream are one stream to the device, so when the device has no room
+//! a lane does take a block another lane has free, with no event.
 //!
 //! Streams are device pointers or small integers, below 2^56 (user-space addresses are, with
 //! five-level paging too); a stream at or above it never takes a lane, and one in [2^56, 2^58)
@@ -67,6 +67,9 @@ pub(super) struct Lanes {
     in_use: AtomicBool,
     /// Moves so far: the next thread to move takes the lane after the last one taken.
     moves: AtomicU32,
+    /// Threads in each lane past the first (every thread starts in lane 0, which counts as
+    /// occupied for good).
+    occupants: [AtomicU32; LANES as usize],
 }
 
 impl PoolCore {
@@ -94,10 +97,33 @@ impl PoolCore {
             if c.note_contention(self.now_ns(), CONTENDED_TO_MOVE, CONTENTION_WINDOW_NS) {
                 let next = self.lanes.moves.fetch_add(1, Relaxed) as u8 % (LANES - 1) + 1;
                 // Never the lane it leaves: that one is contended.
-                c.set_lane(if next == c.lane() { next % (LANES - 1) + 1 } else { next });
+                let to = if next == c.lane() { next % (LANES - 1) + 1 } else { next };
+                self.leave_lane(c.lane());
+                self.lanes.occupants[to as usize].fetch_add(1, Relaxed);
+                c.set_lane(to);
                 self.lanes.in_use.store(true, Release);
             }
         });
+    }
+
+    /// A thread leaves `lane` (it moves, or exits).
+    pub(super) fn leave_lane(&self, lane: u8) {
+        if lane != 0 {
+            self.lanes.occupants[lane as usize].fetch_sub(1, Relaxed);
+        }
+    }
+
+    /// Whether `other` is another lane of `key`'s stream with a thread in it. A growth gives back
+    /// none of such a lane's memory: that thread's next step would grow it again, and the two
+    /// lanes would trade segments at the high-water mark for as long as they ran (two threads
+    /// stepping on one stream, simulated: a segment given back and grown every few steps, 0.2x one
+    /// thread's throughput). What a thread left behind is given back as any idle memory is.
+    pub(super) fn is_occupied_sibling(&self, key: StreamId, other: StreamId) -> bool {
+        if other == key || real(other) != real(key) {
+            return false;
+        }
+        let lane = (other.0 >> LANE_SHIFT) as usize;
+        lane == 0 || self.lanes.occupants[lane].load(Relaxed) > 0
     }
 
     /// A block of `tier` from another lane of `key`'s stream that has one free, and that lane's
@@ -209,6 +235,38 @@ mod tests {
         assert_eq!(pool.stats().allocated_bytes.current, 0);
         pool.trim().unwrap();
         assert_eq!(pool.stats().reserved_bytes.current, 0, "every block went back to the lane that made it");
+    }
+
+    #[test]
+    fn a_growth_keeps_the_memory_of_a_lane_in_use_and_gives_back_what_a_thread_left() {
+        let config = PoolConfig { expandable: false, ..PoolConfig::default() };
+        let pool = Arc::new(Pool::new(Arc::new(SimDevice::new(GIB, SimMode::AddressOnly)), config).unwrap());
+        let reserved = |pool: &Pool| pool.stats().reserved_bytes.current;
+        let lane1 = key(StreamId(0), 1);
+        // Lane 0 (this thread's) holds an idle 100 MiB segment: the high-water mark.
+        let idle = pool.allocate(100 * MIB, StreamId(0)).unwrap();
+        pool.free(idle, None, None).unwrap();
+        let other = Arc::clone(&pool);
+        // Joined, the thread has exited: its thread-local caches are gone.
+        std::thread::spawn(move || {
+            let pool = &*other;
+            (0..CONTENDED_TO_MOVE).for_each(|_| pool.note_contention());
+            let grown = pool.allocate(50 * MIB, StreamId(0)).unwrap();
+            assert_eq!(pool.live_block(grown).unwrap().stream, lane1.0);
+            assert_eq!(reserved(pool), 150 * MIB, "lane 0 has a thread: its idle segment stays");
+            pool.free(grown, None, None).unwrap();
+            // The thread moves on: lane 1's idle segment is what a growth gives back now.
+            (0..CONTENDED_TO_MOVE).for_each(|_| pool.note_contention());
+            assert!(!pool.is_occupied_sibling(StreamId(0), lane1) && pool.is_occupied_sibling(lane1, StreamId(0)));
+            let again = pool.allocate(60 * MIB, StreamId(0)).unwrap();
+            assert_eq!(reserved(pool), 160 * MIB, "lane 1's 50 MiB went back, lane 0's 100 MiB stayed");
+            pool.free(again, None, None).unwrap();
+        })
+        .join()
+        .unwrap();
+        assert!((1..LANES).all(|lane| pool.lanes.occupants[lane as usize].load(Relaxed) == 0), "an exiting thread leaves its lane");
+        pool.trim().unwrap();
+        assert_eq!(reserved(&pool), 0);
     }
 
     #[test]

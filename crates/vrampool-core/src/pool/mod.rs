@@ -294,6 +294,7 @@ impl CacheOwner for PoolCore {
     }
 
     fn retire(&self, cache: &Arc<PoolCache>) {
+        self.leave_lane(cache.lane());
         self.counters.fast.retire(cache.counters_arc());
         self.thread_caches.lock().retain(|c| !c.is(cache));
     }
