@@ -60,13 +60,29 @@ pub fn best_fit_decreasing(buffers: &[Buffer], alignment: u64) -> Result<Vec<u64
 /// if neither was.
 pub(crate) fn best_fit_decreasing_until(inst: &Instance, deadline: Option<Instant>) -> Option<Vec<u64>> {
     let whole: Vec<u32> = (0..inst.len() as u32).collect();
-    let arena = |offsets: &[u64]| offsets.iter().zip(&inst.size).map(|(o, s)| o + s).max().unwrap_or(0);
+    let arena = |offsets: &[u64]| arena_of(inst, offsets);
     let spatial = best_fit_by_size_of(inst, &whole, deadline)?;
     let temporal = decreasing(inst, &whole, |i| (inst.span(i) as u64, inst.size[i]));
     let Some(temporal) = place_in_order_until(inst, &temporal, deadline) else {
         return Some(spatial);
     };
     Some(if arena(&temporal) < arena(&spatial) { temporal } else { spatial })
+}
+
+/// The arena `offsets` take: the highest end of a buffer.
+pub(crate) fn arena_of(inst: &Instance, offsets: &[u64]) -> u64 {
+    offsets.iter().zip(&inst.size).map(|(o, s)| o + s).max().unwrap_or(0)
+}
+
+/// Best fit in order of start (then input order): what a best-fit pool that never moves a block does online,
+/// each buffer into the smallest gap between those live when it starts. Where buffers grow a step at a time
+/// by copy (a KV cache decoded a token at a time, each cache live beside its successor), the predecessors
+/// freed merge into gaps the next sizes fit; taken by size, each size's buffers land apart from the gaps the
+/// next smaller leave.
+pub(crate) fn best_fit_by_start(inst: &Instance) -> Vec<u64> {
+    let mut order: Vec<u32> = (0..inst.len() as u32).collect();
+    order.sort_by_key(|&i| inst.lo[i as usize]);
+    place_in_order_until(inst, &order, None).expect("no deadline")
 }
 
 /// Best fit decreasing's spatial order alone (larger size first, then longer lifetime) on the buffers `part`,

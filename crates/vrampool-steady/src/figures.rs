@@ -17,7 +17,8 @@ pub struct KeyPlan {
     pub dynamic_buffers: usize,
     /// Its steps (allocations and frees).
     pub events: usize,
-    /// What placed its largest region: "greedy-by-size" or "floors-by-start" (in O(n log n)), or
+    /// What placed its largest region: "greedy-by-size", "best-fit-by-start", "ring" or "floors-by-start"
+    /// (in O(n log n)), or
     /// "search" (the planner's search, within the budget, where it did better).
     pub planner: &'static str,
 }

@@ -400,3 +400,40 @@ impl<B: MemoryResource> PlannedPool<B> {
         bytes
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use vrampool_core::{Device, Pool, PoolConfig, SimDevice, SimMode};
+
+    use super::*;
+    use crate::schedule::{Planning, Recorded};
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn a_plan_well_above_its_bound_and_above_what_the_pool_reserved_costs_more_than_the_pool() {
+        let device: Arc<dyn Device> = Arc::new(SimDevice::new(1 << 32, SimMode::AddressOnly));
+        let planned = PlannedPool::new(Pool::new(device, PoolConfig::default()).unwrap());
+        // Two 4 MiB buffers live at once, then one more after them: planned at its 8 MiB bound.
+        let s0 = StreamId(0);
+        let alloc = Recorded::Alloc { size: 4 * MIB, stream: s0 };
+        let free = |index| Recorded::Free { index, on: s0 };
+        let events = [alloc, alloc, free(0), free(1), alloc, free(2)];
+        let mut schedule = plan_schedule(&events, Planning { budget: Duration::ZERO, alignment: 512 }).unwrap();
+        assert_eq!((schedule.region_bytes.iter().sum::<u64>(), schedule.lower_bound_bytes), (8 * MIB, 8 * MIB));
+        assert!(!planned.costs_more_than_the_pool(&schedule), "a plan at its bound");
+        // The same bound with an arena of 12 MiB, half again: more than the pool has ever reserved.
+        schedule.region_bytes = Box::new([12 * MIB]);
+        assert!(planned.costs_more_than_the_pool(&schedule));
+        // Once the pool has reserved more than that, serving it costs nothing more.
+        let big = planned.backing().allocate(16 * MIB, s0).unwrap();
+        planned.backing().free(big, None, None).unwrap();
+        assert!(!planned.costs_more_than_the_pool(&schedule));
+        // An eighth above the bound is within what the planner's plans of steps reach.
+        schedule.region_bytes = Box::new([9 * MIB]);
+        let fresh = PlannedPool::new(Pool::new(Arc::new(SimDevice::new(1 << 32, SimMode::AddressOnly)), PoolConfig::default()).unwrap());
+        assert!(!fresh.costs_more_than_the_pool(&schedule));
+    }
+}

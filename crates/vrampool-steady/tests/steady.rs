@@ -245,16 +245,26 @@ fn decode(mode: &PlannedMode<Pool>, layers: usize, tokens: u64, unit: u64) {
 }
 
 #[test]
-fn a_decode_whose_plan_would_reserve_more_than_the_pool_stays_on_the_pool_and_does_not_creep() {
+fn a_decode_of_caches_grown_by_copy_is_served_near_its_bound_and_does_not_creep() {
     let sim = Arc::new(SimDevice::new(1 << 32, SimMode::AddressOnly));
-    let mode = PlannedMode::steady(Pool::new(sim, PoolConfig::default()).unwrap());
+    let mode = PlannedMode::steady(Pool::new(sim.clone(), PoolConfig::default()).unwrap());
+    let device_calls = |sim: &SimDevice| {
+        let c = sim.counters();
+        c.alloc_calls + c.free_calls + c.map_calls + c.unmap_calls + c.stream_syncs
+    };
     decode(&mode, 8, 96, 4096);
     let first = mode.stats().reserved_bytes.peak;
-    for _ in 0..9 {
+    decode(&mode, 8, 96, 4096);
+    let calls = device_calls(&sim);
+    for _ in 0..8 {
         decode(&mode, 8, 96, 4096);
     }
+    assert_eq!(device_calls(&sim), calls, "no device call after the second pass");
     let stats = mode.planned_stats().unwrap();
     assert_eq!(mode.stats().reserved_bytes.peak, first, "the steady state holds what the first pass did: {stats:?}");
-    assert_eq!(stats.planned_allocations, 0, "its plan (1.7x the bound) is not served");
-    assert_eq!(stats.arena_bytes, 0);
+    assert_eq!((stats.replayed_iterations, stats.fallbacks), (9, 0), "served from the second pass on: {stats:?}");
+    // The caches' staircase placed as they come (by start): 1.05x its bound, where placing the
+    // largest first planned 1.74x.
+    let plan = &stats.plans[0];
+    assert!(plan.arena_bytes * 100 <= plan.lower_bound_bytes * 106, "{plan:?}");
 }
