@@ -18,8 +18,7 @@ pub struct KeyPlan {
     /// Its steps (allocations and frees).
     pub events: usize,
     /// What placed its largest region: "greedy-by-size", "best-fit-by-start", "ring" or "floors-by-start"
-    /// (in O(n log n)), or
-    /// "search" (the planner's search, within the budget, where it did better).
+    /// (in O(n log n)), or "search" (the planner's search, within the budget, where it did better).
     pub planner: &'static str,
 }
 

@@ -335,11 +335,11 @@ impl<B: MemoryResource> PlannedPool<B> {
     }
 
     /// Whether serving `schedule` would reserve more than the pool alone: its arena is well above
-    /// the iteration's live bound and larger than the most the pool has reserved. Design: a
-    /// sequence of ever larger buffers each copied from the last (a KV cache grown a token at a
-    /// time) is hard to colour within the time the planner has: one such decode planned at 1.74x its
-    /// bound, where the pool, placing each buffer when it comes, reserved 1.30x; served, the steady
-    /// state would hold 30 MiB where the first pass held 22. Such an iteration stays on the pool.
+    /// the iteration's live bound and larger than the most the pool has reserved. Design: the pool
+    /// places each buffer when it comes and may give segments back midway, so where the planner's
+    /// plan is poor the pool can reserve less (a KV cache grown by copy, coloured largest first at
+    /// 1.74x its bound, where the pool reserved 1.30x: served, the steady state would have held 30
+    /// MiB where the first pass held 22). Such an iteration stays on the pool.
     fn costs_more_than_the_pool(&self, schedule: &Schedule) -> bool {
         let arena: u64 = schedule.region_bytes.iter().sum();
         let bound = schedule.lower_bound_bytes;

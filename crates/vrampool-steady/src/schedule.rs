@@ -546,19 +546,18 @@ fn plan_region(buffers: &[Buffer], planning: Planning) -> Option<Region> {
         return Some(Region { offsets: Vec::new(), arena_bytes: 0, lower_bound_bytes: 0, planner: "none" });
     }
     let quick = quick_plan(buffers, planning.alignment).ok()?;
+    // Best fit by start wins where greedy by size is poor (caches grown by copy), and the search, which
+    // starts from greedy by size and best fit decreasing, did not come near it in its budget (a decode of
+    // 3,088 buffers: 1.74x the bound after 50 ms, against 1.05x): where it placed them within a
+    // sixteenth of the bound, the search is not run.
+    let by_start_close = quick.placement == QuickPlacement::BestFitByStart && !quick.is_poor();
     let mut region = Region {
         arena_bytes: quick.plan.arena_bytes,
         lower_bound_bytes: quick.plan.lower_bound_bytes,
         offsets: quick.plan.offsets,
         planner: quick.placement.name(),
     };
-    // Best fit by start wins where greedy by size is poor (caches grown by copy), and the search, which
-    // starts from greedy by size and best fit decreasing, did not come near it in its budget (a decode of
-    // 3,088 buffers: 1.74x the bound after 50 ms, against 1.05x): where it placed them within a
-    // sixteenth of the bound, the search is not run.
-    let bound = region.lower_bound_bytes;
-    let by_start_close = quick.placement == QuickPlacement::BestFitByStart && region.arena_bytes <= bound + bound / 16;
-    if region.arena_bytes as f64 > bound as f64 * CLOSE_ENOUGH && !planning.budget.is_zero() && !by_start_close {
+    if region.arena_bytes as f64 > region.lower_bound_bytes as f64 * CLOSE_ENOUGH && !planning.budget.is_zero() && !by_start_close {
         let options = PlanOptions { algorithm: Algorithm::Auto, budget: planning.budget, alignment: planning.alignment };
         if let Ok(searched) = plan(buffers, &options) {
             if searched.arena_bytes < region.arena_bytes {
