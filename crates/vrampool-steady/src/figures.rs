@@ -57,6 +57,38 @@ pub struct PlannedStats {
     pub plans: Vec<KeyPlan>,
 }
 
+impl PlannedStats {
+    /// Adds `other`'s figures to these (the lanes of one mode: `thread_lanes.rs`).
+    pub(crate) fn absorb(&mut self, mut other: PlannedStats) {
+        for (mine, theirs) in self.counts().into_iter().zip(other.counts()) {
+            *mine += *theirs;
+        }
+        self.arena_live += other.arena_live;
+        self.plans.append(&mut other.plans);
+        self.plans.sort_by_key(|p| p.key);
+    }
+
+    fn counts(&mut self) -> [&mut u64; 15] {
+        [
+            &mut self.planned_allocations,
+            &mut self.dynamic_allocations,
+            &mut self.idle_allocations,
+            &mut self.fallbacks,
+            &mut self.recorded_iterations,
+            &mut self.replayed_iterations,
+            &mut self.arena_bytes,
+            &mut self.arena_live_bytes,
+            &mut self.arena_live_block_bytes,
+            &mut self.planned_bytes,
+            &mut self.planned_block_bytes,
+            &mut self.arena_blocks_taken,
+            &mut self.arena_bytes_taken,
+            &mut self.arena_blocks_returned,
+            &mut self.arena_bytes_returned,
+        ]
+    }
+}
+
 /// A live arena buffer, for leak reports and snapshots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ArenaBuffer {

@@ -30,6 +30,7 @@ mod schedule;
 mod serving;
 mod state;
 mod stats;
+mod thread_lanes;
 
 pub use ahead::{AheadBuffer, AheadPlan};
 pub use figures::{ArenaBuffer, ArenaRegion, KeyPlan, PlannedStats};

@@ -23,37 +23,76 @@
 //! # Ok::<(), vrampool_core::PoolError>(())
 //! ```
 
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, OnceLock};
+
 use vrampool_core::stats::Stats;
 use vrampool_core::{BlockState, CachedFree, Limit, LiveBlockInfo, MemoryResource, PieceEvent, PoolError, PoolSegment, StreamId};
 
 use crate::figures::{ArenaBuffer, ArenaRegion, PlannedStats};
-use crate::peaks::currents;
+use crate::peaks::{currents, Four};
 use crate::pool::PlannedPool;
+use crate::thread_lanes::{lane, LANES};
 
 /// An upstream resource and the planned arena over it, used while the mode is on.
 pub struct PlannedMode<U: MemoryResource> {
-    planned: PlannedPool<U>,
+    /// Lane 0: the planned pool of every thread, until threads interleave (`thread_lanes.rs`).
+    planned: PlannedPool<Arc<U>>,
+    /// Lanes 1 and up, each made when a thread of it first calls once threads interleave.
+    lanes: [OnceLock<PlannedPool<Arc<U>>>; LANES - 1],
 }
 
 impl<U: MemoryResource> PlannedMode<U> {
     /// The mode, off, over `upstream`.
     pub fn new(upstream: U) -> Self {
-        Self { planned: PlannedPool::new(upstream).off() }
+        Self { planned: PlannedPool::new(Arc::new(upstream)).off(), lanes: Default::default() }
     }
 
     /// The mode, on for good, over `upstream`, with iterations that end by themselves (see
     /// [`PlannedPool::with_auto_steps`]): a repeating workload reaches its steady state, one arena
-    /// and no device call, with no call of its own. Explicit `step`s still mark boundaries.
+    /// and no device call, with no call of its own. Explicit `step`s still mark boundaries. Threads
+    /// that repeat their steps at once get an arena each (`thread_lanes.rs`).
     pub fn steady(upstream: U) -> Self {
-        Self { planned: PlannedPool::new(upstream).with_auto_steps() }
+        Self { planned: PlannedPool::new(Arc::new(upstream)).with_auto_steps(), lanes: Default::default() }
     }
 
     pub fn upstream(&self) -> &U {
         self.planned.backing()
     }
 
-    pub fn planned(&self) -> &PlannedPool<U> {
+    /// The planned pool of lane 0: every thread's until threads interleave.
+    pub fn planned(&self) -> &PlannedPool<Arc<U>> {
         &self.planned
+    }
+
+    /// Whether threads have lanes of their own.
+    #[inline(always)]
+    fn split(&self) -> bool {
+        self.planned.threads_interleave.load(Relaxed)
+    }
+
+    /// The calling thread's lane's planned pool (made on its first call).
+    #[inline(always)]
+    fn own(&self) -> &PlannedPool<Arc<U>> {
+        match lane() {
+            0 => &self.planned,
+            at => self.lanes[at - 1].get_or_init(|| self.planned.sibling(Arc::clone(self.planned.backing()))),
+        }
+    }
+
+    /// Every lane's planned pool that exists.
+    fn each(&self) -> impl Iterator<Item = &PlannedPool<Arc<U>>> {
+        std::iter::once(&self.planned).chain(self.lanes.iter().filter_map(OnceLock::get))
+    }
+
+    /// The planned pool that answers for `addr`: the lane whose arena holds it, else `own`.
+    fn owner<'a>(&'a self, addr: u64, own: &'a PlannedPool<Arc<U>>) -> &'a PlannedPool<Arc<U>> {
+        self.each().find(|p| !std::ptr::eq(*p, own) && p.in_bounds(addr) && p.claims(addr)).unwrap_or(own)
+    }
+
+    /// Whether `addr` may lie in the arena of a lane other than `own` (bounds only, no lock).
+    fn maybe_other(&self, addr: u64, own: &PlannedPool<Arc<U>>) -> bool {
+        self.each().any(|p| !std::ptr::eq(p, own) && p.in_bounds(addr))
     }
 
     pub fn is_on(&self) -> bool {
@@ -77,23 +116,53 @@ impl<U: MemoryResource> PlannedMode<U> {
     /// [`PlannedPool::step`]).
     pub fn step(&self, key: u64) {
         // Refused only in a forked child, where the upstream refuses every call too.
-        let _ = self.planned.step(key);
+        let _ = if self.split() { self.own().step(key) } else { self.planned.step(key) };
     }
 
     /// Gives the arena back to the upstream if none of its buffers is live (before a close, so that
     /// the arena is not taken for a leak); the bytes given back.
     pub fn release_idle_arena(&self) -> Result<u64, PoolError> {
-        self.planned.release_idle_arena()
+        self.each().map(PlannedPool::release_idle_arena).sum()
     }
 
     /// Stops serving from the arena (the upstream is closing) and gives it back if it is idle.
     pub fn close(&self) {
-        self.planned.close();
+        self.each().for_each(PlannedPool::close);
     }
 
-    /// The arena's figures, or None while the mode has never been on (or in a forked child).
+    /// The arena's figures, every lane's together, or None while the mode has never been on (or in
+    /// a forked child).
     pub fn planned_stats(&self) -> Option<PlannedStats> {
-        self.planned.stats().ok().filter(|stats| self.has_been_on(stats))
+        self.gathered(PlannedPool::stats).filter(|stats| self.has_been_on(stats))
+    }
+
+    /// `figures` of every lane, added up.
+    fn gathered(&self, figures: impl Fn(&PlannedPool<Arc<U>>) -> Result<PlannedStats, PoolError>) -> Option<PlannedStats> {
+        let mut lanes = self.each().map(figures);
+        let mut all = lanes.next()?.ok()?;
+        for stats in lanes {
+            all.absorb(stats.ok()?);
+        }
+        Some(all)
+    }
+
+    /// Every lane's regions and live arena buffers, by address.
+    fn arenas(&self) -> Option<(Vec<ArenaRegion>, Vec<ArenaBuffer>)> {
+        let (mut regions, mut buffers) = (Vec::new(), Vec::new());
+        for planned in self.each() {
+            regions.extend(planned.regions().ok()?);
+            buffers.extend(planned.arena_buffers().ok()?);
+        }
+        regions.sort_unstable_by_key(|r| r.base);
+        buffers.sort_unstable_by_key(|b| b.addr);
+        Some((regions, buffers))
+    }
+
+    /// The peaks of every lane, raised to `current`. Design: each lane's peak is what the pool held
+    /// when its schedule's peak came plus that peak, which leaves out the other lanes' arena buffers
+    /// live then; the highest is kept.
+    fn peaks(&self, current: Four) -> Four {
+        self.each().map(|p| p.peaks(current)).fold(current, |most, peak| std::array::from_fn(|k| most[k].max(peak[k])))
     }
 
     fn has_been_on(&self, stats: &PlannedStats) -> bool {
@@ -103,7 +172,7 @@ impl<U: MemoryResource> PlannedMode<U> {
     /// The upstream's live blocks (`upstream_blocks`) as a caller sees them: each live arena buffer a
     /// block of its own, the arena's regions none (an idle arena is no leak).
     pub fn live_blocks(&self, upstream_blocks: Vec<LiveBlockInfo>) -> Vec<LiveBlockInfo> {
-        let (Ok(regions), Ok(buffers)) = (self.planned.regions(), self.planned.arena_buffers()) else { return upstream_blocks };
+        let Some((regions, buffers)) = self.arenas() else { return upstream_blocks };
         let alignment = self.upstream().alignment().max(1);
         let mut blocks: Vec<LiveBlockInfo> = upstream_blocks.into_iter().filter(|b| !regions.iter().any(|r| r.base == b.addr)).collect();
         blocks.extend(buffers.iter().map(|b| LiveBlockInfo {
@@ -143,24 +212,48 @@ fn carve(blocks: &mut Vec<(u64, u64, BlockState)>, region: &ArenaRegion, buffers
 impl<U: MemoryResource> MemoryResource for PlannedMode<U> {
     #[inline]
     fn allocate(&self, size: u64, stream: StreamId) -> Result<u64, PoolError> {
+        if self.split() {
+            return self.own().allocate(size, stream);
+        }
         self.planned.allocate(size, stream)
     }
 
     /// The arena answers for its buffers and for addresses inside it (a double free there must not
-    /// reach the upstream, where the arena's own block is), also after the mode is off.
+    /// reach the upstream, where the arena's own block is), also after the mode is off. With lanes,
+    /// the lane whose arena holds the address answers, whichever thread frees it.
     #[inline]
     fn free(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> Result<(), PoolError> {
-        self.planned.free(addr, size, stream)
+        if !self.split() {
+            return self.planned.free(addr, size, stream);
+        }
+        let own = self.own();
+        if own.free_in_arena(addr, size, stream) {
+            return Ok(());
+        }
+        self.owner(addr, own).free(addr, size, stream)
     }
 
     #[inline(always)]
     fn allocate_cached(&self, size: u64, stream: StreamId) -> Option<u64> {
+        if self.split() {
+            return self.own().allocate_cached(size, stream);
+        }
         self.planned.allocate_cached(size, stream)
     }
 
     #[inline(always)]
     fn free_cached(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> CachedFree {
-        self.planned.free_cached(addr, size, stream)
+        if !self.split() {
+            return self.planned.free_cached(addr, size, stream);
+        }
+        let own = self.own();
+        if own.free_in_arena(addr, size, stream) {
+            return CachedFree::Done;
+        }
+        if self.maybe_other(addr, own) {
+            return CachedFree::Untouched;
+        }
+        own.free_cached(addr, size, stream)
     }
 
     fn free_parked(&self, addr: u64, stream: Option<StreamId>) -> Result<(), PoolError> {
@@ -168,7 +261,11 @@ impl<U: MemoryResource> MemoryResource for PlannedMode<U> {
     }
 
     fn record_stream(&self, addr: u64, stream: StreamId) -> Result<(), PoolError> {
-        self.planned.record_stream(addr, stream)
+        if !self.split() {
+            return self.planned.record_stream(addr, stream);
+        }
+        let own = self.own();
+        self.owner(addr, own).record_stream(addr, stream)
     }
 
     /// Gives the idle arena back too: the next served iteration takes new regions.
@@ -181,7 +278,7 @@ impl<U: MemoryResource> MemoryResource for PlannedMode<U> {
     /// buffers counted as the blocks they are, and peaks that include them (`peaks.rs`).
     fn stats(&self) -> Stats {
         let mut stats = self.upstream().stats();
-        let Some(p) = self.planned.figures().ok().filter(|p| self.has_been_on(p)) else { return stats };
+        let Some(p) = self.gathered(PlannedPool::figures).filter(|p| self.has_been_on(p)) else { return stats };
         // Bytes as blocks (allocated, active) and as requested: (live, every one handed out).
         let as_blocks = (p.arena_live_block_bytes, p.planned_block_bytes);
         let as_requested = (p.arena_live_bytes, p.planned_bytes);
@@ -197,7 +294,7 @@ impl<U: MemoryResource> MemoryResource for PlannedMode<U> {
         blocks.current += p.arena_live as u64;
         blocks.allocated = (blocks.allocated + p.planned_allocations).saturating_sub(p.arena_blocks_taken);
         blocks.freed = (blocks.freed + p.planned_allocations.saturating_sub(p.arena_live as u64)).saturating_sub(p.arena_blocks_returned);
-        let peaks = self.planned.peaks(currents(&stats));
+        let peaks = self.peaks(currents(&stats));
         for (counter, peak) in
             [&mut stats.allocated_bytes, &mut stats.requested_bytes, &mut stats.active_bytes, &mut stats.allocation].into_iter().zip(peaks)
         {
@@ -208,13 +305,14 @@ impl<U: MemoryResource> MemoryResource for PlannedMode<U> {
 
     fn reset_peak_stats(&self) {
         self.upstream().reset_peak_stats();
-        self.planned.reset_peaks(currents(&self.stats()));
+        let current = currents(&self.stats());
+        self.each().for_each(|p| p.reset_peaks(current));
     }
 
     /// The upstream's segments, with each region's block cut into its arena buffers.
     fn snapshot(&self) -> Vec<PoolSegment> {
         let mut segments = self.upstream().snapshot();
-        let (Ok(regions), Ok(buffers)) = (self.planned.regions(), self.planned.arena_buffers()) else { return segments };
+        let Some((regions, buffers)) = self.arenas() else { return segments };
         let alignment = self.upstream().alignment().max(1);
         for region in &regions {
             for s in segments.iter_mut().filter(|s| s.segment.base <= region.base && region.base < s.segment.base + s.segment.size) {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use vrampool_core::{MemoryResource, PoolError, StreamId};
 
+use crate::idle::WastedPlans;
 use crate::pool::{next_uid, signature, PlannedPool, AUTO_KEY, AUTO_PLAN_ALLOCATIONS, MAX_PLANS};
 use crate::record::Recorder;
 use crate::schedule::{plan_schedule, Schedule};
@@ -187,8 +188,24 @@ impl<B: MemoryResource> PlannedPool<B> {
 
     /// A recording past its limit: given up, and the pool goes idle.
     pub(crate) fn give_up(&self, cold: &mut Cold) {
+        if self.split_threads(cold, cold.recorder.interleaved()) {
+            cold.recorder = Recorder::new(cold.backoff.record_limit);
+            return;
+        }
         let wait = cold.backoff.gave_up(cold.recorder.len());
         self.go_idle(cold, wait);
+    }
+
+    /// Where a recording shows threads taking turns call by call, the first time: the threads get
+    /// lanes (`thread_lanes.rs`), and what their interleaving cost (backoff, wasted plans) is
+    /// forgotten, since this pool now sees one thread's calls. True where the recording is dropped.
+    fn split_threads(&self, cold: &mut Cold, interleaved: bool) -> bool {
+        if !self.auto_steps || !interleaved || self.threads_interleave.swap(true, Relaxed) {
+            return false;
+        }
+        cold.backoff.served();
+        cold.wasted = WastedPlans::default();
+        true
     }
 
     pub(crate) fn go_idle(&self, cold: &mut Cold, wait: u64) {
@@ -284,7 +301,7 @@ impl<B: MemoryResource> PlannedPool<B> {
     /// (`schedule_of`), and backs off when iterations keep going unserved.
     pub(crate) fn plan_recording(&self, cold: &mut Cold) {
         let recorder = std::mem::replace(&mut cold.recorder, Recorder::new(cold.backoff.record_limit));
-        if recorder.events.is_empty() {
+        if recorder.events.is_empty() || self.split_threads(cold, recorder.interleaved()) {
             return;
         }
         let too_few = self.auto_steps && (recorder.allocations as usize) < AUTO_PLAN_ALLOCATIONS;

@@ -31,7 +31,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 use std::time::{Duration, Instant};
 
 use foldhash::fast::FixedState;
@@ -98,6 +98,9 @@ pub struct PlannedPool<B: MemoryResource> {
     /// Served iterations that ended by starting the next (the schedule wrapped), ever.
     pub(crate) wraps: AtomicU64,
     pub(crate) idle: IdleCount,
+    /// A recording showed threads taking turns call by call (`thread_lanes.rs`): a steady mode then
+    /// gives them lanes.
+    pub(crate) threads_interleave: AtomicBool,
     pub(crate) cold: Mutex<Cold>,
 }
 
@@ -154,6 +157,7 @@ impl<B: MemoryResource> PlannedPool<B> {
             bounds: [AtomicU64::new(0), AtomicU64::new(0)],
             wraps: AtomicU64::new(0),
             idle: IdleCount::default(),
+            threads_interleave: AtomicBool::new(false),
             cold: Mutex::new(cold),
         }
     }
@@ -168,6 +172,17 @@ impl<B: MemoryResource> PlannedPool<B> {
         let cold = self.cold.get_mut();
         (cold.key, cold.named) = (AUTO_KEY, false);
         self
+    }
+
+    /// A planned pool over `backing` as this one was made (budget, alignment, automatic
+    /// boundaries), with nothing recorded: another thread's lane (`thread_lanes.rs`).
+    pub(crate) fn sibling(&self, backing: B) -> Self {
+        let sibling = Self::with_budget(backing, self.planning.budget).with_alignment(self.planning.alignment);
+        if self.auto_steps {
+            sibling.with_auto_steps()
+        } else {
+            sibling
+        }
     }
 
     /// Starts off: every call goes to the pool until `set_on(true)`.
@@ -291,6 +306,16 @@ impl<B: MemoryResource> PlannedPool<B> {
             return self.backing.free_cached(addr, size, stream);
         }
         CachedFree::Untouched
+    }
+
+    /// Frees `addr` where it is the schedule's next step in the arena; false, with nothing done,
+    /// where it is not.
+    #[inline(always)]
+    pub(crate) fn free_in_arena(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> bool {
+        let word = self.word.load(Acquire);
+        Word::is_serving(word)
+            && !self.watched
+            && matches!(self.serve_in_arena(word, |s| s.free(word, addr, size, stream)), Served::Arena(_))
     }
 
     /// Ends a free of the pool's that `free_cached` left parked.

@@ -8,12 +8,14 @@ use foldhash::fast::FixedState;
 use vrampool_core::StreamId;
 
 use crate::schedule::Recorded;
+use crate::thread_lanes::{thread_number, Threads};
 
 #[derive(Debug)]
 pub(crate) struct Recorder {
     pub events: Vec<Recorded>,
-    /// The iteration's live buffers, by address: their allocation's index and stream.
-    born: HashMap<u64, (u32, StreamId), FixedState>,
+    /// The iteration's live buffers, by address: their allocation's index, stream and thread (None:
+    /// served before the recording went on from there).
+    born: HashMap<u64, (u32, StreamId, Option<u32>), FixedState>,
     pub allocations: u32,
     /// The first allocation's size and stream: what picks a schedule by itself (`AUTO_KEY`).
     pub first: Option<(u64, StreamId)>,
@@ -22,11 +24,22 @@ pub(crate) struct Recorder {
     limit: usize,
     /// The iteration was served until it left its schedule (its fallback is counted there).
     pub diverged: bool,
+    /// Which threads made the events (`thread_lanes.rs`).
+    pub threads: Threads,
 }
 
 impl Recorder {
     pub fn new(limit: usize) -> Self {
-        Recorder { events: Vec::new(), born: HashMap::default(), allocations: 0, first: None, overflowed: false, limit, diverged: false }
+        Recorder {
+            events: Vec::new(),
+            born: HashMap::default(),
+            allocations: 0,
+            first: None,
+            overflowed: false,
+            limit,
+            diverged: false,
+            threads: Threads::default(),
+        }
     }
 
     /// The recording of an iteration served up to here: `prefix` as a recording would have seen it,
@@ -37,10 +50,12 @@ impl Recorder {
             Recorded::Alloc { size, stream } => Some((size, stream)),
             _ => None,
         });
-        Recorder { born: live.into_iter().collect(), allocations, first, events: prefix, limit, diverged: true, overflowed: false }
+        let born = live.into_iter().map(|(addr, (index, stream))| (addr, (index, stream, None))).collect();
+        Recorder { born, allocations, first, events: prefix, limit, diverged: true, overflowed: false, threads: Threads::default() }
     }
 
     fn push(&mut self, event: Recorded) {
+        self.threads.note();
         if self.events.len() >= self.limit {
             self.overflowed = true;
         }
@@ -51,7 +66,7 @@ impl Recorder {
 
     pub fn allocated(&mut self, addr: u64, size: u64, stream: StreamId) {
         self.first.get_or_insert((size, stream));
-        self.born.insert(addr, (self.allocations, stream));
+        self.born.insert(addr, (self.allocations, stream, Some(thread_number())));
         self.allocations += 1;
         self.push(Recorded::Alloc { size, stream });
     }
@@ -59,7 +74,10 @@ impl Recorder {
     /// A free of `addr` naming stream `on` (its own when None).
     pub fn freed(&mut self, addr: u64, on: Option<StreamId>) {
         let event = match self.born.remove(&addr) {
-            Some((index, own)) => Recorded::Free { index, on: on.unwrap_or(own) },
+            Some((index, own, thread)) => {
+                thread.inspect(|&by| self.threads.freed(by));
+                Recorded::Free { index, on: on.unwrap_or(own) }
+            }
             None => Recorded::FreeOlder,
         };
         self.push(event);
@@ -68,7 +86,7 @@ impl Recorder {
     /// `record_stream` of `addr` on `stream`: an event where it is one of the iteration's buffers and
     /// the stream another than its own.
     pub fn used_on(&mut self, addr: u64, stream: StreamId) {
-        if let Some(&(index, own)) = self.born.get(&addr) {
+        if let Some(&(index, own, _)) = self.born.get(&addr) {
             if own != stream {
                 self.push(Recorded::UsedOn { index });
             }
@@ -82,5 +100,10 @@ impl Recorder {
 
     pub fn len(&self) -> usize {
         self.events.len()
+    }
+
+    /// Whether threads took turns call by call in this recording.
+    pub fn interleaved(&self) -> bool {
+        self.threads.interleaved()
     }
 }

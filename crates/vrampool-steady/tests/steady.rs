@@ -2,10 +2,12 @@
 //! memory: every live buffer holds a pattern of its own, checked when it is freed, so an overlap
 //! between live buffers (arena or pool) fails a test.
 
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicUsize, Ordering::Acquire, Ordering::Release};
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Barrier};
 
-use vrampool_core::{CachedFree, MemoryResource, Pool, PoolConfig, SimDevice, SimMode, StreamId};
+use vrampool_core::{BlockState, CachedFree, MemoryResource, Pool, PoolConfig, SimDevice, SimMode, StreamId};
 use vrampool_steady::PlannedMode;
 
 fn steady() -> (PlannedMode<Pool>, Arc<SimDevice>) {
@@ -111,6 +113,124 @@ fn a_program_that_never_repeats_stops_being_recorded() {
     let random = mode.planned_stats().unwrap();
     assert!(random.idle_allocations > 60_000, "{random:?}");
     assert_eq!((random.planned_allocations, random.recorded_iterations), (0, 0));
+}
+
+/// Two threads taking turns call by call: each call waits for its thread's turn.
+struct Turns(AtomicUsize);
+
+impl Turns {
+    fn take<T>(&self, thread: usize, call: impl FnOnce() -> T) -> T {
+        while self.0.load(Acquire) % 2 != thread {
+            std::thread::yield_now();
+        }
+        let result = call();
+        self.0.fetch_add(1, Release);
+        result
+    }
+}
+
+/// `round`, each call taken in turn with the other thread's.
+fn round_in_turns(mode: &PlannedMode<Pool>, sim: &SimDevice, thread: u8, turns: &Turns) {
+    let me = usize::from(thread % 2);
+    let mut live = std::collections::VecDeque::new();
+    for i in 0..12u64 {
+        let size = 4096 * (1 + (i + u64::from(thread)) % 5);
+        live.push_back(turns.take(me, || tagged(mode, sim, size, thread * 16 + i as u8 + 1)));
+        if live.len() > 3 {
+            let oldest = live.pop_front().unwrap();
+            turns.take(me, || free(mode, sim, oldest));
+        }
+    }
+    live.into_iter().for_each(|b| turns.take(me, || free(mode, sim, b)));
+}
+
+#[test]
+fn two_threads_repeating_their_loops_at_once_are_each_served_from_an_arena_of_their_own() {
+    let (mode, sim) = steady();
+    let device_calls = |sim: &SimDevice| {
+        let c = sim.counters();
+        c.alloc_calls + c.free_calls + c.map_calls + c.unmap_calls + c.stream_syncs
+    };
+    // 30 rounds each, then 50 more, taken in turns by the same two threads.
+    let (turns, barrier) = (Turns(AtomicUsize::new(0)), Barrier::new(3));
+    let (before, calls) = std::thread::scope(|s| {
+        for t in 1..=2u8 {
+            let (mode, sim, turns, barrier) = (&mode, &sim, &turns, &barrier);
+            s.spawn(move || {
+                (0..30).for_each(|_| round_in_turns(mode, sim, t, turns));
+                barrier.wait();
+                barrier.wait();
+                (0..50).for_each(|_| round_in_turns(mode, sim, t, turns));
+            });
+        }
+        barrier.wait();
+        let taken = (mode.planned_stats().unwrap(), device_calls(&sim));
+        barrier.wait();
+        taken
+    });
+    let after = mode.planned_stats().unwrap();
+    assert_eq!(after.planned_allocations - before.planned_allocations, 2 * 50 * 12, "every allocation of both loops: {after:?}");
+    assert_eq!(device_calls(&sim), calls, "no device call");
+    assert!(after.plans.len() >= 2, "a schedule per thread: {after:?}");
+    assert_eq!((after.arena_live, mode.stats().allocation.current), (0, 0));
+    assert_eq!(mode.stats().allocation.allocated, 2 * 80 * 12, "each lane's arena buffers counted, its regions not");
+    assert!(mode.release_idle_arena().unwrap() > 0);
+    assert_eq!(mode.planned_stats().unwrap().arena_bytes, 0, "every lane's idle arena went back");
+}
+
+#[test]
+fn with_an_arena_a_thread_each_buffer_is_shown_and_freed_whichever_thread_frees_it() {
+    let (mode, sim) = steady();
+    let (turns, barrier) = (Turns(AtomicUsize::new(0)), Barrier::new(3));
+    let (to_main, held) = mpsc::channel::<Tagged>();
+    let checked = std::thread::scope(|s| {
+        for t in 1..=2u8 {
+            let (mode, sim, turns, barrier, to_main) = (&mode, &sim, &turns, &barrier, to_main.clone());
+            s.spawn(move || {
+                (0..30).for_each(|_| round_in_turns(mode, sim, t, turns));
+                // A served round's first two buffers, handed to the main thread.
+                for i in 0..2u64 {
+                    let size = 4096 * (1 + (i + u64::from(t)) % 5);
+                    to_main.send(turns.take(usize::from(t % 2), || tagged(mode, sim, size, 200 + t * 2 + i as u8))).unwrap();
+                }
+                barrier.wait();
+                barrier.wait();
+                (0..20).for_each(|_| round_in_turns(mode, sim, t, turns));
+            });
+        }
+        barrier.wait();
+        // Checked with the threads waiting: a failed check lets them go on before it is reported.
+        let checked = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let held: Vec<Tagged> = held.try_iter().collect();
+            assert_eq!(held.len(), 4);
+            assert_eq!(mode.planned_stats().unwrap().arena_live, 4, "both threads' buffers come from their arenas");
+            assert_eq!(mode.stats().allocation.current, 4);
+            let shown: Vec<(u64, u64)> = mode.live_blocks(Vec::new()).iter().map(|b| (b.addr, b.requested)).collect();
+            let mut expected: Vec<(u64, u64)> = held.iter().map(|b| (b.0, b.1)).collect();
+            expected.sort_unstable();
+            assert_eq!(shown, expected, "each live arena buffer is a block of its own");
+            let active: Vec<(u64, u64)> = mode
+                .snapshot()
+                .iter()
+                .flat_map(|s| s.segment.blocks.iter())
+                .filter_map(|&(addr, _, state)| match state {
+                    BlockState::Active { requested } => Some((addr, requested)),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(active, expected);
+            // Freed by this thread, in an order that leaves both schedules: each lane answers for its own.
+            let last = (held[0].0, held[0].1);
+            held.into_iter().rev().for_each(|b| free(&mode, &sim, b));
+            assert!(mode.free(last.0, Some(last.1), None).is_err(), "a double free is refused");
+            assert_eq!((mode.stats().allocation.current, mode.planned_stats().unwrap().arena_live), (0, 0));
+        }));
+        barrier.wait();
+        checked
+    });
+    checked.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+    assert_eq!((mode.stats().allocation.current, mode.planned_stats().unwrap().arena_live), (0, 0));
+    assert_eq!(mode.stats().allocation.allocated, 2 * 50 * 12 + 4);
 }
 
 /// Allocates as the C entries do: the cached lane, else `allocate`; counts the lane's hits.
