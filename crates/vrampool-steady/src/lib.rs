@@ -6,7 +6,8 @@
 //! - [`PlannedPool`]: records an iteration's allocations, plans them (`vrampool_plan`), and serves
 //!   the same sequence later from the arena; plans per key, or per first allocation.
 //! - [`PlannedMode`]: the planned arena as a mode of a `MemoryResource` (an adaptor over it), on for
-//!   good (steady) or switched on and off, as the binding's pools and the C ABI use it.
+//!   good (steady) or switched on and off, as the binding's pools and the C ABI use it. Steady, it
+//!   gives threads that repeat their loops at once a planned pool each (`thread_lanes.rs`).
 //!
 //! Safe across streams: the arena is a region per stream, one block the pool handed out for that
 //! stream, so its bytes only ever pass between buffers of one stream (in that stream's order); a

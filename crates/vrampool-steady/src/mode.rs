@@ -68,7 +68,7 @@ impl<U: MemoryResource> PlannedMode<U> {
     /// Whether threads have lanes of their own.
     #[inline(always)]
     fn split(&self) -> bool {
-        self.planned.threads_interleave.load(Relaxed)
+        self.planned.threads_interleave.0.load(Relaxed)
     }
 
     /// The calling thread's lane's planned pool (made on its first call).
@@ -88,6 +88,25 @@ impl<U: MemoryResource> PlannedMode<U> {
     /// The planned pool that answers for `addr`: the lane whose arena holds it, else `own`.
     fn owner<'a>(&'a self, addr: u64, own: &'a PlannedPool<Arc<U>>) -> &'a PlannedPool<Arc<U>> {
         self.each().find(|p| !std::ptr::eq(*p, own) && p.in_bounds(addr) && p.claims(addr)).unwrap_or(own)
+    }
+
+    /// Where `own` ran out of memory: the other lanes' idle arenas go back (a lane's thread may have
+    /// gone quiet, or exited, holding one) and `again` is tried once more where any did.
+    #[cold]
+    fn after_out_of_memory(
+        &self,
+        own: &PlannedPool<Arc<U>>,
+        e: PoolError,
+        again: impl FnOnce() -> Result<u64, PoolError>,
+    ) -> Result<u64, PoolError> {
+        if !matches!(e, PoolError::OutOfMemory(_)) {
+            return Err(e);
+        }
+        let released: u64 = self.each().filter(|p| !std::ptr::eq(*p, own)).filter_map(|p| p.release_idle_arena().ok()).sum();
+        if released == 0 {
+            return Err(e);
+        }
+        again()
     }
 
     /// Whether `addr` may lie in the arena of a lane other than `own` (bounds only, no lock).
@@ -213,7 +232,8 @@ impl<U: MemoryResource> MemoryResource for PlannedMode<U> {
     #[inline]
     fn allocate(&self, size: u64, stream: StreamId) -> Result<u64, PoolError> {
         if self.split() {
-            return self.own().allocate(size, stream);
+            let own = self.own();
+            return own.allocate(size, stream).or_else(|e| self.after_out_of_memory(own, e, || own.allocate(size, stream)));
         }
         self.planned.allocate(size, stream)
     }

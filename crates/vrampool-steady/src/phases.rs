@@ -200,7 +200,7 @@ impl<B: MemoryResource> PlannedPool<B> {
     /// lanes (`thread_lanes.rs`), and what their interleaving cost (backoff, wasted plans) is
     /// forgotten, since this pool now sees one thread's calls. True where the recording is dropped.
     fn split_threads(&self, cold: &mut Cold, interleaved: bool) -> bool {
-        if !self.auto_steps || !interleaved || self.threads_interleave.swap(true, Relaxed) {
+        if !self.auto_steps || !interleaved || self.threads_interleave.0.swap(true, Relaxed) {
             return false;
         }
         cold.backoff.served();

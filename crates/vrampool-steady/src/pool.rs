@@ -99,10 +99,15 @@ pub struct PlannedPool<B: MemoryResource> {
     pub(crate) wraps: AtomicU64,
     pub(crate) idle: IdleCount,
     /// A recording showed threads taking turns call by call (`thread_lanes.rs`): a steady mode then
-    /// gives them lanes.
-    pub(crate) threads_interleave: AtomicBool,
+    /// gives them lanes. On a line of its own: every call of every lane reads it, while the thread of
+    /// lane 0 writes the word beside it at every step.
+    pub(crate) threads_interleave: OwnLine<AtomicBool>,
     pub(crate) cold: Mutex<Cold>,
 }
+
+/// A value alone on its cache lines (128 bytes: two lines, as adjacent-line prefetch pairs them).
+#[repr(align(128))]
+pub(crate) struct OwnLine<T>(pub(crate) T);
 
 pub(crate) fn next_uid() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -157,7 +162,7 @@ impl<B: MemoryResource> PlannedPool<B> {
             bounds: [AtomicU64::new(0), AtomicU64::new(0)],
             wraps: AtomicU64::new(0),
             idle: IdleCount::default(),
-            threads_interleave: AtomicBool::new(false),
+            threads_interleave: OwnLine(AtomicBool::new(false)),
             cold: Mutex::new(cold),
         }
     }
@@ -175,9 +180,11 @@ impl<B: MemoryResource> PlannedPool<B> {
     }
 
     /// A planned pool over `backing` as this one was made (budget, alignment, automatic
-    /// boundaries), with nothing recorded: another thread's lane (`thread_lanes.rs`).
+    /// boundaries), with nothing recorded: another thread's lane (`thread_lanes.rs`), whose threads
+    /// have lanes already.
     pub(crate) fn sibling(&self, backing: B) -> Self {
         let sibling = Self::with_budget(backing, self.planning.budget).with_alignment(self.planning.alignment);
+        sibling.threads_interleave.0.store(true, Relaxed);
         if self.auto_steps {
             sibling.with_auto_steps()
         } else {

@@ -47,8 +47,8 @@ fn threads_running_loops_of_their_own_on_one_pool_never_share_bytes() {
     (0..20).for_each(|_| round(&mode, &sim, 0));
     let alone = mode.planned_stats().unwrap();
     assert!(alone.planned_allocations >= 18 * 12, "one thread's loop is served: {alone:?}");
-    // Four loops at once: whichever thread comes takes the next step, so they leave their schedules and back
-    // off; no two live buffers share a byte whichever path served them.
+    // Four loops at once: they interleave in one schedule until the threads get lanes (two may share one);
+    // no two live buffers share a byte whichever path served them.
     std::thread::scope(|s| {
         for t in 0..4u8 {
             let (mode, sim) = (&mode, &sim);
@@ -231,6 +231,32 @@ fn with_an_arena_a_thread_each_buffer_is_shown_and_freed_whichever_thread_frees_
     checked.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
     assert_eq!((mode.stats().allocation.current, mode.planned_stats().unwrap().arena_live), (0, 0));
     assert_eq!(mode.stats().allocation.allocated, 2 * 50 * 12 + 4);
+}
+
+#[test]
+fn the_arenas_of_threads_that_have_gone_are_given_back_when_memory_runs_out() {
+    // 64 MiB of device memory; each thread's loop holds a 20 MiB buffer a round.
+    let sim = Arc::new(SimDevice::new(64 << 20, SimMode::AddressOnly));
+    let mode = PlannedMode::steady(Pool::new(sim.clone(), PoolConfig::default()).unwrap());
+    let turns = Turns(AtomicUsize::new(0));
+    std::thread::scope(|s| {
+        for t in 0..2usize {
+            let (mode, turns) = (&mode, &turns);
+            s.spawn(move || {
+                for _ in 0..20 {
+                    let sizes = [4096, 20 << 20, 8192, 4096, 12288, 4096, 8192, 4096];
+                    let addrs: Vec<u64> = sizes.iter().map(|&size| turns.take(t, || mode.allocate(size, StreamId(0)).unwrap())).collect();
+                    addrs.iter().zip(sizes).for_each(|(&addr, size)| turns.take(t, || mode.free(addr, Some(size), None).unwrap()));
+                }
+            });
+        }
+    });
+    let stats = mode.planned_stats().unwrap();
+    assert!(stats.arena_bytes >= 40 << 20, "both threads' loops have arenas: {stats:?}");
+    // Both threads have exited; this one needs most of the device.
+    let big = mode.allocate(48 << 20, StreamId(0)).expect("the idle arenas went back for it");
+    mode.free(big, Some(48 << 20), None).unwrap();
+    assert_eq!(mode.stats().allocation.current, 0);
 }
 
 /// Allocates as the C entries do: the cached lane, else `allocate`; counts the lane's hits.
