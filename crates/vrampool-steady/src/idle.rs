@@ -73,20 +73,23 @@ impl IdleCount {
         n % CHECK_EVERY == 0 && self.total() >= self.until.load(Relaxed)
     }
 
-    /// Whether this thread's next count is one at which the wait is checked (`count` then).
-    #[inline(always)]
-    pub fn at_check(&self) -> bool {
-        (self.shards[shard()].0.load(Relaxed) + 1) % CHECK_EVERY == 0
-    }
-
-    /// Counts an allocation without checking the wait (for one not at a check: see `at_check`);
-    /// this thread's shard's count after it.
+    /// Counts an allocation without checking the wait; this thread's shard's count after it.
     #[inline(always)]
     pub fn add_one(&self) -> u64 {
         let counter = &self.shards[shard()].0;
         let n = counter.load(Relaxed) + 1;
         counter.store(n, Relaxed);
         n
+    }
+
+    /// For an allocation that may not happen: this thread's counter and its count once the
+    /// allocation is made (stored by the caller then), or None where that count is one at which
+    /// the wait is checked (`count` then).
+    #[inline(always)]
+    pub fn next_unchecked(&self) -> Option<(&AtomicU64, u64)> {
+        let counter = &self.shards[shard()].0;
+        let n = counter.load(Relaxed) + 1;
+        (n % CHECK_EVERY != 0).then_some((counter, n))
     }
 
     pub fn total(&self) -> u64 {

@@ -290,11 +290,12 @@ impl<B: MemoryResource> PlannedPool<B> {
         if word == Word::OFF {
             return self.backing.allocate_cached(size, stream);
         }
-        if word != Word::IDLE || self.idle.at_check() {
+        if word != Word::IDLE {
             return None;
         }
+        let (counter, count) = self.idle.next_unchecked()?;
         let addr = self.backing.allocate_cached(size, stream)?;
-        self.idle.add_one();
+        counter.store(count, Relaxed);
         Some(addr)
     }
 
