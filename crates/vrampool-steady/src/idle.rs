@@ -29,6 +29,15 @@ const MAX_LEVEL: u32 = 12;
 pub(crate) const FIRST_RECORD_LIMIT: usize = 1 << 16;
 pub(crate) const MAX_RECORD_LIMIT: usize = 1 << 20;
 
+/// While a wait is long, every this many allocations one short recording (a probe, of at most
+/// `PROBE_EVENTS` events) looks whether the program repeats now; where it does not, the wait goes
+/// on, unchanged. Design: the doubling waits of a program that never repeated (at the most, 4,096
+/// times a recording's cost) kept a loop that began after it on the pool for good (c_abi_bench's
+/// `step, 2 threads` after `random`: tens of millions of allocations); a probe costs at most a
+/// 256th of the calls between probes, recorded.
+pub(crate) const PROBE_EVERY: u64 = 256 * PROBE_EVENTS as u64;
+pub(crate) const PROBE_EVENTS: usize = 4096;
+
 /// Counts an allocation this many times before the shared count is read.
 const CHECK_EVERY: u64 = 256;
 const SHARDS: usize = 8;
@@ -105,6 +114,15 @@ impl IdleCount {
     pub fn wait(&self, allocations: u64) {
         self.until.store(self.total().saturating_add(allocations), Relaxed);
     }
+}
+
+/// Where a wait stands: when it ends, and whether a probe is recording (`PROBE_EVERY`).
+#[derive(Debug, Default)]
+pub(crate) struct Probes {
+    /// The idle count at which the whole wait ends.
+    pub wait_until: u64,
+    /// While a probe records: the events it may still record.
+    pub left: Option<usize>,
 }
 
 /// When to stop recording, and for how long.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use vrampool_core::{MemoryResource, PoolError, StreamId};
 
-use crate::idle::WastedPlans;
+use crate::idle::{Probes, WastedPlans, PROBE_EVENTS, PROBE_EVERY};
 use crate::pool::{next_uid, signature, PlannedPool, AUTO_KEY, AUTO_PLAN_ALLOCATIONS, MAX_PLANS};
 use crate::record::Recorder;
 use crate::schedule::{plan_schedule, Schedule};
@@ -159,6 +159,7 @@ impl<B: MemoryResource> PlannedPool<B> {
             cold.epoch = 1;
         }
         cold.wraps_at_epoch = self.wraps.load(Relaxed);
+        cold.probes.left = None;
         self.arm_peak(cold, &schedule, position);
         let epoch = cold.epoch;
         let pool_addrs = (0..schedule.allocations).map(|_| AtomicU64::new(0)).collect();
@@ -192,6 +193,9 @@ impl<B: MemoryResource> PlannedPool<B> {
             cold.recorder = Recorder::new(cold.backoff.record_limit);
             return;
         }
+        if cold.probes.left.is_some() {
+            return self.wait_on(cold);
+        }
         let wait = cold.backoff.gave_up(cold.recorder.len());
         self.go_idle(cold, wait);
     }
@@ -208,22 +212,37 @@ impl<B: MemoryResource> PlannedPool<B> {
         true
     }
 
+    /// Calls go to the pool for `wait` allocations, with a probe every `PROBE_EVERY` of them.
     pub(crate) fn go_idle(&self, cold: &mut Cold, wait: u64) {
-        self.idle.wait(wait);
+        cold.probes = Probes { wait_until: self.idle.total().saturating_add(wait), left: None };
+        self.idle.wait(wait.min(PROBE_EVERY));
         self.word.store(Word::IDLE, Release);
         cold.recorder = Recorder::new(cold.backoff.record_limit);
         self.release_idle_regions(cold);
     }
 
-    /// The wait is over: record again, from the next allocation on.
+    /// A probe that found nothing to serve: the wait it interrupted goes on, as long as it was.
+    fn wait_on(&self, cold: &mut Cold) {
+        let rest = cold.probes.wait_until.saturating_sub(self.idle.total());
+        self.go_idle(cold, rest);
+    }
+
+    /// The wait is over, or a probe is due: record again, from the next allocation on.
     #[cold]
     pub(crate) fn wake(&self) {
         let Ok(mut cold) = self.lock() else { return };
         if Word::phase(self.word.load(Relaxed)) == Phase::Idle {
-            cold.recorder = Recorder::new(cold.backoff.record_limit);
+            self.record_again(&mut cold);
             cold.key = AUTO_KEY;
-            self.word.store(Word::COLD, Release);
         }
+    }
+
+    /// Records from the next call on: a probe while the wait is not over.
+    fn record_again(&self, cold: &mut Cold) {
+        let probe = self.idle.total() < cold.probes.wait_until;
+        cold.probes.left = probe.then_some(PROBE_EVENTS);
+        cold.recorder = Recorder::new(if probe { PROBE_EVENTS } else { cold.backoff.record_limit });
+        self.word.store(Word::COLD, Release);
     }
 
     /// Ends the iteration and starts the next, whose signature is `key`. The iteration that ends is
@@ -273,8 +292,7 @@ impl<B: MemoryResource> PlannedPool<B> {
                 // is over.
                 let known = cold.plans.contains_key(&key) || cold.pending.contains_key(&key);
                 if (key != AUTO_KEY && known) || self.idle.total() >= self.idle.until() {
-                    cold.recorder = Recorder::new(cold.backoff.record_limit);
-                    self.word.store(Word::COLD, Release);
+                    self.record_again(cold);
                     self.begin(cold, key);
                 }
             }
@@ -321,7 +339,13 @@ impl<B: MemoryResource> PlannedPool<B> {
             }
             cold.pending.insert(key, recorder.events);
         }
-        if let Some(wait) = cold.backoff.unserved(recorded) {
+        if let Some(left) = cold.probes.left.as_mut() {
+            // A probe's iterations do not count towards the backoff: it ends where its events do.
+            *left = left.saturating_sub(recorded);
+            if *left == 0 {
+                self.wait_on(cold);
+            }
+        } else if let Some(wait) = cold.backoff.unserved(recorded) {
             self.go_idle(cold, wait);
         }
     }

@@ -39,7 +39,7 @@ use parking_lot::{Mutex, MutexGuard};
 use vrampool_core::{fork, CachedFree, MemoryResource, PoolError, StreamId};
 
 use crate::figures::Figures;
-use crate::idle::{Backoff, IdleCount, WastedPlans};
+use crate::idle::{Backoff, IdleCount, Probes, WastedPlans};
 use crate::peaks::Peaks;
 use crate::record::Recorder;
 use crate::regions::Regions;
@@ -145,6 +145,7 @@ impl<B: MemoryResource> PlannedPool<B> {
             births: HashMap::default(),
             figures: Figures::default(),
             backoff,
+            probes: Probes::default(),
             wasted: WastedPlans::default(),
             early: BTreeSet::new(),
             ahead: None,

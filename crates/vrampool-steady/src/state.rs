@@ -8,7 +8,7 @@ use vrampool_core::{InvalidFreeReason, PoolError, StreamId};
 
 use crate::ahead::Ahead;
 use crate::figures::Figures;
-use crate::idle::{Backoff, WastedPlans};
+use crate::idle::{Backoff, Probes, WastedPlans};
 use crate::peaks::Peaks;
 use crate::record::Recorder;
 use crate::regions::Regions;
@@ -46,6 +46,7 @@ pub(crate) struct Cold {
     pub(crate) births: HashMap<u64, u64, FixedState>,
     pub(crate) figures: Figures,
     pub(crate) backoff: Backoff,
+    pub(crate) probes: Probes,
     pub(crate) wasted: WastedPlans,
     /// A plan made ahead, where one is set (`set_ahead`).
     pub(crate) ahead: Option<Ahead>,

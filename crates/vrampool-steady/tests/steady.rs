@@ -8,7 +8,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Barrier};
 
 use vrampool_core::{BlockState, CachedFree, MemoryResource, Pool, PoolConfig, SimDevice, SimMode, StreamId};
-use vrampool_steady::PlannedMode;
+use vrampool_steady::{PlannedMode, PlannedPool};
 
 fn steady() -> (PlannedMode<Pool>, Arc<SimDevice>) {
     let sim = Arc::new(SimDevice::new(1 << 32, SimMode::HostBacked));
@@ -257,6 +257,36 @@ fn the_arenas_of_threads_that_have_gone_are_given_back_when_memory_runs_out() {
     let big = mode.allocate(48 << 20, StreamId(0)).expect("the idle arenas went back for it");
     mode.free(big, Some(48 << 20), None).unwrap();
     assert_eq!(mode.stats().allocation.current, 0);
+}
+
+#[test]
+fn a_loop_that_begins_after_a_long_stretch_that_never_repeated_is_served_within_a_probe() {
+    let sim = Arc::new(SimDevice::new(1 << 32, SimMode::AddressOnly));
+    let planned = PlannedPool::new(Pool::new(sim, PoolConfig::default()).unwrap()).with_auto_steps();
+    // Pairs of sizes that never repeat in a row: too short to plan; the waits double, to millions of
+    // allocations.
+    for i in 0..3_000_000u64 {
+        let size = 512 * (1 + i % 97);
+        planned.free(planned.allocate(size, StreamId(0)).unwrap(), Some(size), None).unwrap();
+    }
+    let idle = planned.stats().unwrap().idle_allocations;
+    assert!(idle > 2_900_000, "backing off: {idle}");
+    // A loop of 16 buffers a step, each freed two allocations later.
+    let mut allocations = 0u64;
+    while planned.stats().unwrap().planned_allocations == 0 && allocations < 4_000_000 {
+        let sizes: Vec<u64> = (0..16u64).map(|i| 4096 * (1 + i % 5)).collect();
+        let mut addrs = Vec::new();
+        for (i, &size) in sizes.iter().enumerate() {
+            addrs.push(planned.allocate(size, StreamId(0)).unwrap());
+            if i >= 2 {
+                planned.free(addrs[i - 2], Some(sizes[i - 2]), None).unwrap();
+            }
+        }
+        planned.free(addrs[14], Some(sizes[14]), None).unwrap();
+        planned.free(addrs[15], Some(sizes[15]), None).unwrap();
+        allocations += 16;
+    }
+    assert!(allocations <= (1 << 20) + 4096, "served after {allocations} allocations of the loop");
 }
 
 /// Allocates as the C entries do: the cached lane, else `allocate`; counts the lane's hits.
