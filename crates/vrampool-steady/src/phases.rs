@@ -201,13 +201,15 @@ impl<B: MemoryResource> PlannedPool<B> {
     }
 
     /// Where a recording shows threads taking turns call by call, the first time: the threads get
-    /// lanes (`thread_lanes.rs`), and what their interleaving cost (backoff, wasted plans) is
-    /// forgotten, since this pool now sees one thread's calls. True where the recording is dropped.
+    /// lanes (`thread_lanes.rs`), and what their interleaving cost (backoff, a wait a probe
+    /// interrupted, wasted plans) is forgotten, since this pool now sees one thread's calls. True
+    /// where the recording is dropped.
     fn split_threads(&self, cold: &mut Cold, interleaved: bool) -> bool {
         if !self.auto_steps || !interleaved || self.threads_interleave.0.swap(true, Relaxed) {
             return false;
         }
         cold.backoff.served();
+        cold.probes = Probes::default();
         cold.wasted = WastedPlans::default();
         true
     }
