@@ -23,7 +23,7 @@
 //! # Ok::<(), vrampool_core::PoolError>(())
 //! ```
 
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::{Arc, OnceLock};
 
 use vrampool_core::stats::Stats;
@@ -107,6 +107,42 @@ impl<U: MemoryResource> PlannedMode<U> {
             return Err(e);
         }
         again()
+    }
+
+    // The calls once threads have lanes, out of line: a program whose threads never interleave
+    // keeps the calls of lane 0 alone inlined.
+
+    #[inline(never)]
+    fn allocate_in_lane(&self, size: u64, stream: StreamId) -> Result<u64, PoolError> {
+        let own = self.own();
+        own.allocate(size, stream).or_else(|e| self.after_out_of_memory(own, e, || own.allocate(size, stream)))
+    }
+
+    #[inline(never)]
+    fn free_in_lane(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> Result<(), PoolError> {
+        let own = self.own();
+        if own.free_in_arena(addr, size, stream) {
+            return Ok(());
+        }
+        self.owner(addr, own).free(addr, size, stream)
+    }
+
+    #[inline(never)]
+    fn allocate_cached_in_lane(&self, size: u64, stream: StreamId) -> Option<u64> {
+        self.own().allocate_cached(size, stream)
+    }
+
+    #[inline(never)]
+    fn free_cached_in_lane(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> CachedFree {
+        let own = self.own();
+        if own.free_in_arena(addr, size, stream) {
+            return CachedFree::Done;
+        }
+        if self.maybe_other(addr, own) {
+            return CachedFree::Untouched;
+        }
+        // Not `own.free_cached`: its serving path's closure stays inlined where it has one caller.
+        own.free_cached_by_pool(own.word.load(Acquire), addr, size, stream)
     }
 
     /// Whether `addr` may lie in the arena of a lane other than `own` (bounds only, no lock).
@@ -232,8 +268,7 @@ impl<U: MemoryResource> MemoryResource for PlannedMode<U> {
     #[inline]
     fn allocate(&self, size: u64, stream: StreamId) -> Result<u64, PoolError> {
         if self.split() {
-            let own = self.own();
-            return own.allocate(size, stream).or_else(|e| self.after_out_of_memory(own, e, || own.allocate(size, stream)));
+            return self.allocate_in_lane(size, stream);
         }
         self.planned.allocate(size, stream)
     }
@@ -243,37 +278,26 @@ impl<U: MemoryResource> MemoryResource for PlannedMode<U> {
     /// the lane whose arena holds the address answers, whichever thread frees it.
     #[inline]
     fn free(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> Result<(), PoolError> {
-        if !self.split() {
-            return self.planned.free(addr, size, stream);
+        if self.split() {
+            return self.free_in_lane(addr, size, stream);
         }
-        let own = self.own();
-        if own.free_in_arena(addr, size, stream) {
-            return Ok(());
-        }
-        self.owner(addr, own).free(addr, size, stream)
+        self.planned.free(addr, size, stream)
     }
 
     #[inline(always)]
     fn allocate_cached(&self, size: u64, stream: StreamId) -> Option<u64> {
         if self.split() {
-            return self.own().allocate_cached(size, stream);
+            return self.allocate_cached_in_lane(size, stream);
         }
         self.planned.allocate_cached(size, stream)
     }
 
     #[inline(always)]
     fn free_cached(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> CachedFree {
-        if !self.split() {
-            return self.planned.free_cached(addr, size, stream);
+        if self.split() {
+            return self.free_cached_in_lane(addr, size, stream);
         }
-        let own = self.own();
-        if own.free_in_arena(addr, size, stream) {
-            return CachedFree::Done;
-        }
-        if self.maybe_other(addr, own) {
-            return CachedFree::Untouched;
-        }
-        own.free_cached(addr, size, stream)
+        self.planned.free_cached(addr, size, stream)
     }
 
     fn free_parked(&self, addr: u64, stream: Option<StreamId>) -> Result<(), PoolError> {

@@ -283,7 +283,11 @@ impl<B: MemoryResource> PlannedPool<B> {
     pub fn allocate_cached(&self, size: u64, stream: StreamId) -> Option<u64> {
         let word = self.word.load(Acquire);
         if Word::is_serving(word) && !self.watched {
-            return match self.serve_in_arena(word, |s| s.allocation(word, size, stream)) {
+            return match self.serve_in_arena(
+                word,
+                #[inline(always)]
+                |s| s.allocation(word, size, stream),
+            ) {
                 Served::Arena(addr) => Some(addr),
                 _ => None,
             };
@@ -306,11 +310,22 @@ impl<B: MemoryResource> PlannedPool<B> {
     pub fn free_cached(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> CachedFree {
         let word = self.word.load(Acquire);
         if Word::is_serving(word) && !self.watched {
-            return match self.serve_in_arena(word, |s| s.free(word, addr, size, stream)) {
+            return match self.serve_in_arena(
+                word,
+                #[inline(always)]
+                |s| s.free(word, addr, size, stream),
+            ) {
                 Served::Arena(_) => CachedFree::Done,
                 _ => CachedFree::Untouched,
             };
         }
+        self.free_cached_by_pool(word, addr, size, stream)
+    }
+
+    /// The pool's cached path of a free at `word`, where the pool alone serves (idle, or off) and
+    /// `addr` is not the arena's.
+    #[inline(always)]
+    pub(crate) fn free_cached_by_pool(&self, word: u64, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> CachedFree {
         if (word == Word::IDLE || word == Word::OFF) && !self.in_bounds(addr) {
             return self.backing.free_cached(addr, size, stream);
         }
@@ -324,7 +339,14 @@ impl<B: MemoryResource> PlannedPool<B> {
         let word = self.word.load(Acquire);
         Word::is_serving(word)
             && !self.watched
-            && matches!(self.serve_in_arena(word, |s| s.free(word, addr, size, stream)), Served::Arena(_))
+            && matches!(
+                self.serve_in_arena(
+                    word,
+                    #[inline(always)]
+                    |s| s.free(word, addr, size, stream)
+                ),
+                Served::Arena(_)
+            )
     }
 
     /// Ends a free of the pool's that `free_cached` left parked.
@@ -361,7 +383,13 @@ impl<B: MemoryResource> PlannedPool<B> {
         if fork::forked_since(self.generation) {
             return Served::Missed;
         }
-        let Some((take, next, wraps)) = self.with_serving(word, |s| s.allocation(word, size, stream)) else { return Served::Missed };
+        let Some((take, next, wraps)) = self.with_serving(
+            word,
+            #[inline(always)]
+            |s| s.allocation(word, size, stream),
+        ) else {
+            return Served::Missed;
+        };
         self.take_step(word, next, wraps, take)
     }
 
@@ -371,7 +399,13 @@ impl<B: MemoryResource> PlannedPool<B> {
         if fork::forked_since(self.generation) {
             return Served::Missed;
         }
-        let Some((take, next, wraps)) = self.with_serving(word, |s| s.free(word, addr, size, stream)) else { return Served::Missed };
+        let Some((take, next, wraps)) = self.with_serving(
+            word,
+            #[inline(always)]
+            |s| s.free(word, addr, size, stream),
+        ) else {
+            return Served::Missed;
+        };
         self.take_step(word, next, wraps, take)
     }
 
