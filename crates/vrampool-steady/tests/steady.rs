@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::Acquire, Ordering::Release};
 use std::sync::mpsc;
 use std::sync::{Arc, Barrier};
 
-use vrampool_core::{BlockState, CachedFree, MemoryResource, Pool, PoolConfig, SimDevice, SimMode, StreamId};
+use vrampool_core::{BlockState, CachedFree, MemoryResource, Pool, PoolConfig, Scrub, SimDevice, SimMode, StreamId};
 use vrampool_steady::{PlannedMode, PlannedPool};
 
 fn steady() -> (PlannedMode<Pool>, Arc<SimDevice>) {
@@ -287,6 +287,43 @@ fn a_loop_that_begins_after_a_long_stretch_that_never_repeated_is_served_within_
         allocations += 16;
     }
     assert!(allocations <= (1 << 20) + 4096, "served after {allocations} allocations of the loop");
+}
+
+#[test]
+fn with_an_arena_a_thread_every_buffer_is_scrubbed_before_the_next_user_sees_it() {
+    let sim = Arc::new(SimDevice::new(1 << 32, SimMode::HostBacked));
+    let config = PoolConfig { scrub: Scrub::OnFree, ..PoolConfig::default() };
+    let mode = PlannedMode::steady(Pool::new(sim.clone(), config).unwrap());
+    let turns = Turns(AtomicUsize::new(0));
+    let dirty = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for t in 1..=2u8 {
+            let (mode, sim, turns, dirty) = (&mode, &sim, &turns, &dirty);
+            s.spawn(move || {
+                let me = usize::from(t % 2);
+                for _ in 0..40 {
+                    let mut live = std::collections::VecDeque::new();
+                    for i in 0..12u64 {
+                        let size = 4096 * (1 + (i + u64::from(t)) % 5);
+                        let addr = turns.take(me, || mode.allocate(size, StreamId(0)).unwrap());
+                        if sim.read(addr, size).unwrap().iter().any(|&b| b != 0) {
+                            dirty.fetch_add(1, Release);
+                        }
+                        sim.write(addr, &vec![t; size as usize]).unwrap();
+                        live.push_back((addr, size));
+                        if live.len() > 3 {
+                            let (addr, size) = live.pop_front().unwrap();
+                            turns.take(me, || mode.free(addr, Some(size), None).unwrap());
+                        }
+                    }
+                    live.into_iter().for_each(|(addr, size)| turns.take(me, || mode.free(addr, Some(size), None).unwrap()));
+                }
+            });
+        }
+    });
+    let stats = mode.planned_stats().unwrap();
+    assert!(stats.planned_allocations >= 2 * 30 * 12, "both loops are served from their arenas: {stats:?}");
+    assert_eq!(dirty.load(Acquire), 0, "no buffer came back holding another's bytes");
 }
 
 /// Allocates as the C entries do: the cached lane, else `allocate`; counts the lane's hits.
