@@ -341,11 +341,14 @@ impl<B: MemoryResource> PlannedPool<B> {
             }
             cold.pending.insert(key, recorder.events);
         }
-        if let Some(left) = cold.probes.left.as_mut() {
+        if let Some(left) = cold.probes.left {
             // A probe's iterations do not count towards the backoff: it ends where its events do.
-            *left = left.saturating_sub(recorded);
-            if *left == 0 {
-                self.wait_on(cold);
+            match left.saturating_sub(recorded) {
+                0 => self.wait_on(cold),
+                left => {
+                    cold.probes.left = Some(left);
+                    cold.recorder = Recorder::new(left);
+                }
             }
         } else if let Some(wait) = cold.backoff.unserved(recorded) {
             self.go_idle(cold, wait);
