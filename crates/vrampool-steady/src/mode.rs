@@ -121,7 +121,7 @@ impl<U: MemoryResource> PlannedMode<U> {
     #[inline(never)]
     fn free_in_lane(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> Result<(), PoolError> {
         let own = self.own();
-        if own.free_in_arena(addr, size, stream) {
+        if own.free_in_arena(own.word.load(Acquire), addr, size, stream) {
             return Ok(());
         }
         self.owner(addr, own).free(addr, size, stream)
@@ -135,14 +135,15 @@ impl<U: MemoryResource> PlannedMode<U> {
     #[inline(never)]
     fn free_cached_in_lane(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> CachedFree {
         let own = self.own();
-        if own.free_in_arena(addr, size, stream) {
+        let word = own.word.load(Acquire);
+        if own.free_in_arena(word, addr, size, stream) {
             return CachedFree::Done;
         }
+        // Another lane's arena address must not reach the pool's cached path.
         if self.maybe_other(addr, own) {
             return CachedFree::Untouched;
         }
-        // Not `own.free_cached`: its serving path's closure stays inlined where it has one caller.
-        own.free_cached_by_pool(own.word.load(Acquire), addr, size, stream)
+        own.free_cached_by_pool(word, addr, size, stream)
     }
 
     /// Whether `addr` may lie in the arena of a lane other than `own` (bounds only, no lock).

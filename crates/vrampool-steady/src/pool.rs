@@ -309,15 +309,8 @@ impl<B: MemoryResource> PlannedPool<B> {
     #[inline(always)]
     pub fn free_cached(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> CachedFree {
         let word = self.word.load(Acquire);
-        if Word::is_serving(word) && !self.watched {
-            return match self.serve_in_arena(
-                word,
-                #[inline(always)]
-                |s| s.free(word, addr, size, stream),
-            ) {
-                Served::Arena(_) => CachedFree::Done,
-                _ => CachedFree::Untouched,
-            };
+        if self.free_in_arena(word, addr, size, stream) {
+            return CachedFree::Done;
         }
         self.free_cached_by_pool(word, addr, size, stream)
     }
@@ -332,11 +325,10 @@ impl<B: MemoryResource> PlannedPool<B> {
         CachedFree::Untouched
     }
 
-    /// Frees `addr` where it is the schedule's next step in the arena; false, with nothing done,
-    /// where it is not.
+    /// Frees `addr` where, at `word`, it is the schedule's next step in the arena; false, with
+    /// nothing done, where it is not.
     #[inline(always)]
-    pub(crate) fn free_in_arena(&self, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> bool {
-        let word = self.word.load(Acquire);
+    pub(crate) fn free_in_arena(&self, word: u64, addr: u64, size: Option<u64>, stream: Option<StreamId>) -> bool {
         Word::is_serving(word)
             && !self.watched
             && matches!(
