@@ -148,7 +148,7 @@ impl PoolCore {
             // segments beyond those stay cached for the sizes that come back, unless the pool has
             // drifted (`DRIFT_DIVISOR`). The estimate is what the growth will ask of the device.
             // Best effort, as a failed give-back only leaves memory reserved.
-            let (growth, extended_tail) = self.growth_estimate(arena, tier, rounded);
+            let (growth, extended_tail, joined_hole) = self.growth_estimate(arena, tier, rounded);
             let after = self.committed.load(Relaxed).saturating_add(growth);
             let allocated = self.allocated_bytes();
             let live_peak = allocated.current + rounded > allocated.peak;
@@ -156,7 +156,7 @@ impl PoolCore {
             if over > 0 {
                 let base = self.committed_at_live_peak.load(Relaxed);
                 let drifted = !live_peak && after > base + base / DRIFT_DIVISOR;
-                let growing = Growing { stream: arena.stream, tier, extended_tail };
+                let growing = Growing { stream: arena.stream, tier, extended_tail, joined_hole };
                 let _ = self.give_back_free(Some(growing), if drifted { u64::MAX } else { over });
             }
             if live_peak {
