@@ -73,6 +73,31 @@ def test_steady_arena_buffers_are_scrubbed_as_the_pools_are(scrub: str) -> None:
     assert pool.close() == []
 
 
+@pytest.mark.parametrize("how", ["record_stream", "free_on"])
+def test_steady_on_free_scrubs_each_buffer_used_on_its_own_stream_alone(how: str) -> None:
+    """In a served iteration, buffer 4 alone goes to another stream (`record_stream`, or a free
+    naming it): its region serves nothing more, but every other buffer, used on its own stream
+    alone, still reads zeros right after its free. Buffer 4's bytes wait for the other stream."""
+    pool = DevicePool("sim", capacity=1 << 30, scrub="on_free")
+    sim = native(pool)
+    size = 64 * KIB
+    for it in range(6):
+        bufs = [pool.allocate(size) for _ in range(10)]
+        for i, buf in enumerate(bufs):
+            ctypes.memset(buf.ptr, 0xA0 + i, size)
+        last = it == 5
+        if last:
+            assert all(in_arena(pool, [b.ptr for b in bufs])), "served from the arena"
+            if how == "record_stream":
+                pool.record_stream(bufs[4], 9)
+        for i, buf in enumerate(bufs):
+            ptr = buf.ptr
+            pool.deallocate(buf, stream=9 if last and i == 4 and how == "free_on" else None)
+            if last and i != 4:
+                assert sim.sim_read(ptr, size) == bytes(size), f"buffer {i} at {ptr:#x} kept its bytes past its free"
+    assert pool.stats()["allocation.all.current"] == 0
+
+
 @pytest.mark.parametrize("scrub", ["on_alloc", "on_free"])
 def test_steady_scrubbing_holds_when_an_iteration_leaves_its_schedule(scrub: str) -> None:
     """Served iterations that change midway (another size at buffer 5, so the arena buffers live

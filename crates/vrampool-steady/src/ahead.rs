@@ -214,6 +214,8 @@ pub(crate) struct AheadLive {
     pub(crate) arena: Option<(usize, u64)>,
     /// At a place of the first step's that the plan keeps past it: it does not hold its step open.
     pub(crate) kept: bool,
+    /// An arena buffer used on another stream, as `Loose::used_elsewhere`.
+    pub(crate) used_elsewhere: bool,
 }
 
 /// A set plan and what serving it keeps, under the cold path's lock.

@@ -40,7 +40,7 @@ impl<B: MemoryResource> PlannedPool<B> {
         if let Some(ahead) = cold.ahead.take() {
             // Its live arena buffers stay, as loose ones, until freed.
             for (&addr, live) in ahead.live.iter().filter(|(_, l)| l.arena.is_some()) {
-                cold.loose.insert(addr, Loose { size: live.size, stream: live.stream });
+                cold.loose.insert(addr, Loose { size: live.size, stream: live.stream, used_elsewhere: live.used_elsewhere });
             }
         }
         let Some(plan) = plan else {
@@ -129,7 +129,7 @@ impl<B: MemoryResource> PlannedPool<B> {
         ahead.next += 1;
         ahead.step_live += 1;
         ahead.step_kept += usize::from(kept);
-        ahead.live.insert(addr, AheadLive { size, stream, step: ahead.step, arena, kept });
+        ahead.live.insert(addr, AheadLive { size, stream, step: ahead.step, arena, kept, used_elsewhere: false });
         if arena.is_some() {
             // The serving path counts nothing, and the pool leaves the regions out: the peaks are raised here.
             let arena_live = ahead.arena_live;
@@ -153,10 +153,11 @@ impl<B: MemoryResource> PlannedPool<B> {
                             // Its bytes may be in use there still: the region is not served from again.
                             cold.regions.list[at].used_on(on.expect("named"));
                         }
-                        let retired = cold.regions.find(addr).is_some_and(|at| cold.regions.list[at].retired);
                         if self.watched {
                             cold.births.remove(&addr);
-                            let event = if retired { PieceEvent::FreedInUse } else { PieceEvent::Freed };
+                            // Its bytes were used on its own stream alone, or not: the region's other
+                            // buffers' bytes are no concern of its.
+                            let event = if in_use || live.used_elsewhere { PieceEvent::FreedInUse } else { PieceEvent::Freed };
                             let _ = self.backing.piece(addr, live.size, live.stream, event);
                         }
                         ahead.taken[region].remove(&offset);
@@ -186,11 +187,14 @@ impl<B: MemoryResource> PlannedPool<B> {
     /// `record_stream` while a plan is set: an arena buffer used on another stream retires its region
     /// (its bytes may be in use there after its free); a pool buffer is the pool's.
     pub(crate) fn record_stream_ahead(&self, cold: &mut Cold, addr: u64, stream: StreamId) -> Result<(), PoolError> {
-        let ahead = cold.ahead.as_ref().expect("a plan is set");
-        match ahead.live.get(&addr) {
+        let ahead = cold.ahead.as_mut().expect("a plan is set");
+        match ahead.live.get_mut(&addr) {
             Some(live) if live.arena.is_some() => {
-                if let Some(at) = cold.regions.find(addr) {
-                    cold.regions.list[at].used_on(stream);
+                if stream != live.stream {
+                    live.used_elsewhere = true;
+                    if let Some(at) = cold.regions.find(addr) {
+                        cold.regions.list[at].used_on(stream);
+                    }
                 }
                 Ok(())
             }

@@ -268,8 +268,9 @@ impl<B: MemoryResource> PlannedPool<B> {
     /// `record_stream` of a loose arena buffer, or of a pool buffer (an address in the arena that is
     /// neither is no live buffer).
     pub(crate) fn record_stream_loose_or_pool(&self, cold: &mut Cold, addr: u64, stream: StreamId) -> Result<(), PoolError> {
-        if let Some(&loose) = cold.loose.get(&addr) {
+        if let Some(loose) = cold.loose.get_mut(&addr) {
             if stream != loose.stream {
+                loose.used_elsewhere = true;
                 if let Some(at) = cold.regions.find(addr) {
                     cold.regions.list[at].used_on(stream);
                 }
@@ -343,11 +344,13 @@ impl<B: MemoryResource> PlannedPool<B> {
             return Err(wrong_size(addr, loose.size, given));
         }
         cold.loose.remove(&addr);
-        let region = cold.regions.find(addr);
-        if let (Some(on), Some(at)) = (on.filter(|&s| s != loose.stream), region) {
+        let elsewhere = on.filter(|&s| s != loose.stream);
+        if let (Some(on), Some(at)) = (elsewhere, cold.regions.find(addr)) {
             cold.regions.list[at].used_on(on);
         }
-        let in_use = region.is_some_and(|at| cold.regions.list[at].retired);
+        // Only its own use decides: a sibling used on another stream retires the region, but this
+        // buffer's bytes were used on its own stream alone, where the scrub is ordered after them.
+        let in_use = loose.used_elsewhere || elsewhere.is_some();
         self.arena_buffer_in(cold, addr, loose.size, loose.stream, if in_use { PieceEvent::FreedInUse } else { PieceEvent::Freed });
         if Word::phase(self.word.load(Relaxed)) == Phase::Cold {
             cold.recorder.freed(addr, on);

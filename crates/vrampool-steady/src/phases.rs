@@ -61,7 +61,7 @@ impl<B: MemoryResource> PlannedPool<B> {
             let addr = match p.offset {
                 Some(offset) => {
                     let addr = serving.bases[p.stream] + offset;
-                    cold.loose.insert(addr, Loose { size: p.size, stream });
+                    cold.loose.insert(addr, Loose { size: p.size, stream, used_elsewhere: false });
                     addr
                 }
                 None => serving.pool_addrs[p.index as usize].load(Relaxed),

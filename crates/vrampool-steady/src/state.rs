@@ -21,6 +21,9 @@ use crate::serving::Serving;
 pub(crate) struct Loose {
     pub(crate) size: u64,
     pub(crate) stream: StreamId,
+    /// Used on another stream (`record_stream`): its bytes are scrubbed when its region goes back,
+    /// after that stream's work, not at its free.
+    pub(crate) used_elsewhere: bool,
 }
 
 /// Everything the cold path keeps, under the lock.
