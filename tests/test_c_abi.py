@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, Iterator, List
 
 import pytest
 
+import vrampool.torch
 from vrampool import _native
 
 MIB = 1 << 20
@@ -239,6 +240,30 @@ def test_bad_input_is_refused_without_crashing(sim: ctypes.CDLL) -> None:
     assert q
     sim.vrampool_free(q, 4096, 0, None)
     assert counters()["panics"] == 0
+
+
+def test_out_of_memory_names_live_buffers_that_keep_the_steady_arena(sim: ctypes.CDLL) -> None:
+    """A served loop (one 4 KiB buffer, ten of 2 MiB) whose last step keeps the small one, as a
+    loss kept for logging: the arena's region stays out of the pool's reach. The report counts the
+    buffer as allocated, the arena's idle bytes as the arena's (not as free), and says what to free."""
+    configure("device:sim,sim_capacity:40MB")
+    sizes = [4096] + [2 * MIB] * 10
+    for step in range(11):
+        ptrs = [(LIB.vrampool_malloc(n, 0, None), n) for n in sizes]
+        for p, n in ptrs[1:] if step == 10 else ptrs:
+            LIB.vrampool_free(p, n, 0, None)
+    kept = ptrs[0][0]
+    assert LIB.vrampool_malloc(20 * MIB, 0, None) is None
+    r = vrampool.torch.last_oom()
+    assert r is not None and r.arena >= 20 * MIB and (r.arena_live, r.arena_buffers) == (4096, 1), r
+    assert r.allocated == 4096 and r.free == r.reserved - r.arena, "the arena's idle bytes are not free for the pool"
+    assert "1 live buffer (4.00 KiB) keep the steady arena's" in r.hints[0], r.hints
+    assert "keeps its region from the pool until it is freed" in r.message
+    LIB.vrampool_free(kept, 4096, 0, None)
+    p = LIB.vrampool_malloc(20 * MIB, 0, None)
+    assert p, "with the kept buffer freed, the arena goes back to the pool"
+    LIB.vrampool_free(p, 20 * MIB, 0, None)
+    _native.clear_last_error()
 
 
 def test_out_of_memory_report_after_a_failing_malloc(sim: ctypes.CDLL) -> None:

@@ -448,7 +448,8 @@ def test_last_oom_explains_the_failure_and_what_to_try(sim: ctypes.CDLL) -> None
 
 def _report(**over: Any) -> Dict[str, Any]:
     r = dict(requested=40 * MIB, allocated=0, reserved=0, free=0, largest_free=0, fragmentation=0.0, device_free=0,
-             limit=None, capacity=1 << 30, too_large=False, strategy="hybrid", round_up_divisions=0)
+             arena=0, arena_live=0, arena_buffers=0, limit=None, capacity=1 << 30, too_large=False, strategy="hybrid",
+             round_up_divisions=0)
     r.update(over)
     return r
 
@@ -464,4 +465,7 @@ def test_hints_fit_the_figures() -> None:
     assert any("capped at" in h for h in vt._hints(_report(limit=256 * MIB, capacity=256 * MIB)))
     assert any("other processes" in h for h in vt._hints(_report(device_free=10 * MIB)))
     assert any("power of two" in h for h in vt._hints(_report(strategy="buddy")))
+    kept = vt._hints(_report(arena=22 * MIB, arena_live=4096, arena_buffers=1))
+    assert "1 live buffer (4.00 KiB) keep the steady arena's 22.00 MiB" in kept[0]
+    assert not any("steady arena" in h for h in vt._hints(_report(arena=22 * MIB)))
     assert vt._hints(_report()) == ("use a smaller batch (or shorter sequences), activation checkpointing, or lower precision",)

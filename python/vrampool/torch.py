@@ -615,6 +615,11 @@ class OomReport:
     fragmentation: float
     #: What the device reported free (0 when unknown).
     device_free: int
+    #: What the steady arena holds of ``reserved``, the bytes of its live buffers (counted in
+    #: ``allocated``) and their count.
+    arena: int
+    arena_live: int
+    arena_buffers: int
     limit: Optional[int]
     #: The most the pool may reserve (the limit, or the device's memory).
     capacity: int
@@ -633,6 +638,14 @@ class OomReport:
 def _hints(r: Mapping[str, Any]) -> Tuple[str, ...]:
     req, free, largest = r["requested"], r["free"], r["largest_free"]
     hints = []
+    if r["arena_buffers"] > 0 and r["arena"] - r["arena_live"] > 0:
+        hints.append(
+            f"{r['arena_buffers']} live {'buffer' if r['arena_buffers'] == 1 else 'buffers'} ({format_size(r['arena_live'])}) "
+            f"keep the steady arena's "
+            f"{format_size(r['arena'])} from the pool: free them (a tensor kept from the last step, such as a loss "
+            "kept for logging, or outputs) and the arena goes back to the pool, which torch.cuda.empty_cache() then "
+            "gives to the device; empty_cache() cannot while they live"
+        )
     if r["too_large"]:
         if r["limit"] is not None:
             hints.append(

@@ -16,6 +16,25 @@ pub struct OomReport {
     pub device_free: u64,
     /// The pool's limit, if one is set.
     pub limit: Option<u64>,
+    /// What a steady arena over the pool holds of `reserved` (its live buffers counted in
+    /// `allocated`).
+    pub arena: ArenaHeld,
+}
+
+/// The bytes a steady arena holds of a pool's reserved memory, and its live buffers among them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ArenaHeld {
+    pub bytes: u64,
+    pub live_bytes: u64,
+    pub live_buffers: u64,
+}
+
+impl OomReport {
+    /// Reserved bytes that neither a live block nor the arena holds.
+    pub fn unallocated(&self) -> u64 {
+        let arena_idle = self.arena.bytes.saturating_sub(self.arena.live_bytes);
+        self.reserved.saturating_sub(self.allocated).saturating_sub(arena_idle)
+    }
 }
 
 impl std::fmt::Display for OomReport {
@@ -29,9 +48,22 @@ impl std::fmt::Display for OomReport {
             "; pool has {} allocated, {} reserved ({} reserved but unallocated, largest free block {})",
             human(self.allocated),
             human(self.reserved),
-            human(self.reserved.saturating_sub(self.allocated)),
+            human(self.unallocated()),
             human(self.largest_free),
         )?;
+        let ArenaHeld { bytes, live_bytes, live_buffers } = self.arena;
+        if bytes > 0 {
+            let buffers = if live_buffers == 1 { "buffer" } else { "buffers" };
+            write!(
+                f,
+                "; the steady arena holds {} of the reserved bytes, {} of them in {live_buffers} live {buffers}",
+                human(bytes),
+                human(live_bytes)
+            )?;
+            if live_buffers > 0 {
+                write!(f, " (a live arena buffer keeps its region from the pool until it is freed)")?;
+            }
+        }
         if let Some(limit) = self.limit {
             write!(f, "; limit {}", human(limit))?;
         }

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::device::StreamId;
-use crate::error::{human, OomReport, PoolError};
+use crate::error::{human, ArenaHeld, OomReport, PoolError};
 use crate::pool::PoolCore;
 use crate::stats::Stats;
 
@@ -73,6 +73,7 @@ impl OomRecord {
                     largest_free: stats.largest_free_bytes,
                     device_free: pool.device().mem_info().map(|m| m.free).unwrap_or(0),
                     limit: None,
+                    arena: ArenaHeld::default(),
                 };
                 (report, true)
             }
@@ -100,7 +101,7 @@ impl OomRecord {
 
     /// Reserved bytes no block uses.
     pub fn free(&self) -> u64 {
-        self.report.reserved.saturating_sub(self.report.allocated)
+        self.report.unallocated()
     }
 
     /// 1 - largest free block / free bytes: 0 when the free memory is one block.

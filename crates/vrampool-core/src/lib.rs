@@ -43,7 +43,7 @@ mod thread_cache;
 
 pub use config::{AllocatorConfig, DeviceKind, IpcHandles, Limit, PoolConfig, Scrub};
 pub use device::{Device, EventId, HostBuffer, MemInfo, SimDevice, SimMode, StreamId};
-pub use error::{DeviceError, InvalidFreeReason, OomReport, PoolError};
+pub use error::{ArenaHeld, DeviceError, InvalidFreeReason, OomReport, PoolError};
 pub use event_log::PieceEvent;
 pub use event_log::{EventKind, LogEvent};
 pub use pool::{BlockState, CachedFree, LiveBlockInfo, PauseReport, Pool, PoolCore, SegmentSnapshot};

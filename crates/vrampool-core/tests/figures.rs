@@ -10,7 +10,7 @@ use std::sync::Arc;
 use vrampool_core::sizes::{KIB, MIB};
 use vrampool_core::stats::{CounterValues, StatValue};
 use vrampool_core::strategy::StrategyKind;
-use vrampool_core::{Device, OomReport, Pool, PoolConfig, PoolError, SimDevice, SimMode, StreamId};
+use vrampool_core::{ArenaHeld, Device, OomReport, Pool, PoolConfig, PoolError, SimDevice, SimMode, StreamId};
 
 const S0: StreamId = StreamId(0);
 
@@ -151,6 +151,7 @@ fn out_of_memory_report_and_message_of_a_known_layout() {
         largest_free: 1148 * KIB,
         device_free: 14 * MIB,
         limit: None,
+        arena: ArenaHeld::default(),
     };
     assert_eq!(report, expected);
     assert_eq!(

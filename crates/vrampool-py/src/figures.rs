@@ -126,6 +126,9 @@ pub fn oom_dict<'py>(py: Python<'py>, r: &OomRecord) -> PyResult<Bound<'py, PyDi
     d.set_item("largest_free", r.report.largest_free)?;
     d.set_item("fragmentation", r.fragmentation())?;
     d.set_item("device_free", r.report.device_free)?;
+    d.set_item("arena", r.report.arena.bytes)?;
+    d.set_item("arena_live", r.report.arena.live_bytes)?;
+    d.set_item("arena_buffers", r.report.arena.live_buffers)?;
     d.set_item("limit", r.report.limit)?;
     d.set_item("capacity", r.capacity)?;
     d.set_item("too_large", r.too_large)?;

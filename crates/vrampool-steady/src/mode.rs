@@ -27,7 +27,9 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::{Arc, OnceLock};
 
 use vrampool_core::stats::Stats;
-use vrampool_core::{BlockState, CachedFree, Limit, LiveBlockInfo, MemoryResource, PieceEvent, PoolError, PoolSegment, StreamId};
+use vrampool_core::{
+    ArenaHeld, BlockState, CachedFree, Limit, LiveBlockInfo, MemoryResource, PieceEvent, PoolError, PoolSegment, StreamId,
+};
 
 use crate::figures::{ArenaBuffer, ArenaRegion, PlannedStats};
 use crate::peaks::{currents, Four};
@@ -107,6 +109,20 @@ impl<U: MemoryResource> PlannedMode<U> {
             return Err(e);
         }
         again()
+    }
+
+    /// `e` with what the arena holds, where it is out of memory: the upstream's report counts the
+    /// arena's regions as reserved and none of its buffers as allocated.
+    #[cold]
+    #[inline(never)]
+    fn with_arena(&self, e: PoolError) -> PoolError {
+        let PoolError::OutOfMemory(mut report) = e else { return e };
+        if let Some(stats) = self.gathered(PlannedPool::figures).filter(|s| s.arena_bytes > 0) {
+            report.allocated += stats.arena_live_block_bytes;
+            report.arena =
+                ArenaHeld { bytes: stats.arena_bytes, live_bytes: stats.arena_live_block_bytes, live_buffers: stats.arena_live as u64 };
+        }
+        PoolError::OutOfMemory(report)
     }
 
     // The calls once threads have lanes, out of line: a program whose threads never interleave
@@ -268,10 +284,11 @@ fn carve(blocks: &mut Vec<(u64, u64, BlockState)>, region: &ArenaRegion, buffers
 impl<U: MemoryResource> MemoryResource for PlannedMode<U> {
     #[inline]
     fn allocate(&self, size: u64, stream: StreamId) -> Result<u64, PoolError> {
-        if self.split() {
-            return self.allocate_in_lane(size, stream);
+        let allocated = if self.split() { self.allocate_in_lane(size, stream) } else { self.planned.allocate(size, stream) };
+        match allocated {
+            Ok(addr) => Ok(addr),
+            Err(e) => Err(self.with_arena(e)),
         }
-        self.planned.allocate(size, stream)
     }
 
     /// The arena answers for its buffers and for addresses inside it (a double free there must not

@@ -260,6 +260,36 @@ fn the_arenas_of_threads_that_have_gone_are_given_back_when_memory_runs_out() {
 }
 
 #[test]
+fn out_of_memory_counts_the_arenas_live_buffers_and_names_what_the_arena_holds() {
+    // 64 MiB of device memory; a served loop of one 4 KiB buffer and ten of 2 MiB, whose last
+    // iteration keeps the small one (a loss kept for logging): it keeps the arena's region from the
+    // pool.
+    let sim = Arc::new(SimDevice::new(64 << 20, SimMode::AddressOnly));
+    let mode = PlannedMode::steady(Pool::new(sim.clone(), PoolConfig::default()).unwrap());
+    let mut kept = 0;
+    for i in 0..6 {
+        let small = mode.allocate(4096, StreamId(0)).unwrap();
+        let big: Vec<u64> = (0..10).map(|_| mode.allocate(2 << 20, StreamId(0)).unwrap()).collect();
+        big.into_iter().for_each(|addr| mode.free(addr, Some(2 << 20), None).unwrap());
+        match i {
+            5 => kept = small,
+            _ => mode.free(small, Some(4096), None).unwrap(),
+        }
+    }
+    let stats = mode.planned_stats().unwrap();
+    assert_eq!((stats.arena_live, stats.arena_live_block_bytes), (1, 4096), "the kept buffer is the arena's: {stats:?}");
+    let err = mode.allocate(60 << 20, StreamId(0)).unwrap_err();
+    let vrampool_core::PoolError::OutOfMemory(report) = err.clone() else { panic!("{err}") };
+    assert_eq!(report.arena, vrampool_core::ArenaHeld { bytes: stats.arena_bytes, live_bytes: 4096, live_buffers: 1 });
+    assert_eq!(report.allocated, 4096, "the live arena buffer counts as allocated");
+    assert_eq!(report.unallocated(), report.reserved - stats.arena_bytes, "the arena's idle bytes are not the pool's to give");
+    assert!(err.to_string().contains("4.00 KiB of them in 1 live buffer (a live arena buffer keeps its region"), "{err}");
+    mode.free(kept, Some(4096), None).unwrap();
+    let big = mode.allocate(60 << 20, StreamId(0)).expect("with the buffer freed, the arena goes back");
+    mode.free(big, Some(60 << 20), None).unwrap();
+}
+
+#[test]
 fn a_loop_that_begins_after_a_long_stretch_that_never_repeated_is_served_within_a_probe() {
     let sim = Arc::new(SimDevice::new(1 << 32, SimMode::AddressOnly));
     let planned = PlannedPool::new(Pool::new(sim, PoolConfig::default()).unwrap()).with_auto_steps();

@@ -27,7 +27,7 @@ use thiserror::Error;
 use crate::peers::PeerModel;
 pub use crate::replay_row::ReplayTarget;
 use vrampool_core::device::{SimDevice, SimMode, StreamId};
-use vrampool_core::error::{OomReport, PoolError};
+use vrampool_core::error::{ArenaHeld, OomReport, PoolError};
 use vrampool_core::sizes::MAX_REQUEST;
 use vrampool_core::stats::fragmentation;
 use vrampool_core::strategy::StrategyKind;
@@ -672,7 +672,16 @@ fn run<R: Replayed>(prepared: &PreparedTrace, target: &mut R, options: ReplayOpt
             // fit's), the answer is the one every request past the device gets: out of memory.
             Err(PoolError::InvalidSize { size: requested, .. }) if requested > MAX_REQUEST && capacity.is_some_and(|c| requested > c) => {
                 let (allocated, reserved, _) = target.now();
-                let report = OomReport { requested, block: 0, allocated, reserved, largest_free: 0, device_free: 0, limit: None };
+                let report = OomReport {
+                    requested,
+                    block: 0,
+                    allocated,
+                    reserved,
+                    largest_free: 0,
+                    device_free: 0,
+                    limit: None,
+                    arena: ArenaHeld::default(),
+                };
                 out_of_memory = Some(OutOfMemory { event: index, report });
                 done = index;
                 break;

@@ -110,6 +110,7 @@ impl PoolCore {
             largest_free: stats.largest_free_bytes,
             device_free: self.device.mem_info().map(|m| m.free).unwrap_or(0),
             limit: self.config.limit.is_some().then(|| self.capacity()),
+            arena: ArenaHeld::default(),
         }
     }
 }

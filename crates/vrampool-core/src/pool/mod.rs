@@ -25,7 +25,7 @@ use crate::arena::Arena;
 use crate::cache_class::{cache_class, class_tag, thread_class_table, thread_classes, ThreadClass};
 use crate::config::{Limit, PoolConfig, Scrub};
 use crate::device::{Device, EventId, StreamId};
-use crate::error::{DeviceError, InvalidFreeReason, OomReport, PoolError, Result};
+use crate::error::{ArenaHeld, DeviceError, InvalidFreeReason, OomReport, PoolError, Result};
 use crate::event_log::{EventKind, EventLog, LogEvent, PieceEvent};
 use crate::expandable::{pieces, Expandable, Reservation, PIECES_PER_HIGH_WATER};
 use crate::fast_gate::FastGate;

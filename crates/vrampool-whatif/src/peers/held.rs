@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::blocks::{BlockList, State};
 use super::{Figures, PeerModel};
 use vrampool_core::device::Device;
-use vrampool_core::error::{OomReport, PoolError};
+use vrampool_core::error::{ArenaHeld, OomReport, PoolError};
 
 /// What a model holds: the device, the blocks cut from what it took from it, and the figures.
 pub(super) struct Held {
@@ -55,6 +55,7 @@ impl Held {
             largest_free: self.blocks.free_summary().0,
             device_free: self.device.mem_info().map(|m| m.free).unwrap_or(0),
             limit,
+            arena: ArenaHeld::default(),
         })
     }
 }
