@@ -9,8 +9,10 @@
 //! - `random`: 64 live buffers; each op frees a random one and allocates 512 B..1 MiB, from an
 //!   LCG whose sequence never repeats;
 //! - each on two threads at once (each its own loop) against one: the ratio of throughputs (2.0
-//!   is perfect scaling), beside the same ratio for the core pool's and glibc's 512 B pairs; step
-//!   and random also with each thread on a stream of its own.
+//!   is perfect scaling), beside the same ratio for the core pool's and glibc's 512 B pairs, and
+//!   the median of each turn's ratio over glibc's in that turn (below 1.0 where the second
+//!   thread costs more than the machine's own loss); step and random also with each thread on a
+//!   stream of its own.
 //!
 //! Each is timed in turns alternating with two references, as `benches/pair_ratio.rs` does (this
 //! machine's speed drifts): the core pool's own 512 B pair (`vrampool_core::Pool` on a
@@ -220,9 +222,9 @@ fn interleaved(work: &mut dyn Work, core: &mut CorePair, turns: usize, n: u32) -
 
 type Make<'a> = &'a (dyn Fn(u64) -> Box<dyn Work> + Sync);
 
-/// For each work, the median over turns of (ops/s on two threads) / (ops/s on one): each turn
-/// times `n` ops on this thread alone, then `n` ops on each of two threads at once.
-fn scaling(makes: &[Make], turns: usize, n: u32) -> Vec<f64> {
+/// For each work, each turn's (ops/s on two threads) / (ops/s on one): a turn times `n` ops on
+/// this thread alone, then `n` ops on each of two threads at once.
+fn scaling(makes: &[Make], turns: usize, n: u32) -> Vec<Vec<f64>> {
     let barrier = Barrier::new(2);
     thread::scope(|s| {
         s.spawn(|| {
@@ -252,7 +254,7 @@ fn scaling(makes: &[Make], turns: usize, n: u32) -> Vec<f64> {
                 ratio.push(2.0 * one / two);
             }
         }
-        ratios.into_iter().map(median).collect()
+        ratios
     })
 }
 
@@ -293,7 +295,11 @@ fn child(steady: &str, quick: bool, only: Option<&str>) {
     ];
     for (name, make) in rows.into_iter().filter(|(name, _)| wanted(name)) {
         let r = scaling(&[make, &core_pair, &glibc_pair], turns / 4, 10 * n);
-        println!("{name}\t{}\t{}\t{}\tNaN\tNaN", r[0], r[1], r[2]);
+        // A turn where the machine gave the second thread less than a core shows in glibc's
+        // scaling of the same turn.
+        let against_glibc = median(r[0].iter().zip(&r[2]).map(|(w, g)| w / g).collect());
+        let [w, c, g] = [0, 1, 2].map(|i| median(r[i].clone()));
+        println!("{name}\t{w}\t{c}\t{g}\t{against_glibc}\tNaN");
     }
 }
 
@@ -324,7 +330,9 @@ fn main() {
     println!(
         "ns per alloc + free (median turn); ratios: medians of per-turn ratios in one process; a / b: the steady on / steady:false run's"
     );
-    println!("2-thread rows: (ops/s on 2 threads) / (ops/s on 1), median over turns");
+    println!(
+        "2-thread rows: (ops/s on 2 threads) / (ops/s on 1), median over turns; in the ÷ glibc columns, the median of each turn's scaling over glibc's pair's scaling in the same turn"
+    );
     println!();
     println!(
         "| workload | steady on | steady:false | core pool pair | glibc pair | on ÷ glibc | false ÷ glibc | on ÷ core | false ÷ core |"
@@ -333,8 +341,8 @@ fn main() {
     for ((name, on), (_, off)) in runs[0].iter().zip(&runs[1]) {
         if name.contains("threads") {
             println!(
-                "| {name} | {:.2}x | {:.2}x | {:.2}x / {:.2}x | {:.2}x / {:.2}x | | | | |",
-                on[0], off[0], on[1], off[1], on[2], off[2]
+                "| {name} | {:.2}x | {:.2}x | {:.2}x / {:.2}x | {:.2}x / {:.2}x | {:.2} | {:.2} | | |",
+                on[0], off[0], on[1], off[1], on[2], off[2], on[3], off[3]
             );
         } else {
             println!(
