@@ -1,7 +1,7 @@
 //! Counters with PyTorch's key names (`allocated_bytes.all.current`, ...). The ones every alloc
 //! and free touches are kept per thread and summed on read; the rest are shared atomics.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, PoisonError};
 
 use crossbeam_utils::sync::ShardedLock;
@@ -129,6 +129,8 @@ pub struct FastCounters {
     /// The same four of the carved blocks held (`PoolCore::allocate_carved`): left out of every
     /// current and peak, as their pieces are counted by whoever carves them.
     carved: [AtomicU64; 4],
+    /// A checkpoint has seen allocated bytes a quarter or more below their peak (`has_fallen`).
+    fallen: AtomicBool,
 }
 
 pub const PEAK_SLACK: u64 = 64 * 1024;
@@ -219,14 +221,25 @@ impl FastCounters {
     /// Reads every thread's counters and raises the peaks to the current values.
     pub fn checkpoint(&self) -> [u64; FAST] {
         let totals = self.totals();
-        for (peak, current) in self.peaks.iter().zip(self.currents(&totals)) {
+        let currents = self.currents(&totals);
+        for (peak, &current) in self.peaks.iter().zip(&currents) {
             // A plain load first: no locked read-modify-write (nor a stolen cache line) unless
             // this is a new peak, which it rarely is.
             if current > peak.load(Relaxed) {
                 peak.fetch_max(current, Relaxed);
             }
         }
+        let peak = self.peaks[0].load(Relaxed);
+        if currents[0] < peak - peak / 4 && !self.fallen.load(Relaxed) {
+            self.fallen.store(true, Relaxed);
+        }
         totals
+    }
+
+    /// Whether allocated bytes have fallen a quarter below their peak at some checkpoint: until
+    /// then the pool is in its first rise.
+    pub fn has_fallen(&self) -> bool {
+        self.fallen.load(Relaxed)
     }
 
     fn reset_peaks(&self) {

@@ -156,7 +156,8 @@ impl PoolCore {
             if over > 0 {
                 let base = self.committed_at_live_peak.load(Relaxed);
                 let drifted = !live_peak && after > base + base / DRIFT_DIVISOR;
-                let growing = Growing { stream: arena.stream, tier, extended_tail, joined_hole };
+                let first_rise = !self.counters.fast.has_fallen();
+                let growing = Growing { stream: arena.stream, tier, extended_tail, joined_hole, first_rise };
                 let _ = self.give_back_free(Some(growing), if drifted { u64::MAX } else { over });
             }
             if live_peak {
