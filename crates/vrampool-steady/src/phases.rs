@@ -431,8 +431,11 @@ impl<B: MemoryResource> PlannedPool<B> {
             if Word::phase(word) != Phase::Serving {
                 break;
             }
-            let len = cold.serving.as_ref().expect("serving has its state").schedule.steps.len();
-            if (1..len).contains(&Word::position(word)) {
+            let serving = cold.serving.as_ref().expect("serving has its state");
+            let len = serving.schedule.steps.len();
+            // Mid-iteration with no arena buffer live (its first steps may free the last one's
+            // buffers): the rest of it goes to the pool, and the arena goes back.
+            if (1..len).contains(&Word::position(word)) && !self.live_in_epoch(serving, word, &cold.early).is_empty() {
                 return Ok(0);
             }
             self.leave_serving(cold, word, false);

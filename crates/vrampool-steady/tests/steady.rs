@@ -290,6 +290,44 @@ fn out_of_memory_counts_the_arenas_live_buffers_and_names_what_the_arena_holds()
 }
 
 #[test]
+fn a_trim_between_steps_leaves_what_the_pool_alone_leaves() {
+    // PyTorch's loop: optimizer steps mark the boundaries, and each step first frees what the
+    // last one kept (a loss, its gradients). A trim (`torch.cuda.empty_cache()`) just after those
+    // frees finds the served iteration past its first steps with no arena buffer live.
+    let reserved_after_trim = |mode: PlannedMode<Pool>| {
+        let sizes = [1 << 20, 2 << 20, 1 << 20, 3 << 20, 1 << 20, 2 << 20, 1 << 20, 2 << 20];
+        let mut grads: Option<u64> = None;
+        let mut reserved = 0;
+        for it in 0..12 {
+            let x = mode.allocate(1 << 20, StreamId(0)).unwrap();
+            let acts: Vec<u64> = sizes.iter().map(|&size| mode.allocate(size, StreamId(0)).unwrap()).collect();
+            let loss = mode.allocate(512, StreamId(0)).unwrap();
+            // zero_grad frees the last step's gradients; backward makes new ones.
+            grads.take().into_iter().for_each(|addr| mode.free(addr, Some(4 << 20), None).unwrap());
+            grads = Some(mode.allocate(4 << 20, StreamId(0)).unwrap());
+            acts.into_iter().zip(sizes).for_each(|(addr, size)| mode.free(addr, Some(size), None).unwrap());
+            mode.step(vrampool_steady::AUTO_KEY);
+            // `del loss, x` after the optimizer step.
+            mode.free(loss, Some(512), None).unwrap();
+            mode.free(x, Some(1 << 20), None).unwrap();
+            if it == 10 {
+                mode.trim().unwrap();
+                reserved = mode.stats().reserved_bytes.current;
+            }
+        }
+        let served = mode.planned_stats().map_or(0, |s| s.planned_allocations);
+        grads.into_iter().for_each(|addr| mode.free(addr, Some(4 << 20), None).unwrap());
+        assert_eq!(mode.stats().allocation.current, 0);
+        (reserved, served)
+    };
+    let pool = || Pool::new(Arc::new(SimDevice::new(1 << 32, SimMode::AddressOnly)), PoolConfig::default()).unwrap();
+    let (steady, served) = reserved_after_trim(PlannedMode::steady(pool()));
+    let (alone, _) = reserved_after_trim(PlannedMode::new(pool()));
+    assert!(served > 0, "the steps were served from the arena");
+    assert_eq!(steady, alone, "the trim gave the idle arena back");
+}
+
+#[test]
 fn a_loop_that_begins_after_a_long_stretch_that_never_repeated_is_served_within_a_probe() {
     let sim = Arc::new(SimDevice::new(1 << 32, SimMode::AddressOnly));
     let planned = PlannedPool::new(Pool::new(sim, PoolConfig::default()).unwrap()).with_auto_steps();
