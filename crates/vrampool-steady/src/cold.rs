@@ -95,7 +95,7 @@ impl<B: MemoryResource> PlannedPool<B> {
                 ColdFree::Leave { freed_by_pool } => {
                     self.leave_now(cold, true);
                     if freed_by_pool {
-                        cold.recorder.freed(addr, stream);
+                        cold.recorder.freed(addr, stream, size);
                         self.after_free(cold);
                         return Ok(());
                     }
@@ -110,7 +110,7 @@ impl<B: MemoryResource> PlannedPool<B> {
         } else {
             self.backing.free(addr, size, stream)?;
             if Word::phase(self.word.load(Relaxed)) == Phase::Cold {
-                cold.recorder.freed(addr, stream);
+                cold.recorder.freed(addr, stream, size);
             }
         }
         self.after_free(cold);
@@ -309,7 +309,7 @@ impl<B: MemoryResource> PlannedPool<B> {
         if let Err(e) = self.backing.piece(addr, size, stream, PieceEvent::Allocated) {
             self.leave_now(cold, true);
             cold.loose.remove(&addr);
-            cold.recorder.freed(addr, None);
+            cold.recorder.freed(addr, None, Some(size));
             return Err(e);
         }
         cold.births.insert(addr, self.now_ns());
@@ -353,7 +353,7 @@ impl<B: MemoryResource> PlannedPool<B> {
         let in_use = loose.used_elsewhere || elsewhere.is_some();
         self.arena_buffer_in(cold, addr, loose.size, loose.stream, if in_use { PieceEvent::FreedInUse } else { PieceEvent::Freed });
         if Word::phase(self.word.load(Relaxed)) == Phase::Cold {
-            cold.recorder.freed(addr, on);
+            cold.recorder.freed(addr, on, Some(loose.size));
         }
         Ok(())
     }

@@ -1,8 +1,9 @@
 //! Peaks of allocated, requested and active bytes and of blocks, arena buffers included. The pool
 //! leaves its carved regions out of its own peaks, and the serving path counts nothing, so a
 //! served iteration's peak is taken from its schedule: what the pool held when serving began, plus
-//! the most the iteration holds at once, due once the steps pass the step where it is reached
-//! (`stats.rs` keeps them).
+//! the most the iteration holds at once less what it has freed by then of the older buffers (a
+//! training step frees the last one's gradients midway), due once the steps pass the step where
+//! it is reached (`stats.rs` keeps them).
 
 use vrampool_core::stats::Stats;
 

@@ -71,14 +71,15 @@ impl Recorder {
         self.push(Recorded::Alloc { size, stream });
     }
 
-    /// A free of `addr` naming stream `on` (its own when None).
-    pub fn freed(&mut self, addr: u64, on: Option<StreamId>) {
+    /// A free of `addr` naming stream `on` (its own when None), of `size` bytes where the caller
+    /// named them.
+    pub fn freed(&mut self, addr: u64, on: Option<StreamId>, size: Option<u64>) {
         let event = match self.born.remove(&addr) {
             Some((index, own, thread)) => {
                 thread.inspect(|&by| self.threads.freed(by));
                 Recorded::Free { index, on: on.unwrap_or(own) }
             }
-            None => Recorded::FreeOlder,
+            None => Recorded::FreeOlder { size: size.unwrap_or(0) },
         };
         self.push(event);
     }

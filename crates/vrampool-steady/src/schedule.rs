@@ -29,8 +29,12 @@ pub(crate) enum Recorded {
         index: u32,
         on: StreamId,
     },
-    /// The free of a buffer born before the iteration, or whose birth the record does not know.
-    FreeOlder,
+    /// The free of a buffer born before the iteration, or whose birth the record does not know, of
+    /// `size` bytes as requested (0 where the free named none): the pool holds it when the
+    /// iteration begins, and no longer from here.
+    FreeOlder {
+        size: u64,
+    },
     /// `record_stream` of the iteration's `index`-th allocation on another stream.
     UsedOn {
         index: u32,
@@ -174,8 +178,8 @@ impl Served {
 }
 
 /// The most an iteration holds at once of its own buffers, the arena's and the pool's (each
-/// rounded up to the alignment), as `peaks::Four` counts them, each at its own step; and the first
-/// step count by which all four were reached.
+/// rounded up to the alignment), less the older buffers it has freed by then, as `peaks::Four`
+/// counts them, each at its own step; and the first step count by which all four were reached.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct LivePeak {
     pub most: Four,
@@ -205,6 +209,8 @@ pub(crate) struct Schedule {
     stream_order: Box<[(StreamId, u32)]>,
     /// Per allocation: used on another stream (`record_stream`), so left to the pool.
     pub used_elsewhere: Box<[bool]>,
+    /// The requested sizes of the older buffers freed, by step, where the recording knew them.
+    older_sizes: foldhash::HashMap<u32, u64>,
     /// The bytes each stream's region needs.
     pub region_bytes: Box<[u64]>,
     /// The most bytes of arena buffers live at once (per stream, summed): no plan needs less.
@@ -311,6 +317,11 @@ impl Schedule {
         served
     }
 
+    /// The free of an older buffer at step `at`, with its size where the recording knew it.
+    fn older_free(&self, at: usize) -> Recorded {
+        Recorded::FreeOlder { size: self.older_sizes.get(&(at as u32)).copied().unwrap_or(0) }
+    }
+
     /// The first `steps` steps as a recording would have seen them, for a recording that goes on from
     /// there. Frees of older buffers stay so; `record_stream` on another stream comes back as an event
     /// right after the allocation it marks (when, exactly, does not matter to a plan).
@@ -318,7 +329,7 @@ impl Schedule {
         let mut live: foldhash::HashMap<(usize, u64), u32> = foldhash::HashMap::default();
         let mut index = 0u32;
         let mut events = Vec::with_capacity(steps);
-        for step in &self.steps[..steps] {
+        for (at, step) in self.steps[..steps].iter().enumerate() {
             match (step.is_free(), step.in_arena()) {
                 (false, arena) => {
                     if arena {
@@ -336,14 +347,14 @@ impl Schedule {
                 }
                 (true, false) => events.push(match step.frees_index() {
                     Some(index) => Recorded::Free { index: index as u32, on: self.streams[step.stream()] },
-                    None => Recorded::FreeOlder,
+                    None => self.older_free(at),
                 }),
             }
         }
         // Frees taken ahead of their step, in the order of their steps.
         events.extend(early.iter().map(|&at| match self.freed_by(at) {
             Some(index) => Recorded::Free { index, on: self.streams[self.steps[at].stream()] },
-            None => Recorded::FreeOlder,
+            None => self.older_free(at),
         }));
         events
     }
@@ -377,7 +388,7 @@ pub(crate) fn plan_schedule(events: &[Recorded], planning: Planning) -> Option<S
                 }
             }
             Recorded::UsedOn { index } => elsewhere[index as usize] = true,
-            Recorded::FreeOlder => {}
+            Recorded::FreeOlder { .. } => {}
         }
     }
     // The allocations' streams, then those that frees name, each once.
@@ -427,6 +438,7 @@ pub(crate) fn plan_schedule(events: &[Recorded], planning: Planning) -> Option<S
     let stream_index =
         |s: StreamId| stream_order[stream_order.binary_search_by_key(&s, |&(t, _)| t).expect("every stream has a region")].1 as usize;
     let mut steps = Vec::with_capacity(events.len());
+    let mut older_sizes = foldhash::HashMap::default();
     let (mut allocations, mut arena_buffers) = (0u64, 0u64);
     for event in events {
         steps.push(match *event {
@@ -443,7 +455,12 @@ pub(crate) fn plan_schedule(events: &[Recorded], planning: Planning) -> Option<S
                 }
                 None => Step::pool_free(index, stream_index(on)),
             },
-            Recorded::FreeOlder => Step::OLDER_FREE,
+            Recorded::FreeOlder { size } => {
+                if size > 0 {
+                    older_sizes.insert(steps.len() as u32, size);
+                }
+                Step::OLDER_FREE
+            }
             Recorded::UsedOn { .. } => continue,
         });
     }
@@ -476,8 +493,9 @@ pub(crate) fn plan_schedule(events: &[Recorded], planning: Planning) -> Option<S
     }
     let alignment = planning.alignment.max(1);
     let (mut checkpoints, mut served, mut peak) = (vec![Served::default()], Served::default(), LivePeak::default());
-    // The iteration's pool buffers live, as `Four`: those it frees itself, by their allocation's size.
-    let mut pool_live: Four = [0; 4];
+    // The iteration's pool buffers live, as `Four`: those it frees itself, by their allocation's size;
+    // and the older buffers it has freed, which the pool held when it began.
+    let (mut pool_live, mut older_freed): (Four, Four) = ([0; 4], [0; 4]);
     for (at, step) in steps.iter().enumerate() {
         served.take(step, alignment);
         let pool_size = match (step.is_free(), step.in_arena()) {
@@ -485,16 +503,20 @@ pub(crate) fn plan_schedule(events: &[Recorded], planning: Planning) -> Option<S
             (true, false) => step.frees_index().map(|i| (births[i].1, false)),
             _ => None,
         };
+        let counts = |size: u64| [size.next_multiple_of(alignment), size, size.next_multiple_of(alignment), 1];
         if let Some((size, born)) = pool_size {
-            let counts = [size.next_multiple_of(alignment), size, size.next_multiple_of(alignment), 1];
-            for (live, n) in pool_live.iter_mut().zip(counts) {
+            for (live, n) in pool_live.iter_mut().zip(counts(size)) {
                 *live = if born { *live + n } else { live.saturating_sub(n) };
             }
         }
+        if let Some(&size) = older_sizes.get(&(at as u32)) {
+            older_freed.iter_mut().zip(counts(size)).for_each(|(freed, n)| *freed += n);
+        }
         let now = [served.live_block_bytes, served.live_bytes, served.live_block_bytes, served.live];
-        for ((most, arena), pool) in peak.most.iter_mut().zip(now).zip(pool_live) {
-            if arena + pool > *most {
-                (*most, peak.reached) = (arena + pool, at + 1);
+        for (((most, arena), pool), older) in peak.most.iter_mut().zip(now).zip(pool_live).zip(older_freed) {
+            let held = (arena + pool).saturating_sub(older);
+            if held > *most {
+                (*most, peak.reached) = (held, at + 1);
             }
         }
         if (at + 1) % CHECKPOINT_EVERY == 0 {
@@ -515,6 +537,7 @@ pub(crate) fn plan_schedule(events: &[Recorded], planning: Planning) -> Option<S
         arena_buffers_at,
         streams: streams.into(),
         used_elsewhere: elsewhere.into(),
+        older_sizes,
         region_bytes: region_bytes.into(),
         lower_bound_bytes,
         allocations,
@@ -612,7 +635,7 @@ mod tests {
             free(0, S0),
             free(2, S1),
             free(3, S0),
-            Recorded::FreeOlder,
+            Recorded::FreeOlder { size: 0 },
             alloc(2048, S0), // 4: freed on another stream
             free(4, S1),
         ];

@@ -272,7 +272,7 @@ mod tests {
 
     #[test]
     fn an_address_is_found_among_many_regions() {
-        let events: Vec<_> = (0..1).map(|_| crate::schedule::Recorded::FreeOlder).collect();
+        let events: Vec<_> = (0..1).map(|_| crate::schedule::Recorded::FreeOlder { size: 0 }).collect();
         let planning = crate::schedule::Planning { budget: std::time::Duration::ZERO, alignment: 512 };
         let schedule = Arc::new(crate::schedule::plan_schedule(&events, planning).unwrap());
         for count in [3u64, 40] {

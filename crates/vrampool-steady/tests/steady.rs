@@ -328,6 +328,38 @@ fn a_trim_between_steps_leaves_what_the_pool_alone_leaves() {
 }
 
 #[test]
+fn the_peak_of_a_served_step_that_frees_the_last_ones_buffers_is_the_pools() {
+    // A training step frees the last step's gradients at `zero_grad`, midway, and makes new ones
+    // in its backward pass: the pool held the old ones when the step began, so the step's peak is
+    // not that plus the most the step holds. With steady on, the peak is the one the pool alone
+    // reports.
+    let peak_after_reset = |mode: PlannedMode<Pool>| {
+        let sizes = [1 << 20, 2 << 20, 1 << 20, 3 << 20, 1 << 20, 2 << 20, 1 << 20, 2 << 20];
+        let mut grads: Vec<u64> = Vec::new();
+        for it in 0..12 {
+            if it == 6 {
+                mode.reset_peak_stats();
+            }
+            let acts: Vec<u64> = sizes.iter().map(|&size| mode.allocate(size, StreamId(0)).unwrap()).collect();
+            grads.drain(..).for_each(|addr| mode.free(addr, Some(4 << 20), None).unwrap());
+            grads.extend((0..2).map(|_| mode.allocate(4 << 20, StreamId(0)).unwrap()));
+            acts.into_iter().zip(sizes).for_each(|(addr, size)| mode.free(addr, Some(size), None).unwrap());
+            mode.step(vrampool_steady::AUTO_KEY);
+        }
+        let served = mode.planned_stats().map_or(0, |s| s.planned_allocations);
+        let peak = mode.stats().allocated_bytes.peak;
+        grads.into_iter().for_each(|addr| mode.free(addr, Some(4 << 20), None).unwrap());
+        (peak, served)
+    };
+    let pool = || Pool::new(Arc::new(SimDevice::new(1 << 32, SimMode::AddressOnly)), PoolConfig::default()).unwrap();
+    let (steady, served) = peak_after_reset(PlannedMode::steady(pool()));
+    let (alone, _) = peak_after_reset(PlannedMode::new(pool()));
+    assert!(served > 0, "the steps were served from the arena");
+    assert_eq!(alone, (13 << 20) + (8 << 20), "the activations and both steps' gradients at zero_grad");
+    assert_eq!(steady, alone);
+}
+
+#[test]
 fn a_loop_that_begins_after_a_long_stretch_that_never_repeated_is_served_within_a_probe() {
     let sim = Arc::new(SimDevice::new(1 << 32, SimMode::AddressOnly));
     let planned = PlannedPool::new(Pool::new(sim, PoolConfig::default()).unwrap()).with_auto_steps();
