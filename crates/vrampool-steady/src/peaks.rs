@@ -21,9 +21,11 @@ pub(crate) struct Peaks {
     armed: Option<Armed>,
 }
 
-/// The served epoch's peak: due once its step has been passed more often than `crossings` times.
+/// The served epoch's peak: due once its step has been passed more often than `crossings` times,
+/// higher by `drift` each iteration after the first.
 struct Armed {
     peak: Four,
+    drift: Four,
     reached: usize,
     crossings: u64,
 }
@@ -39,9 +41,10 @@ impl Peaks {
         }
     }
 
-    /// Arms `peak`, reached at step count `reached`, which the steps have passed `crossings` times.
-    pub(crate) fn arm(&mut self, peak: Four, reached: usize, crossings: u64) {
-        self.armed = Some(Armed { peak, reached, crossings });
+    /// Arms `peak`, reached at step count `reached`, which the steps have passed `crossings` times,
+    /// and `drift` higher in each iteration after the first.
+    pub(crate) fn arm(&mut self, peak: Four, drift: Four, reached: usize, crossings: u64) {
+        self.armed = Some(Armed { peak, drift, reached, crossings });
     }
 
     /// The step count where the armed peak is reached, if one is armed.
@@ -50,9 +53,10 @@ impl Peaks {
     }
 
     /// Raises the peaks to the armed one if its step has now been passed `crossings` times, more
-    /// than when it was armed.
+    /// than when it was armed (the last pass in the epoch's iteration `crossings - 1`).
     pub(crate) fn settle(&mut self, crossings: u64) {
-        if let Some(peak) = self.armed.as_ref().filter(|a| crossings > a.crossings).map(|a| a.peak) {
+        let due = self.armed.as_ref().filter(|a| crossings > a.crossings);
+        if let Some(peak) = due.map(|a| std::array::from_fn(|k| a.peak[k].saturating_add(a.drift[k].saturating_mul(crossings - 1)))) {
             self.raise(peak);
         }
     }

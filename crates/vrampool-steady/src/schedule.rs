@@ -184,6 +184,9 @@ impl Served {
 pub(crate) struct LivePeak {
     pub most: Four,
     pub reached: usize,
+    /// What the pool holds more after each iteration: the pool buffers it keeps past its end, less
+    /// the older ones it frees (a loss kept in a list each step).
+    pub drift: Four,
 }
 
 /// Steps between the schedule's checkpoints of `Served`: the figures at any step cost at most this
@@ -526,6 +529,7 @@ pub(crate) fn plan_schedule(events: &[Recorded], planning: Planning) -> Option<S
     if steps.len() % CHECKPOINT_EVERY != 0 {
         checkpoints.push(served);
     }
+    peak.drift = std::array::from_fn(|k| pool_live[k].saturating_sub(older_freed[k]));
     // The planner that placed the largest region names the schedule's.
     let largest = region_bytes.iter().enumerate().max_by_key(|&(_, b)| *b).map(|(i, _)| i);
     Some(Schedule {

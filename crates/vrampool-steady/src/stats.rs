@@ -133,7 +133,7 @@ impl<B: MemoryResource> PlannedPool<B> {
     pub(crate) fn arm_peak(&self, cold: &mut Cold, schedule: &Schedule, position: usize) {
         let held = self.backing.held();
         let peak = std::array::from_fn(|k| held[k].saturating_add(schedule.peak.most[k]));
-        cold.peaks.arm(peak, schedule.peak.reached, u64::from(position >= schedule.peak.reached));
+        cold.peaks.arm(peak, schedule.peak.drift, schedule.peak.reached, u64::from(position >= schedule.peak.reached));
     }
 
     /// Settles the epoch's peak as its serving ends at step `position` after `wraps` wraps.

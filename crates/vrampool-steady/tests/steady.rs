@@ -360,6 +360,35 @@ fn the_peak_of_a_served_step_that_frees_the_last_ones_buffers_is_the_pools() {
 }
 
 #[test]
+fn the_peak_of_served_steps_that_each_keep_a_buffer_grows_as_the_pools() {
+    // Each step keeps a 64 KiB buffer for good (a list of them): the pool holds one more after every step,
+    // and the peak climbs with it, as the pool alone reports.
+    let peak = |mode: PlannedMode<Pool>| {
+        let sizes = [1 << 20, 2 << 20, 1 << 20, 3 << 20, 1 << 20, 2 << 20, 1 << 20, 2 << 20];
+        let mut losses: Vec<u64> = Vec::new();
+        for _ in 0..12 {
+            let acts: Vec<u64> = sizes.iter().map(|&size| mode.allocate(size, StreamId(0)).unwrap()).collect();
+            losses.push(mode.allocate(64 << 10, StreamId(0)).unwrap());
+            acts.into_iter().zip(sizes).for_each(|(addr, size)| mode.free(addr, Some(size), None).unwrap());
+            mode.step(vrampool_steady::AUTO_KEY);
+        }
+        let served = mode.planned_stats().map_or(0, |s| s.planned_allocations);
+        let peak = mode.stats().allocated_bytes.peak;
+        losses.into_iter().for_each(|addr| mode.free(addr, Some(64 << 10), None).unwrap());
+        (peak, served)
+    };
+    let pool = || Pool::new(Arc::new(SimDevice::new(1 << 32, SimMode::AddressOnly)), PoolConfig::default()).unwrap();
+    let (steady, served) = peak(PlannedMode::steady(pool()));
+    let (alone, _) = peak(PlannedMode::new(pool()));
+    assert!(served > 0, "the steps were served from the arena");
+    // The pool's own peak is checked every `PEAK_SLACK` bytes of small allocations: within that
+    // of the true one, which the last step reaches.
+    let true_peak = (13 << 20) + 12 * (64 << 10);
+    assert!(alone <= true_peak && true_peak - alone < vrampool_core::stats::PEAK_SLACK, "{alone}");
+    assert!(steady.abs_diff(true_peak) < vrampool_core::stats::PEAK_SLACK, "{steady} against {true_peak}");
+}
+
+#[test]
 fn a_loop_that_begins_after_a_long_stretch_that_never_repeated_is_served_within_a_probe() {
     let sim = Arc::new(SimDevice::new(1 << 32, SimMode::AddressOnly));
     let planned = PlannedPool::new(Pool::new(sim, PoolConfig::default()).unwrap()).with_auto_steps();
