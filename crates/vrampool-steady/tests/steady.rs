@@ -289,23 +289,51 @@ fn out_of_memory_counts_the_arenas_live_buffers_and_names_what_the_arena_holds()
     mode.free(big, Some(60 << 20), None).unwrap();
 }
 
+/// A training step's activations, 13 MiB in all.
+const ACTIVATIONS: [u64; 8] = [1 << 20, 2 << 20, 1 << 20, 3 << 20, 1 << 20, 2 << 20, 1 << 20, 2 << 20];
+
+fn allocate_all(mode: &PlannedMode<Pool>, sizes: &[u64]) -> Vec<u64> {
+    sizes.iter().map(|&size| mode.allocate(size, StreamId(0)).unwrap()).collect()
+}
+
+fn free_all(mode: &PlannedMode<Pool>, addrs: Vec<u64>, sizes: &[u64]) {
+    addrs.into_iter().zip(sizes).for_each(|(addr, &size)| mode.free(addr, Some(size), None).unwrap());
+}
+
+/// The allocated peak and the allocations the arena served, once `kept` (buffers of `size` bytes)
+/// are freed.
+fn peak_and_served(mode: &PlannedMode<Pool>, kept: Vec<u64>, size: u64) -> (u64, u64) {
+    let served = mode.planned_stats().map_or(0, |s| s.planned_allocations);
+    let peak = mode.stats().allocated_bytes.peak;
+    kept.into_iter().for_each(|addr| mode.free(addr, Some(size), None).unwrap());
+    (peak, served)
+}
+
+/// What `run` returns over a steady mode and over the pool alone (the mode off), given that `run`
+/// also returns how many allocations the arena served, which must be some with steady on.
+fn steady_and_alone<T>(run: impl Fn(PlannedMode<Pool>) -> (T, u64)) -> (T, T) {
+    let pool = || Pool::new(Arc::new(SimDevice::new(1 << 32, SimMode::AddressOnly)), PoolConfig::default()).unwrap();
+    let (steady, served) = run(PlannedMode::steady(pool()));
+    assert!(served > 0, "the steps were served from the arena");
+    (steady, run(PlannedMode::new(pool())).0)
+}
+
 #[test]
 fn a_trim_between_steps_leaves_what_the_pool_alone_leaves() {
     // PyTorch's loop: optimizer steps mark the boundaries, and each step first frees what the
     // last one kept (a loss, its gradients). A trim (`torch.cuda.empty_cache()`) just after those
     // frees finds the served iteration past its first steps with no arena buffer live.
     let reserved_after_trim = |mode: PlannedMode<Pool>| {
-        let sizes = [1 << 20, 2 << 20, 1 << 20, 3 << 20, 1 << 20, 2 << 20, 1 << 20, 2 << 20];
         let mut grads: Option<u64> = None;
         let mut reserved = 0;
         for it in 0..12 {
             let x = mode.allocate(1 << 20, StreamId(0)).unwrap();
-            let acts: Vec<u64> = sizes.iter().map(|&size| mode.allocate(size, StreamId(0)).unwrap()).collect();
+            let acts = allocate_all(&mode, &ACTIVATIONS);
             let loss = mode.allocate(512, StreamId(0)).unwrap();
             // zero_grad frees the last step's gradients; backward makes new ones.
             grads.take().into_iter().for_each(|addr| mode.free(addr, Some(4 << 20), None).unwrap());
             grads = Some(mode.allocate(4 << 20, StreamId(0)).unwrap());
-            acts.into_iter().zip(sizes).for_each(|(addr, size)| mode.free(addr, Some(size), None).unwrap());
+            free_all(&mode, acts, &ACTIVATIONS);
             mode.step(vrampool_steady::AUTO_KEY);
             // `del loss, x` after the optimizer step.
             mode.free(loss, Some(512), None).unwrap();
@@ -320,10 +348,7 @@ fn a_trim_between_steps_leaves_what_the_pool_alone_leaves() {
         assert_eq!(mode.stats().allocation.current, 0);
         (reserved, served)
     };
-    let pool = || Pool::new(Arc::new(SimDevice::new(1 << 32, SimMode::AddressOnly)), PoolConfig::default()).unwrap();
-    let (steady, served) = reserved_after_trim(PlannedMode::steady(pool()));
-    let (alone, _) = reserved_after_trim(PlannedMode::new(pool()));
-    assert!(served > 0, "the steps were served from the arena");
+    let (steady, alone) = steady_and_alone(reserved_after_trim);
     assert_eq!(steady, alone, "the trim gave the idle arena back");
 }
 
@@ -334,27 +359,20 @@ fn the_peak_of_a_served_step_that_frees_the_last_ones_buffers_is_the_pools() {
     // not that plus the most the step holds. With steady on, the peak is the one the pool alone
     // reports.
     let peak_after_reset = |mode: PlannedMode<Pool>| {
-        let sizes = [1 << 20, 2 << 20, 1 << 20, 3 << 20, 1 << 20, 2 << 20, 1 << 20, 2 << 20];
         let mut grads: Vec<u64> = Vec::new();
         for it in 0..12 {
             if it == 6 {
                 mode.reset_peak_stats();
             }
-            let acts: Vec<u64> = sizes.iter().map(|&size| mode.allocate(size, StreamId(0)).unwrap()).collect();
+            let acts = allocate_all(&mode, &ACTIVATIONS);
             grads.drain(..).for_each(|addr| mode.free(addr, Some(4 << 20), None).unwrap());
             grads.extend((0..2).map(|_| mode.allocate(4 << 20, StreamId(0)).unwrap()));
-            acts.into_iter().zip(sizes).for_each(|(addr, size)| mode.free(addr, Some(size), None).unwrap());
+            free_all(&mode, acts, &ACTIVATIONS);
             mode.step(vrampool_steady::AUTO_KEY);
         }
-        let served = mode.planned_stats().map_or(0, |s| s.planned_allocations);
-        let peak = mode.stats().allocated_bytes.peak;
-        grads.into_iter().for_each(|addr| mode.free(addr, Some(4 << 20), None).unwrap());
-        (peak, served)
+        peak_and_served(&mode, grads, 4 << 20)
     };
-    let pool = || Pool::new(Arc::new(SimDevice::new(1 << 32, SimMode::AddressOnly)), PoolConfig::default()).unwrap();
-    let (steady, served) = peak_after_reset(PlannedMode::steady(pool()));
-    let (alone, _) = peak_after_reset(PlannedMode::new(pool()));
-    assert!(served > 0, "the steps were served from the arena");
+    let (steady, alone) = steady_and_alone(peak_after_reset);
     assert_eq!(alone, (13 << 20) + (8 << 20), "the activations and both steps' gradients at zero_grad");
     assert_eq!(steady, alone);
 }
@@ -364,23 +382,16 @@ fn the_peak_of_served_steps_that_each_keep_a_buffer_grows_as_the_pools() {
     // Each step keeps a 64 KiB buffer for good (a list of them): the pool holds one more after every step,
     // and the peak climbs with it, as the pool alone reports.
     let peak = |mode: PlannedMode<Pool>| {
-        let sizes = [1 << 20, 2 << 20, 1 << 20, 3 << 20, 1 << 20, 2 << 20, 1 << 20, 2 << 20];
         let mut losses: Vec<u64> = Vec::new();
         for _ in 0..12 {
-            let acts: Vec<u64> = sizes.iter().map(|&size| mode.allocate(size, StreamId(0)).unwrap()).collect();
+            let acts = allocate_all(&mode, &ACTIVATIONS);
             losses.push(mode.allocate(64 << 10, StreamId(0)).unwrap());
-            acts.into_iter().zip(sizes).for_each(|(addr, size)| mode.free(addr, Some(size), None).unwrap());
+            free_all(&mode, acts, &ACTIVATIONS);
             mode.step(vrampool_steady::AUTO_KEY);
         }
-        let served = mode.planned_stats().map_or(0, |s| s.planned_allocations);
-        let peak = mode.stats().allocated_bytes.peak;
-        losses.into_iter().for_each(|addr| mode.free(addr, Some(64 << 10), None).unwrap());
-        (peak, served)
+        peak_and_served(&mode, losses, 64 << 10)
     };
-    let pool = || Pool::new(Arc::new(SimDevice::new(1 << 32, SimMode::AddressOnly)), PoolConfig::default()).unwrap();
-    let (steady, served) = peak(PlannedMode::steady(pool()));
-    let (alone, _) = peak(PlannedMode::new(pool()));
-    assert!(served > 0, "the steps were served from the arena");
+    let (steady, alone) = steady_and_alone(peak);
     // The pool's own peak is checked every `PEAK_SLACK` bytes of small allocations: within that
     // of the true one, which the last step reaches.
     let true_peak = (13 << 20) + 12 * (64 << 10);
