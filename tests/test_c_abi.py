@@ -257,7 +257,7 @@ def test_out_of_memory_names_live_buffers_that_keep_the_steady_arena(sim: ctypes
     r = vrampool.torch.last_oom()
     assert r is not None and r.arena >= 20 * MIB and (r.arena_live, r.arena_buffers) == (4096, 1), r
     assert r.allocated == 4096 and r.free == r.reserved - r.arena, "the arena's idle bytes are not free for the pool"
-    assert "1 live buffer (4.00 KiB) keep the steady arena's" in r.hints[0], r.hints
+    assert "1 live buffer (4.00 KiB) keeps the steady arena's" in r.hints[0], r.hints
     assert "keeps its region from the pool until it is freed" in r.message
     LIB.vrampool_free(kept, 4096, 0, None)
     p = LIB.vrampool_malloc(20 * MIB, 0, None)

@@ -466,6 +466,6 @@ def test_hints_fit_the_figures() -> None:
     assert any("other processes" in h for h in vt._hints(_report(device_free=10 * MIB)))
     assert any("power of two" in h for h in vt._hints(_report(strategy="buddy")))
     kept = vt._hints(_report(arena=22 * MIB, arena_live=4096, arena_buffers=1))
-    assert "1 live buffer (4.00 KiB) keep the steady arena's 22.00 MiB" in kept[0]
+    assert "1 live buffer (4.00 KiB) keeps the steady arena's 22.00 MiB" in kept[0]
     assert not any("steady arena" in h for h in vt._hints(_report(arena=22 * MIB)))
     assert vt._hints(_report()) == ("use a smaller batch (or shorter sequences), activation checkpointing, or lower precision",)

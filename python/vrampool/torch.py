@@ -639,12 +639,13 @@ def _hints(r: Mapping[str, Any]) -> Tuple[str, ...]:
     req, free, largest = r["requested"], r["free"], r["largest_free"]
     hints = []
     if r["arena_buffers"] > 0 and r["arena"] - r["arena_live"] > 0:
+        one = r["arena_buffers"] == 1
+        buffers, keep, them = ("buffer", "keeps", "it") if one else ("buffers", "keep", "them")
         hints.append(
-            f"{r['arena_buffers']} live {'buffer' if r['arena_buffers'] == 1 else 'buffers'} ({format_size(r['arena_live'])}) "
-            f"keep the steady arena's "
-            f"{format_size(r['arena'])} from the pool: free them (a tensor kept from the last step, such as a loss "
+            f"{r['arena_buffers']} live {buffers} ({format_size(r['arena_live'])}) {keep} the steady arena's "
+            f"{format_size(r['arena'])} from the pool: free {them} (a tensor kept from the last step, such as a loss "
             "kept for logging, or outputs) and the arena goes back to the pool, which torch.cuda.empty_cache() then "
-            "gives to the device; empty_cache() cannot while they live"
+            f"gives to the device; empty_cache() cannot while {them} live{'s' if one else ''}"
         )
     if r["too_large"]:
         if r["limit"] is not None:

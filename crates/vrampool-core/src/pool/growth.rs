@@ -162,11 +162,11 @@ impl PoolCore {
     /// unmap failed), less the free bytes at the end of the newest range of the tier growing, where
     /// the growth extends that range from them (`Growing::extended_tail`), less the free ranges
     /// beside the part of a hole that the growth maps, which it joins (`Growing::joined_hole`), less
-    /// all of the growing tier's in the pool's first rise (`Growing::first_rise`), and
-    /// less what the other lanes of its stream that a thread is in hold (`is_occupied_sibling`).
-    /// Nothing else is kept for it: a growth that needs a new range had kept a whole 170 MiB range mapped beside the new
-    /// one, and one that extends the last free range had kept the free ranges below it, past
-    /// unmapped holes.
+    /// all of the growing tier's in the pool's first rise (`Growing::first_rise`), and less what
+    /// the other lanes of its stream that a thread is in hold (`is_occupied_sibling`). Nothing else
+    /// is kept for it: a growth that needs a new range had kept a whole 170 MiB range mapped beside
+    /// the new one, and one that extends the last free range had kept the free ranges below it,
+    /// past unmapped holes.
     pub(super) fn spares(&self, growing: Option<Growing>) -> Vec<Spare> {
         let mut spares = Vec::new();
         self.for_each_holding_arena(|arena| {
