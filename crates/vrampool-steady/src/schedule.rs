@@ -499,6 +499,7 @@ pub(crate) fn plan_schedule(events: &[Recorded], planning: Planning) -> Option<S
     // The iteration's pool buffers live, as `Four`: those it frees itself, by their allocation's size;
     // and the older buffers it has freed, which the pool held when it began.
     let (mut pool_live, mut older_freed): (Four, Four) = ([0; 4], [0; 4]);
+    let counts = |size: u64| [size.next_multiple_of(alignment), size, size.next_multiple_of(alignment), 1];
     for (at, step) in steps.iter().enumerate() {
         served.take(step, alignment);
         let pool_size = match (step.is_free(), step.in_arena()) {
@@ -506,7 +507,6 @@ pub(crate) fn plan_schedule(events: &[Recorded], planning: Planning) -> Option<S
             (true, false) => step.frees_index().map(|i| (births[i].1, false)),
             _ => None,
         };
-        let counts = |size: u64| [size.next_multiple_of(alignment), size, size.next_multiple_of(alignment), 1];
         if let Some((size, born)) = pool_size {
             for (live, n) in pool_live.iter_mut().zip(counts(size)) {
                 *live = if born { *live + n } else { live.saturating_sub(n) };

@@ -100,7 +100,8 @@ mod tests {
         assert_eq!(lane(), mine as usize % LANES);
     }
 
-    /// `threads` after `events` of thread `who` (each an allocation, freed by `freer`).
+    /// `threads` after `events` events of a new thread, each an allocation freed by that thread, or
+    /// by another where `freer_is_other`.
     fn run(threads: &mut Threads, events: usize, freer_is_other: bool) {
         std::thread::scope(|s| {
             s.spawn(|| {
